@@ -1,0 +1,158 @@
+"""Generate the CRD from the pydantic models (the models are the single source of truth).
+
+pydantic's JSON Schema uses constructs the apiserver rejects in a structural schema, so the
+generator rewrites them: `$ref`/`$defs` are inlined, `anyOf [X, null]` becomes `X`,
+`additionalProperties: false` and `title` are dropped, draft-2020 `exclusiveMinimum: n` becomes
+OpenAPI v3.0's `minimum: n, exclusiveMinimum: true`, and optional object fields with no required
+fields of their own get `default: {}` so the apiserver fills their nested defaults (CEL rules rely on them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from m3fleet.api.models import (
+    CATEGORIES,
+    GROUP,
+    KIND,
+    PLURAL,
+    SHORT_NAMES,
+    SINGULAR,
+    VERSION,
+    MiniMaxM3DeploymentSpec,
+    MiniMaxM3DeploymentStatus,
+)
+
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Engine", "type": "string", "jsonPath": ".spec.engine.name"},
+    {"name": "Accelerator", "type": "string", "jsonPath": ".spec.accelerator"},
+    {"name": "TP", "type": "integer", "jsonPath": ".status.plan.tensorParallelSize"},
+    {"name": "Nodes/Replica", "type": "integer", "jsonPath": ".status.plan.nodesPerReplica"},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {"name": "Context", "type": "integer", "jsonPath": ".spec.context.maxModelLen"},
+    {
+        "name": "Status",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "priority": 1,
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+_DROP = {"title", "$defs", "discriminator"}
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_structural(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        if len(options) == 1:
+            return _structural({**options[0], **rest}, defs)
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP or (key == "default" and value is None):
+            continue
+        if key == "additionalProperties" and (value is False or value is True or value == {}):
+            continue
+        if key == "exclusiveMinimum" and not isinstance(value, bool):
+            out["minimum"], out["exclusiveMinimum"] = value, True
+            continue
+        if key == "exclusiveMaximum" and not isinstance(value, bool):
+            out["maximum"], out["exclusiveMaximum"] = value, True
+            continue
+        out[key] = _structural(value, defs)
+    if out.get("x-kubernetes-preserve-unknown-fields"):
+        out["type"] = "object"
+        out.pop("additionalProperties", None)
+        out.pop("items", None) if out.get("type") == "object" else None
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if "properties" in out:
+        required = set(out.get("required", []))
+        for name, prop in out["properties"].items():
+            optional_object = prop.get("type") == "object" and "properties" in prop and not prop.get("required")
+            if name not in required and optional_object and "default" not in prop:
+                prop["default"] = {}
+    return out
+
+
+def schema_of(model: type[MiniMaxM3DeploymentSpec] | type[MiniMaxM3DeploymentStatus]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.get("$defs", {})
+    result: dict[str, Any] = _structural(raw, defs)
+    return result
+
+
+def openapi_schema() -> dict[str, Any]:
+    spec = schema_of(MiniMaxM3DeploymentSpec)
+    status = schema_of(MiniMaxM3DeploymentStatus)
+    spec.pop("description", None)
+    status.pop("description", None)
+    return {
+        "type": "object",
+        "description": "MiniMaxM3Deployment serves MiniMax-M3 on a GPU pool: m3fleet plans the layout, renders "
+        "the engine pods, reconciles them and autoscales replicas.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "m3fleet.dev/v1alpha1."},
+            "kind": {"type": "string", "description": "MiniMaxM3Deployment."},
+            "metadata": {"type": "object"},
+            "spec": {**spec, "description": "What to serve and how."},
+            "status": {**status, "description": "What the operator observed."},
+        },
+    }
+
+
+def build_crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/part-of": "m3fleet"}},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": list(CATEGORIES),
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
+        },
+    }
+
+
+def crd_yaml() -> str:
+    header = "# Generated by `m3fleet crd` from operator/m3fleet/api/models.py. Do not edit by hand.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120)

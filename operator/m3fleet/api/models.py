@@ -1,0 +1,478 @@
+"""The `MiniMaxM3Deployment` custom resource (`m3fleet.dev/v1alpha1`) as pydantic models.
+
+These models are the single source of truth: the CRD in `crds/` is generated from them
+(`m3fleet crd`), the CLI and the operator parse user input through them, and every field's
+description becomes the CRD's (and `kubectl explain`'s) documentation. Field names are a public
+contract (see the architecture page): renaming one needs a new API version.
+
+Rules that span several fields and belong at admission are CEL rules (`x-kubernetes-validations`)
+declared next to the model they constrain, so the apiserver rejects them before the operator
+ever sees them; the planner re-checks everything with a fuller explanation.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "m3fleet.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "MiniMaxM3Deployment"
+PLURAL = "minimaxm3deployments"
+SINGULAR = "minimaxm3deployment"
+SHORT_NAMES = ("m3d",)
+CATEGORIES = ("m3fleet",)
+
+MAX_CONTEXT = 1_048_576
+PARALLEL_SIZES = (0, 1, 2, 4, 8, 16, 32)
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any]:
+    """One `x-kubernetes-validations` entry; `fieldPath` points kubectl's error at the field."""
+    entry: dict[str, Any] = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class CamelModel(BaseModel):
+    """Base for every API object: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,
+    )
+
+
+class Variant(StrEnum):
+    BF16 = "bf16"
+    MXFP8 = "mxfp8"
+    MXFP4 = "mxfp4"
+
+
+class EngineName(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+class Accelerator(StrEnum):
+    H200 = "h200"
+    GB200 = "gb200"
+    MI355X = "mi355x"
+
+
+class MoeBackend(StrEnum):
+    AUTO = "auto"
+    AITER = "aiter"
+    EMULATION = "emulation"
+
+
+class Strategy(StrEnum):
+    AUTO = "auto"
+    TP = "tp"
+    TP_EP = "tp-ep"
+    DP_EP = "dp-ep"
+
+
+class KvCacheDtype(StrEnum):
+    AUTO = "auto"
+    BF16 = "bf16"
+    FP8 = "fp8"
+
+
+class AutoscalingMode(StrEnum):
+    ACT = "act"
+    ADVISORY = "advisory"
+
+
+# --- spec.model ---------------------------------------------------------------------------
+
+
+class PvcSource(CamelModel):
+    claim_name: str = Field(min_length=1, max_length=253, description="PersistentVolumeClaim holding the checkpoint.")
+    sub_path: str = Field(
+        default="", max_length=1024, description="Directory inside the claim that holds the checkpoint."
+    )
+
+
+class SecretKeyRef(CamelModel):
+    name: str = Field(min_length=1, max_length=253, description="Secret in the resource's namespace.")
+    key: str = Field(default="token", min_length=1, max_length=253, description="Key inside the Secret.")
+
+
+class HuggingFaceSource(CamelModel):
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret with a Hugging Face token, passed to the engine as HF_TOKEN via secretKeyRef "
+        "(the operator never reads it).",
+    )
+    cache_claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="PersistentVolumeClaim mounted as the Hugging Face cache (HF_HOME), so the weights are "
+        "downloaded once and shared; ReadWriteMany when more than one pod mounts it. Never deleted by "
+        "the operator.",
+    )
+
+
+class ModelSource(CamelModel):
+    """Where the weights are: exactly one of `pvc` or `huggingFace`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.pvc) != has(self.huggingFace)",
+                    "set exactly one of spec.model.source.pvc or spec.model.source.huggingFace",
+                )
+            ]
+        }
+    )
+    pvc: PvcSource | None = Field(default=None, description="Serve the checkpoint from a volume claim.")
+    hugging_face: HuggingFaceSource | None = Field(
+        default=None, description="Download the checkpoint from Hugging Face into a cache claim."
+    )
+
+
+class ModelSpec(CamelModel):
+    variant: Variant = Field(default=Variant.BF16, description="Checkpoint precision: bf16, mxfp8 or mxfp4.")
+    checkpoint: str = Field(
+        default="",
+        max_length=512,
+        description="Checkpoint id or path; empty means the variant's default (MiniMaxAI/MiniMax-M3, "
+        "MiniMaxAI/MiniMax-M3-MXFP8, amd/MiniMax-M3-MXFP4).",
+    )
+    source: ModelSource = Field(description="Where the weights are.")
+    language_model_only: bool = Field(
+        default=False, description="Skip the vision encoder (text-only serving; frees GPU memory)."
+    )
+
+
+# --- spec.engine ----------------------------------------------------------------------------
+
+
+class EnvVar(CamelModel):
+    """A corev1 EnvVar; `valueFrom` is passed through to the pod as written."""
+
+    name: str = Field(min_length=1, max_length=256, description="Environment variable name.")
+    value: str | None = Field(default=None, max_length=32768, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        description="corev1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class EngineSpec(CamelModel):
+    name: EngineName = Field(default=EngineName.VLLM, description="Serving engine: vllm, sglang or trtllm.")
+    image: str = Field(
+        default="",
+        max_length=512,
+        description="Engine image; empty means the catalog's versioned default for this engine and "
+        "accelerator. Pin by digest in production.",
+    )
+    moe_backend: MoeBackend = Field(
+        default=MoeBackend.AUTO,
+        description="MoE kernel backend for MXFP4 on AMD: aiter (fast, needs an image with the AITER MXFP4 "
+        "MoE path), emulation (works on current images), or auto (what the pinned image supports).",
+    )
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Arguments appended after the rendered ones. Flags the plan owns (parallel sizes, "
+        "block size, max model length, parsers, memory fraction) are rejected.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment variables for the engine container.",
+    )
+
+
+# --- placement, parallelism, context ---------------------------------------------------------
+
+
+class NodePoolSpec(CamelModel):
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra node labels, merged with the accelerator's own."
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="corev1 Tolerations for the engine pods.",
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    extra_resources: dict[str, int] = Field(
+        default_factory=dict,
+        description='Extra per-pod resources, e.g. {"rdma/ib": 1}; adds the IPC_LOCK capability RDMA needs.',
+    )
+
+
+class ParallelismSpec(CamelModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self.tensorParallelSize in {list(PARALLEL_SIZES)}",
+                    "tensorParallelSize must be one of 0 (planner decides), 1, 2, 4, 8, 16, 32",
+                    ".tensorParallelSize",
+                ),
+                cel(
+                    f"self.dataParallelSize in {list(PARALLEL_SIZES)}",
+                    "dataParallelSize must be one of 0 (planner decides), 1, 2, 4, 8, 16, 32",
+                    ".dataParallelSize",
+                ),
+            ]
+        }
+    )
+    strategy: Strategy = Field(
+        default=Strategy.AUTO,
+        description="auto (= tp), tp (tensor parallel), tp-ep (TP with expert parallel MoE), "
+        "dp-ep (attention data parallel with expert parallel MoE).",
+    )
+    tensor_parallel_size: int = Field(default=0, ge=0, le=32, description="TP size; 0 lets the planner decide.")
+    data_parallel_size: int = Field(
+        default=0, ge=0, le=32, description="DP size (dp-ep only); 0 lets the planner decide."
+    )
+
+
+class ContextSpec(CamelModel):
+    max_model_len: int = Field(
+        default=131072,
+        ge=1,
+        le=MAX_CONTEXT,
+        description="Longest prompt + output served, in tokens (up to 1048576).",
+    )
+    kv_cache_dtype: KvCacheDtype = Field(
+        default=KvCacheDtype.AUTO,
+        description="KV-cache dtype: bf16, fp8 (~1.5x the KV pool), or auto (bf16 unless fp8 fits the "
+        "context on fewer GPUs).",
+    )
+    min_sequences_at_max_len: int = Field(
+        default=1, ge=1, le=4096, description="The plan must hold at least this many full-length sequences."
+    )
+
+
+class RolloutSpec(CamelModel):
+    max_surge: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="Extra replicas during a rollout; 0 needs no spare GPU nodes (a replica is replaced in place).",
+    )
+    max_unavailable: int = Field(
+        default=1, ge=0, le=64, description="Replicas that may be unavailable during a rollout."
+    )
+
+
+# --- autoscaling -----------------------------------------------------------------------------
+
+
+class PrometheusSpec(CamelModel):
+    url: str = Field(
+        default="",
+        max_length=1024,
+        description="Prometheus base URL, e.g. http://prometheus-operated.monitoring:9090.",
+    )
+    query_overrides: dict[str, str] = Field(
+        default_factory=dict, description="PromQL per signal name, replacing the engine adapter's query."
+    )
+
+
+class AutoscalingTarget(CamelModel):
+    kv_cache_utilization: float = Field(
+        default=0.8,
+        gt=0.0,
+        le=1.0,
+        description="Share of each replica's KV-cache tokens the policy plans to use.",
+    )
+
+
+class ScaleUpBehavior(CamelModel):
+    stabilization_window_seconds: int = Field(
+        default=0, ge=0, le=3600, description="Lowest recommendation over this window wins when scaling up."
+    )
+
+
+class ScaleDownBehavior(CamelModel):
+    stabilization_window_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=3600,
+        description="Highest recommendation over this window wins when scaling down.",
+    )
+    max_replicas_per_step: int = Field(default=1, ge=1, le=64, description="Most replicas removed in one step.")
+
+
+class AutoscalingBehavior(CamelModel):
+    scale_up: ScaleUpBehavior = Field(default_factory=ScaleUpBehavior, description="Scale-up behaviour.")
+    scale_down: ScaleDownBehavior = Field(default_factory=ScaleDownBehavior, description="Scale-down behaviour.")
+
+
+class AutoscalingSpec(CamelModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.minReplicas <= self.maxReplicas",
+                    "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+                    ".minReplicas",
+                )
+            ]
+        }
+    )
+    enabled: bool = Field(default=False, description="Scale replicas on token and KV-cache demand.")
+    mode: AutoscalingMode = Field(
+        default=AutoscalingMode.ACT, description="act (apply decisions) or advisory (decide and report only)."
+    )
+    min_replicas: int = Field(default=1, ge=0, le=1024, description="Fewest replicas.")
+    max_replicas: int = Field(default=4, ge=1, le=1024, description="Most replicas.")
+    interval_seconds: int = Field(default=15, ge=5, le=3600, description="Seconds between decisions.")
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="Where engine metrics are read.")
+    target: AutoscalingTarget = Field(default_factory=AutoscalingTarget, description="Utilisation targets.")
+    tolerance: float = Field(
+        default=0.1, ge=0.0, le=1.0, description="No change while demand/capacity is within this share of 1."
+    )
+    behavior: AutoscalingBehavior = Field(
+        default_factory=AutoscalingBehavior, description="Stabilization and step limits (HPA vocabulary)."
+    )
+    panic_threshold: float = Field(
+        default=2.0,
+        ge=1.0,
+        le=10.0,
+        description="Demand at this multiple of ready capacity scales up at once and holds scale-down.",
+    )
+    cold_start_seconds: int = Field(
+        default=600,
+        ge=0,
+        le=7200,
+        description="Expected pod-create-to-ready time; measured values take over.",
+    )
+
+
+# --- the resource ----------------------------------------------------------------------------
+
+
+class MiniMaxM3DeploymentSpec(CamelModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.model.variant != 'mxfp4' || self.accelerator == 'mi355x'",
+                    "model.variant mxfp4 (amd/MiniMax-M3-MXFP4) runs only on accelerator mi355x",
+                    ".model.variant",
+                ),
+                cel(
+                    "self.engine.name != 'trtllm' || self.accelerator in ['h200', 'gb200']",
+                    "engine trtllm runs only on NVIDIA accelerators (h200, gb200)",
+                    ".engine.name",
+                ),
+                cel(
+                    "self.engine.name != 'trtllm' || self.model.variant == 'bf16'",
+                    "the pinned TensorRT-LLM release serves MiniMax-M3 in bf16 only",
+                    ".model.variant",
+                ),
+            ]
+        }
+    )
+    model: ModelSpec = Field(description="Which MiniMax-M3 checkpoint to serve and where its weights are.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="Serving engine and its overrides.")
+    accelerator: Accelerator = Field(default=Accelerator.H200, description="GPU pool: h200, gb200 or mi355x.")
+    node_pool: NodePoolSpec = Field(default_factory=NodePoolSpec, description="Extra placement for the pool.")
+    parallelism: ParallelismSpec = Field(
+        default_factory=ParallelismSpec, description="Parallel layout; zeros let the planner decide."
+    )
+    context: ContextSpec = Field(default_factory=ContextSpec, description="Context length and KV cache.")
+    replicas: int = Field(
+        default=1, ge=0, le=1024, description="Engine replicas (each may span nodes); the scale subresource."
+    )
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="How replicas are replaced on change.")
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec, description="Context-length-aware autoscaling from Prometheus."
+    )
+
+
+class Plan(CamelModel):
+    """The planner's answer, as `status.plan` and `m3fleet plan -o json` show it."""
+
+    engine: EngineName = Field(description="Engine.")
+    accelerator: Accelerator = Field(description="Accelerator.")
+    variant: Variant = Field(description="Checkpoint variant.")
+    checkpoint: str = Field(description="Checkpoint id served.")
+    image: str = Field(description="Engine image.")
+    strategy: Strategy = Field(description="Resolved strategy (never auto).")
+    tensor_parallel_size: int = Field(description="Engine TP size.")
+    data_parallel_size: int = Field(description="Engine DP size; world size = TP x DP.")
+    expert_parallel_size: int = Field(description="Ranks the routed experts are sharded over (1 when EP is off).")
+    gpus_per_node: int = Field(description="GPUs each pod requests.")
+    gpus_per_replica: int = Field(description="GPUs in one replica.")
+    nodes_per_replica: int = Field(description="Pods (one per node) in one replica.")
+    gpu_memory_utilization: float = Field(description="Share of GPU memory the engine may use.")
+    max_model_len: int = Field(description="Context served.")
+    native_max_model_len: int = Field(description="The checkpoint's native context.")
+    kv_cache_dtype: KvCacheDtype = Field(description="KV dtype chosen.")
+    rope_scaling_factor: float = Field(description="YaRN factor (1 when none).")
+    weights_gib_per_gpu: float = Field(alias="weightsGiBPerGPU", description="Weights resident on each GPU.")
+    kv_cache_gib_per_gpu: float = Field(alias="kvCacheGiBPerGPU", description="KV-cache budget on each GPU.")
+    kv_bytes_per_token_per_gpu: int = Field(
+        alias="kvBytesPerTokenPerGPU", description="KV bytes one token costs on each GPU that holds it."
+    )
+    kv_cache_tokens_per_rank: int = Field(description="KV tokens one rank (DP rank or TP group) holds.")
+    kv_cache_tokens_per_replica: int = Field(description="KV tokens one replica holds.")
+    max_sequences_at_max_len: int = Field(description="Full-length sequences the replica holds at once.")
+    validated: bool = Field(description="The shape equals a published recipe's.")
+    notes: list[str] = Field(default_factory=list, max_length=32, description="Assumptions and warnings.")
+
+
+class Condition(CamelModel):
+    """metav1.Condition."""
+
+    type: str = Field(max_length=316, description="Condition type: Ready, Available, Progressing, Degraded.")
+    status: str = Field(description="True, False or Unknown.", json_schema_extra={"enum": ["True", "False", "Unknown"]})
+    observed_generation: int = Field(default=0, ge=0, description="Generation the condition was set for.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    reason: str = Field(max_length=1024, description="One-word CamelCase category.")
+    message: str = Field(default="", max_length=32768, description="Human-readable detail.")
+
+
+class MiniMaxM3DeploymentStatus(CamelModel):
+    observed_generation: int = Field(default=0, description="Generation the status reflects.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Ready, Available, Progressing, Degraded.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    plan: Plan | None = Field(default=None, description="The GPU layout in force.")
+    replicas: int = Field(default=0, description="Replicas that exist (scale subresource).")
+    ready_replicas: int = Field(default=0, description="Replicas whose every pod is ready.")
+    selector: str = Field(default="", description="Label selector of the serving pods (scale subresource / HPA).")
+    autoscaling: dict[str, Any] | None = Field(
+        default=None,
+        description="The autoscaler's last decision: desired replicas, every term, the reason, the time.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class ObjectMeta(BaseModel):
+    """The part of metadata m3fleet reads; everything else is kept as given."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(default="", description="Name.")
+    namespace: str = Field(default="default", description="Namespace.")
+
+
+class MiniMaxM3Deployment(CamelModel):
+    api_version: str = Field(default=API_VERSION, description="m3fleet.dev/v1alpha1.")
+    kind: str = Field(default=KIND, description="MiniMaxM3Deployment.")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
+    spec: MiniMaxM3DeploymentSpec = Field(description="What to serve and how.")
+    status: MiniMaxM3DeploymentStatus | None = Field(default=None, description="What the operator observed.")

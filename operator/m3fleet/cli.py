@@ -1,0 +1,194 @@
+"""`m3fleet` command line: plan | render | crd | run | simulate.
+
+Exit status: 0 success; 2 invalid input or an impossible spec (one message per failing resource
+on stderr, nothing on stdout); 1 an internal error. Never a traceback (set M3FLEET_DEBUG=1 to
+see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from m3fleet.api import MiniMaxM3Deployment, Plan, parse_resource
+from m3fleet.api.crd import crd_yaml
+from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.planner import plan
+
+EXIT_OK, EXIT_INTERNAL, EXIT_INVALID = 0, 1, 2
+
+
+class InputError(Exception):
+    """Input that is not even YAML, or a file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Document:
+    source: str  # "file.yaml#2"
+    body: Any
+
+
+def _yaml_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+    return [path]
+
+
+def read_documents(target: str) -> list[Document]:
+    """Every YAML document in FILE, a directory of files, or stdin ("-"); empty documents skipped."""
+    if target == "-":
+        texts = [("<stdin>", sys.stdin.read())]
+    else:
+        path = Path(target)
+        if not path.exists():
+            raise InputError(f"{target}: no such file or directory")
+        texts = [(str(p), p.read_text(encoding="utf-8")) for p in _yaml_files(path)]
+    docs: list[Document] = []
+    for name, text in texts:
+        try:
+            loaded = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise InputError(f"{name}:{where}: invalid YAML ({problem}); fix the syntax") from None
+        for index, body in enumerate(loaded):
+            if body is None:
+                continue
+            if isinstance(body, dict) and body.get("kind") == "List" and isinstance(body.get("items"), list):
+                docs.extend(Document(f"{name}#{index}.{i}", item) for i, item in enumerate(body["items"]))
+            else:
+                docs.append(Document(f"{name}#{index}" if len(loaded) > 1 else name, body))
+    return docs
+
+
+def _label(doc: Document) -> str:
+    body = doc.body if isinstance(doc.body, dict) else {}
+    meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    name = meta.get("name") if meta else None
+    return f"{name} ({doc.source})" if name else doc.source
+
+
+def _report(doc: Document, exc: SpecError | SpecErrors) -> str:
+    errors = exc.errors if isinstance(exc, SpecErrors) else [exc]
+    if len(errors) == 1:
+        return f"error: {_label(doc)}: {errors[0]}"
+    return f"error: {_label(doc)}:\n" + "\n".join(f"  - {e}" for e in errors)
+
+
+def process(target: str, each: Callable[[MiniMaxM3Deployment], Any]) -> tuple[list[Any], list[str]]:
+    """Parse every resource in `target` and apply `each`; collect results and per-resource errors."""
+    results: list[Any] = []
+    problems: list[str] = []
+    for doc in read_documents(target):
+        try:
+            resource = parse_resource(doc.body)
+            results.append(each(resource))
+        except (SpecError, SpecErrors) as exc:
+            problems.append(_report(doc, exc))
+    return results, problems
+
+
+def plan_dict(p: Plan) -> dict[str, Any]:
+    return p.model_dump(by_alias=True, mode="json")
+
+
+PLAN_COLUMNS: Sequence[tuple[str, Callable[[str, Plan], object]]] = (
+    ("NAME", lambda n, p: n),
+    ("ENGINE", lambda n, p: p.engine),
+    ("ACCEL", lambda n, p: p.accelerator),
+    ("VARIANT", lambda n, p: p.variant),
+    ("STRATEGY", lambda n, p: p.strategy),
+    ("TP", lambda n, p: p.tensor_parallel_size),
+    ("DP", lambda n, p: p.data_parallel_size),
+    ("EP", lambda n, p: p.expert_parallel_size),
+    ("GPUS", lambda n, p: p.gpus_per_replica),
+    ("NODES", lambda n, p: p.nodes_per_replica),
+    ("CONTEXT", lambda n, p: p.max_model_len),
+    ("KV", lambda n, p: p.kv_cache_dtype),
+    ("KV-TOKENS", lambda n, p: p.kv_cache_tokens_per_replica),
+    ("SEQS@MAX", lambda n, p: p.max_sequences_at_max_len),
+    ("VALIDATED", lambda n, p: "yes" if p.validated else "no"),
+)
+
+
+def format_table(rows: list[tuple[str, Plan]]) -> str:
+    cells = [[h for h, _ in PLAN_COLUMNS]] + [[str(f(n, p)) for _, f in PLAN_COLUMNS] for n, p in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(PLAN_COLUMNS))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells) + "\n"
+
+
+def dump(objects: list[Any], output: str) -> str:
+    if output == "json":
+        return json.dumps(objects, indent=2) + "\n"
+    return yaml.safe_dump_all(objects, sort_keys=False, width=120) if objects else ""
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    results, problems = process(args.filename, lambda r: (r.metadata.name, plan(r.spec)))
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return EXIT_INVALID
+    if args.output == "table":
+        sys.stdout.write(format_table(results))
+    elif args.output == "json":
+        sys.stdout.write(dump([plan_dict(p) for _, p in results], "json"))
+    else:
+        sys.stdout.write(dump([plan_dict(p) for _, p in results], "yaml"))
+    return EXIT_OK
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    sys.stdout.write(crd_yaml())
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="m3fleet", description="Plan, render and run MiniMax-M3 inference fleets.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p_plan = sub.add_parser("plan", help="the GPU layout of each MiniMaxM3Deployment in FILE")
+    p_plan.add_argument("-f", "--filename", required=True, help="YAML file, directory, or - for stdin")
+    p_plan.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    p_plan.set_defaults(func=cmd_plan)
+
+    p_crd = sub.add_parser("crd", help="the CustomResourceDefinition YAML")
+    p_crd.set_defaults(func=cmd_crd)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except (SpecError, SpecErrors) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        if os.environ.get("M3FLEET_DEBUG"):
+            raise
+        print(
+            f"internal error: {type(exc).__name__}: {exc} (set M3FLEET_DEBUG=1 for a traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,454 @@
+"""spec + catalog -> Plan. Pure: same spec, same plan; no I/O, no clock.
+
+The planner picks the smallest GPU layout in which the weights plus the KV cache of
+`minSequencesAtMaxLen` full-length sequences fit in GPU memory x the engine's memory fraction:
+
+* tp / tp-ep: each GPU holds 1/TP of the weights, `max(1, 4/TP)` KV heads of every token plus
+  the index cache (which TP does not shard); the TP group is one KV pool.
+* dp-ep (attention data parallel + expert parallel MoE): each GPU holds the replicated weights
+  (attention, dense layers, shared experts, embeddings) plus 1/EP of the routed experts, all KV
+  heads, and only its own sequences: a sequence must fit in one DP rank.
+
+It never goes below a layout a recipe states as the minimum (`catalog.FLOORS`), and with
+`kvCacheDtype: auto` it takes fp8 only when that fits the context on fewer GPUs than bf16.
+An impossible spec raises `SpecError` naming the field, the numbers and a fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from m3fleet.api.models import (
+    Accelerator,
+    EngineName,
+    KvCacheDtype,
+    MiniMaxM3DeploymentSpec,
+    Plan,
+    Strategy,
+    Variant,
+)
+from m3fleet.catalog import (
+    ACCELERATORS,
+    ENGINES,
+    FLOORS,
+    KV_LAYOUT,
+    PARALLEL_CANDIDATES,
+    VALIDATED_SHAPES,
+    VARIANTS,
+    AcceleratorFacts,
+    EngineFacts,
+    ModelVariant,
+)
+from m3fleet.catalog.facts import GB, GIB
+from m3fleet.errors import SpecError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One candidate: TP x DP ranks, with or without expert parallelism, and a KV dtype."""
+
+    strategy: Strategy
+    tp: int
+    dp: int
+    kv_dtype: KvCacheDtype
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def expert_parallel(self) -> bool:
+        return self.strategy in (Strategy.TP_EP, Strategy.DP_EP)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What a layout holds. Pure arithmetic over the catalog; `fits` decides."""
+
+    layout: Layout
+    weights_gib_per_gpu: float
+    kv_gib_per_gpu: float
+    kv_bytes_per_token_per_gpu: int
+    tokens_per_rank: int
+    dp_ranks: int
+
+    @property
+    def tokens_per_replica(self) -> int:
+        return self.tokens_per_rank * self.dp_ranks
+
+    def sequences_at(self, max_model_len: int) -> int:
+        return self.dp_ranks * (self.tokens_per_rank // max_model_len)
+
+
+def kv_bytes_per_token_per_gpu(attention_tp: int, kv_dtype: KvCacheDtype) -> int:
+    """K/V of every layer for this rank's heads plus the full index-K cache (m3-facts §1.3)."""
+    layout = KV_LAYOUT
+    heads_per_rank = max(1, layout.kv_heads // attention_tp)
+    kv_elem_bytes = 1 if kv_dtype == KvCacheDtype.FP8 else 2
+    kv = layout.layers * 2 * heads_per_rank * layout.head_dim * kv_elem_bytes
+    index = layout.index_layers * layout.index_dim * layout.index_dtype_bytes
+    return kv + index
+
+
+def weights_gib_per_gpu(variant: ModelVariant, layout: Layout, encoder_loaded: bool) -> float:
+    """Weights resident on one GPU. The vision encoder is replicated (encoder data-parallel mode)."""
+    encoder = variant.vision_encoder_gb
+    if layout.strategy == Strategy.DP_EP:
+        per_gpu = (variant.replicated_gb - encoder) / layout.tp + variant.routed_experts_gb / layout.world
+    else:
+        per_gpu = (variant.weights_gb - encoder) / layout.tp
+    if encoder_loaded:
+        per_gpu += encoder
+    return per_gpu * GB / GIB
+
+
+def kv_budget_gib(engine: EngineFacts, accel: AcceleratorFacts, weights_gib: float) -> float:
+    fraction = engine.memory_fraction[accel.name]
+    memory = accel.memory_gib
+    if engine.memory_model == "total":
+        return memory * fraction - weights_gib - engine.activation_reserve_gib
+    if engine.memory_model == "static":
+        return memory * fraction - weights_gib
+    return (memory - weights_gib - engine.activation_reserve_gib) * fraction
+
+
+def evaluate(
+    layout: Layout, variant: ModelVariant, engine: EngineFacts, accel: AcceleratorFacts, encoder_loaded: bool
+) -> Fit:
+    weights = weights_gib_per_gpu(variant, layout, encoder_loaded)
+    budget = kv_budget_gib(engine, accel, weights)
+    # In dp-ep each DP rank is its own KV pool over its TP group; in tp the whole TP group is one pool.
+    per_token = kv_bytes_per_token_per_gpu(layout.tp, layout.kv_dtype)
+    block_bytes = per_token * KV_LAYOUT.block_size
+    blocks = math.floor(budget * GIB / block_bytes) if budget > 0 else 0
+    return Fit(
+        layout=layout,
+        weights_gib_per_gpu=weights,
+        kv_gib_per_gpu=budget,
+        kv_bytes_per_token_per_gpu=per_token,
+        tokens_per_rank=blocks * KV_LAYOUT.block_size,
+        dp_ranks=layout.dp,
+    )
+
+
+# --- the planner -----------------------------------------------------------------------------
+
+
+def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
+    """The smallest layout that serves `spec`, or `SpecError`."""
+    engine_name = EngineName(spec.engine.name)
+    accel_name = Accelerator(spec.accelerator)
+    variant_name = Variant(spec.model.variant)
+    engine = ENGINES[engine_name]
+    accel = ACCELERATORS[accel_name]
+    variant = VARIANTS[variant_name]
+    _check_support(engine, accel_name, variant_name)
+
+    strategy = _resolve_strategy(spec)
+    notes: list[str] = []
+    if Strategy(spec.parallelism.strategy) == Strategy.AUTO:
+        notes.append("parallelism.strategy auto resolved to tp (plain tensor parallelism)")
+
+    max_len = spec.context.max_model_len
+    rope_factor = _rope_scaling(engine_name, variant, max_len, notes)
+    kv_dtypes = _kv_dtype_candidates(spec, engine_name, variant, notes)
+    floor_gpus, floor_reason = _floor(engine_name, accel_name, variant_name)
+    encoder_loaded = not spec.model.language_model_only
+
+    layouts = _candidate_layouts(spec, strategy, floor_gpus)
+    fits = [
+        evaluate(Layout(strategy, tp, dp, dtype), variant, engine, accel, encoder_loaded)
+        for tp, dp in layouts
+        for dtype in kv_dtypes
+    ]
+    need = spec.context.min_sequences_at_max_len
+    chosen = next((f for f in fits if f.sequences_at(max_len) >= need), None)
+    if chosen is None:
+        raise _infeasible(spec, strategy, fits, engine, accel)
+
+    layout = chosen.layout
+    if (
+        floor_gpus > 1
+        and layout.world == floor_gpus
+        and _smaller_would_fit(spec, strategy, floor_gpus, kv_dtypes, variant, engine, accel, encoder_loaded)
+    ):
+        notes.append(f"kept {floor_gpus} GPUs although memory alone allows fewer: {floor_reason}")
+    if KvCacheDtype(spec.context.kv_cache_dtype) == KvCacheDtype.AUTO and layout.kv_dtype == KvCacheDtype.FP8:
+        notes.append("kvCacheDtype auto chose fp8: bf16 KV would need more GPUs for this context")
+
+    gpus_per_node = min(layout.world, accel.gpus_per_node)
+    nodes = math.ceil(layout.world / accel.gpus_per_node)
+    validated = _is_validated(engine_name, accel_name, variant_name, layout, nodes)
+    if not validated:
+        notes.append("this shape is not one a published recipe runs; it is planned from memory arithmetic")
+    if strategy == Strategy.DP_EP:
+        notes.append(
+            f"dp-ep: each of the {layout.dp} DP ranks holds only its own sequences "
+            f"({chosen.tokens_per_rank} KV tokens per rank)"
+        )
+    if nodes > 1:
+        notes.append(f"one replica spans {nodes} nodes ({gpus_per_node} GPUs each) as a LeaderWorkerSet group")
+    notes.extend(_caveats(engine_name, accel, variant, layout))
+
+    return Plan.model_validate(
+        {
+            "engine": engine_name,
+            "accelerator": accel_name,
+            "variant": variant_name,
+            "checkpoint": spec.model.checkpoint or variant.checkpoint,
+            "image": spec.engine.image or engine.images[accel_name],
+            "strategy": strategy,
+            "tensorParallelSize": layout.tp,
+            "dataParallelSize": layout.dp,
+            "expertParallelSize": layout.world if layout.expert_parallel else 1,
+            "gpusPerNode": gpus_per_node,
+            "gpusPerReplica": layout.world,
+            "nodesPerReplica": nodes,
+            "gpuMemoryUtilization": engine.memory_fraction[accel_name],
+            "maxModelLen": max_len,
+            "nativeMaxModelLen": variant.native_max_model_len,
+            "kvCacheDtype": layout.kv_dtype,
+            "ropeScalingFactor": rope_factor,
+            "weightsGiBPerGPU": round(chosen.weights_gib_per_gpu, 1),
+            "kvCacheGiBPerGPU": round(chosen.kv_gib_per_gpu, 1),
+            "kvBytesPerTokenPerGPU": chosen.kv_bytes_per_token_per_gpu,
+            "kvCacheTokensPerRank": chosen.tokens_per_rank,
+            "kvCacheTokensPerReplica": chosen.tokens_per_replica,
+            "maxSequencesAtMaxLen": chosen.sequences_at(max_len),
+            "validated": validated,
+            "notes": notes,
+        }
+    )
+
+
+def _check_support(engine: EngineFacts, accel: Accelerator, variant: Variant) -> None:
+    if accel not in engine.support:
+        runs_on = ", ".join(a.value for a in engine.support)
+        raise SpecError(
+            "spec.accelerator",
+            f"engine {engine.name.value} does not run on {accel.value}",
+            f"use accelerator {runs_on}, or another engine",
+        )
+    if variant not in engine.support[accel]:
+        others = [e.name.value for e in ENGINES.values() if variant in e.support.get(accel, ())]
+        hint = f", or engine {' or '.join(others)}" if others else ""
+        raise SpecError(
+            "spec.model.variant",
+            f"{variant.value} is not served by {engine.name.value} on {accel.value}",
+            f"use variant {' or '.join(v.value for v in engine.support[accel])}{hint}",
+        )
+
+
+def _resolve_strategy(spec: MiniMaxM3DeploymentSpec) -> Strategy:
+    requested = Strategy(spec.parallelism.strategy)
+    strategy = Strategy.TP if requested == Strategy.AUTO else requested
+    if strategy != Strategy.DP_EP and spec.parallelism.data_parallel_size > 1:
+        raise SpecError(
+            "spec.parallelism.dataParallelSize",
+            f"{spec.parallelism.data_parallel_size} needs attention data parallelism, but strategy is "
+            f"{requested.value}",
+            "set parallelism.strategy dp-ep, or dataParallelSize 0",
+        )
+    return strategy
+
+
+def _rope_scaling(engine: EngineName, variant: ModelVariant, max_len: int, notes: list[str]) -> float:
+    native = variant.native_max_model_len
+    if max_len <= native:
+        return 1.0
+    if engine == EngineName.TRTLLM:
+        raise SpecError(
+            "spec.context.maxModelLen",
+            f"{max_len} is past the {variant.name.value} checkpoint's native {native} tokens, and the pinned "
+            "TensorRT-LLM release documents no YaRN path for MiniMax-M3",
+            f"lower maxModelLen to {native} or less, or use engine vllm",
+        )
+    # Round the factor up to 1/100 so factor x native always covers the asked context.
+    factor = math.ceil(max_len / native * 100) / 100
+    notes.append(f"maxModelLen {max_len} is past the checkpoint's native {native}: YaRN rope scaling factor {factor}")
+    return factor
+
+
+def _kv_dtype_candidates(
+    spec: MiniMaxM3DeploymentSpec, engine: EngineName, variant: ModelVariant, notes: list[str]
+) -> list[KvCacheDtype]:
+    asked = KvCacheDtype(spec.context.kv_cache_dtype)
+    if engine == EngineName.TRTLLM:
+        if asked == KvCacheDtype.FP8:
+            raise SpecError(
+                "spec.context.kvCacheDtype",
+                "fp8 KV is not supported for MiniMax-M3 by the pinned TensorRT-LLM release (KV stays BF16)",
+                "set kvCacheDtype auto or bf16, or use engine vllm",
+            )
+        return [KvCacheDtype.BF16]
+    if asked == KvCacheDtype.FP8 and not variant.kv_scales_calibrated:
+        notes.append(
+            f"{variant.checkpoint} ships no calibrated KV scales: fp8 KV runs with scale 1.0; validate accuracy"
+        )
+    if asked != KvCacheDtype.AUTO:
+        return [asked]
+    if not variant.kv_scales_calibrated:
+        return [KvCacheDtype.BF16]
+    return [KvCacheDtype.BF16, KvCacheDtype.FP8]
+
+
+def _floor(engine: EngineName, accel: Accelerator, variant: Variant) -> tuple[int, str]:
+    for floor in FLOORS:
+        if floor.accelerator == accel and floor.variant == variant and floor.engine in (None, engine):
+            return floor.min_gpus, floor.reason
+    return 1, ""
+
+
+def _explicit(spec: MiniMaxM3DeploymentSpec, strategy: Strategy) -> bool:
+    """The user fixed the world size: DP for dp-ep (TP defaults to 1), TP otherwise."""
+    if strategy == Strategy.DP_EP:
+        return spec.parallelism.data_parallel_size > 0
+    return spec.parallelism.tensor_parallel_size > 0
+
+
+def _candidate_layouts(spec: MiniMaxM3DeploymentSpec, strategy: Strategy, floor_gpus: int) -> list[tuple[int, int]]:
+    """(TP, DP) pairs, smallest world first, honouring explicit sizes and the recipe floor."""
+    tp_asked = spec.parallelism.tensor_parallel_size
+    dp_asked = spec.parallelism.data_parallel_size
+    if strategy == Strategy.DP_EP:
+        tp = tp_asked or 1
+        dps = [dp_asked] if dp_asked else [d for d in PARALLEL_CANDIDATES if tp * d in PARALLEL_CANDIDATES]
+        pairs = [(tp, dp) for dp in dps]
+    else:
+        pairs = [(tp_asked, 1)] if tp_asked else [(t, 1) for t in PARALLEL_CANDIDATES]
+    if _explicit(spec, strategy):
+        world = pairs[0][0] * pairs[0][1]
+        if world < floor_gpus:
+            field = (
+                "spec.parallelism.dataParallelSize"
+                if strategy == Strategy.DP_EP
+                else ("spec.parallelism.tensorParallelSize")
+            )
+            _, reason = _floor(EngineName(spec.engine.name), Accelerator(spec.accelerator), Variant(spec.model.variant))
+            raise SpecError(
+                field,
+                f"{world} GPUs per replica is below the published minimum of {floor_gpus}: {reason}",
+                f"use {floor_gpus} or more GPUs per replica, or leave the sizes 0",
+            )
+        return pairs
+    return [p for p in pairs if p[0] * p[1] >= floor_gpus]
+
+
+def _smaller_would_fit(
+    spec: MiniMaxM3DeploymentSpec,
+    strategy: Strategy,
+    floor_gpus: int,
+    kv_dtypes: list[KvCacheDtype],
+    variant: ModelVariant,
+    engine: EngineFacts,
+    accel: AcceleratorFacts,
+    encoder_loaded: bool,
+) -> bool:
+    half = floor_gpus // 2
+    tp, dp = (spec.parallelism.tensor_parallel_size or 1, half) if strategy == Strategy.DP_EP else (half, 1)
+    if tp * dp != half:
+        return False
+    need = spec.context.min_sequences_at_max_len
+    return any(
+        evaluate(Layout(strategy, tp, dp, d), variant, engine, accel, encoder_loaded).sequences_at(
+            spec.context.max_model_len
+        )
+        >= need
+        for d in kv_dtypes
+    )
+
+
+def _is_validated(engine: EngineName, accel: Accelerator, variant: Variant, layout: Layout, nodes: int) -> bool:
+    return any(
+        s.engine == engine
+        and s.accelerator == accel
+        and s.variant == variant
+        and s.strategy == layout.strategy
+        and s.tensor_parallel_size == layout.tp
+        and s.data_parallel_size == layout.dp
+        and s.nodes == nodes
+        for s in VALIDATED_SHAPES
+    )
+
+
+def _caveats(engine: EngineName, accel: AcceleratorFacts, variant: ModelVariant, layout: Layout) -> list[str]:
+    notes = [f"GPU memory {accel.memory_gib} GiB per {accel.name.value} is the catalog's estimate (UNVERIFIED)"]
+    if not variant.native_context_verified:
+        notes.append(f"native context {variant.native_max_model_len} of {variant.checkpoint} is UNVERIFIED")
+    if engine != EngineName.VLLM:
+        notes.append(f"KV bytes per token follow vLLM's M3 layout; {engine.value}'s own layout is UNVERIFIED")
+    return notes
+
+
+def _fmt_tokens(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1_000_000:.2f}M"
+    if n >= 1000:
+        return f"{n // 1000}k"
+    return str(n)
+
+
+def _infeasible(
+    spec: MiniMaxM3DeploymentSpec,
+    strategy: Strategy,
+    fits: list[Fit],
+    engine: EngineFacts,
+    accel: AcceleratorFacts,
+) -> SpecError:
+    """Explain the closest miss (the largest layout tried, its best dtype) with numbers and a fix."""
+    max_len = spec.context.max_model_len
+    need_seqs = spec.context.min_sequences_at_max_len
+    explicit = _explicit(spec, strategy)
+    if not fits:  # explicit sizes filtered out everything (cannot happen without a floor error) or no candidate
+        return SpecError(
+            "spec.parallelism",
+            "no layout satisfies the parallelism settings",
+            "leave tensorParallelSize and dataParallelSize 0",
+        )
+    largest_world = max(f.layout.world for f in fits)
+    best = max((f for f in fits if f.layout.world == largest_world), key=lambda f: f.tokens_per_rank)
+    layout = best.layout
+    where = (
+        f"tensorParallelSize {layout.tp}"
+        if strategy != Strategy.DP_EP
+        else f"dataParallelSize {layout.dp} x tensorParallelSize {layout.tp}"
+    )
+    on = f"on {accel.name.value} ({engine.name.value}, {layout.kv_dtype.value} KV)"
+    if best.kv_gib_per_gpu <= 0:
+        field = "spec.parallelism.tensorParallelSize" if explicit else "spec.model.variant"
+        fix = (
+            "leave the parallel sizes 0 so the planner picks enough GPUs"
+            if explicit
+            else "use a smaller variant (mxfp8) or strategy tp"
+        )
+        return SpecError(
+            field,
+            f"{where} {on} puts {best.weights_gib_per_gpu:.0f} GiB of weights on each GPU, leaving no room for "
+            f"KV cache in {accel.memory_gib:.0f} GiB x {engine.memory_fraction[accel.name]}",
+            fix,
+        )
+    fits_len = (best.tokens_per_rank // need_seqs) // 1024 * 1024
+    if strategy == Strategy.DP_EP:
+        problem = (
+            f"{max_len} needs {_fmt_tokens(max_len)} KV tokens in one DP rank, but with {where} {on} each rank "
+            f"holds {_fmt_tokens(best.tokens_per_rank)} (weights are replicated on every rank)"
+        )
+        fix = f"use strategy tp or tp-ep, or lower maxModelLen to {fits_len} or less"
+    else:
+        need_tokens = max_len * need_seqs
+        problem = (
+            f"{max_len} needs {_fmt_tokens(need_tokens)} KV tokens per replica"
+            + (f" ({need_seqs} sequences)" if need_seqs > 1 else "")
+            + f" but {where} {on} holds {_fmt_tokens(best.tokens_per_replica)}"
+        )
+        options = []
+        if explicit:
+            options.append("leave tensorParallelSize 0 so the replica spans more GPUs/nodes")
+        if layout.kv_dtype == KvCacheDtype.BF16 and KvCacheDtype(spec.context.kv_cache_dtype) != KvCacheDtype.AUTO:
+            options.append("set kvCacheDtype fp8")
+        if need_seqs > 1:
+            options.append("lower minSequencesAtMaxLen")
+        options.append(f"lower maxModelLen to {fits_len} or less" if fits_len > 0 else "lower maxModelLen")
+        fix = ", ".join(options[:-1]) + (", or " if len(options) > 1 else "") + options[-1]
+    return SpecError("spec.context.maxModelLen", problem, fix)

@@ -1,0 +1,117 @@
+"""`m3fleet plan` and `m3fleet crd`: output formats and the exit-code/error contract."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from m3fleet.api.crd import crd_yaml
+from m3fleet.cli import main
+from tests.conftest import SAMPLE_FILES, SAMPLES_DIR
+
+GOOD = """apiVersion: m3fleet.dev/v1alpha1
+kind: MiniMaxM3Deployment
+metadata: {name: good}
+spec:
+  model: {source: {pvc: {claimName: w}}}
+"""
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "in.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_plan_json_is_a_list_with_one_plan_per_resource(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "plan", "-f", str(SAMPLES_DIR), "-o", "json")
+    assert code == 0 and err == ""
+    plans = json.loads(out)
+    assert isinstance(plans, list) and len(plans) == len(SAMPLE_FILES)
+    required = {
+        "engine", "accelerator", "variant", "checkpoint", "strategy", "tensorParallelSize", "dataParallelSize",
+        "expertParallelSize", "gpusPerNode", "gpusPerReplica", "nodesPerReplica", "gpuMemoryUtilization",
+        "maxModelLen", "kvCacheDtype", "ropeScalingFactor", "weightsGiBPerGPU", "kvCacheTokensPerRank",
+        "kvCacheTokensPerReplica", "maxSequencesAtMaxLen", "validated", "notes",
+    }  # fmt: skip
+    for p in plans:
+        assert required <= set(p)
+
+
+def test_plan_single_resource_json_is_still_a_list(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "plan", "-f", write(tmp_path, GOOD), "-o", "json")
+    assert code == 0 and len(json.loads(out)) == 1
+
+
+def test_plan_table_and_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "plan", "-f", write(tmp_path, GOOD))
+    assert code == 0 and out.splitlines()[0].split()[:3] == ["NAME", "ENGINE", "ACCEL"]
+    assert out.splitlines()[1].split()[0] == "good"
+    code, out, _ = run(capsys, "plan", "-f", write(tmp_path, GOOD), "-o", "yaml")
+    assert code == 0 and yaml.safe_load(out)["tensorParallelSize"] == 8
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("foo: [bar\n", ["invalid YAML", "line "]),
+        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n", ["kind", "MiniMaxM3Deployment"]),
+        (GOOD + "  replicas: -3\n", ["spec.replicas", ">= 0"]),
+        (GOOD + "  contxt: {}\n", ["spec.contxt", "spelling"]),
+        (
+            GOOD + "  context: {maxModelLen: 1048576}\n  parallelism: {tensorParallelSize: 8}\n",
+            ["spec.context.maxModelLen", "fix:"],
+        ),
+        (
+            GOOD.replace("model: {source: {pvc: {claimName: w}}}", "engine: {name: vllm}"),
+            ["spec.model", "add it"],
+        ),
+        (GOOD.replace("metadata: {name: good}", "metadata: {}"), ["metadata.name"]),
+    ],
+    ids=["yaml", "kind", "schema", "unknown-field", "infeasible", "missing", "no-name"],
+)
+def test_bad_input_exits_2_with_one_message_and_no_stdout(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, fragments: list[str]
+) -> None:
+    code, out, err = run(capsys, "plan", "-f", write(tmp_path, text), "-o", "json")
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_one_message_per_failing_resource(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = GOOD.replace("good", "bad") + "  accelerator: h100\n"
+    worse = GOOD.replace("good", "worse") + "  replicas: -1\n"
+    code, out, err = run(capsys, "plan", "-f", write(tmp_path, "---\n".join([GOOD, bad, worse])))
+    assert code == 2 and out == ""
+    assert err.count("error: ") == 2 and "bad (" in err and "worse (" in err
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "plan", "-f", "/nonexistent.yaml")
+    assert code == 2 and out == "" and "no such file" in err
+
+
+def test_crd_command_prints_the_checked_in_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "crd")
+    assert code == 0 and out == crd_yaml()
+
+
+def test_console_script_never_prints_a_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path, "kind: [")
+    result = subprocess.run(
+        [sys.executable, "-m", "m3fleet.cli", "plan", "-f", path], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr and result.stdout == ""
