@@ -11,6 +11,14 @@ SAMPLES_DIR = ROOT / "manifests" / "samples"
 SAMPLE_FILES = sorted(SAMPLES_DIR.glob("*.yaml"))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-goldens",
+        action="store_true",
+        help="rewrite tests/golden/ from the current renderer (do this on purpose, then review the diff)",
+    )
+
+
 def load_sample(path: Path) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load(path.read_text())
     return doc

@@ -22,6 +22,7 @@ from m3fleet.api import MiniMaxM3Deployment, Plan, parse_resource
 from m3fleet.api.crd import crd_yaml
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
+from m3fleet.render import render
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INVALID = 0, 1, 2
 
@@ -126,10 +127,22 @@ def format_table(rows: list[tuple[str, Plan]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells) + "\n"
 
 
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (scripts, config files in ConfigMaps) as readable literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def dump(objects: list[Any], output: str) -> str:
     if output == "json":
         return json.dumps(objects, indent=2) + "\n"
-    return yaml.safe_dump_all(objects, sort_keys=False, width=120) if objects else ""
+    return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=120) if objects else ""
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -146,6 +159,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_render(args: argparse.Namespace) -> int:
+    results, problems = process(args.filename, lambda r: render(r, plan(r.spec)))
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return EXIT_INVALID
+    sys.stdout.write(dump([obj for objects in results for obj in objects], args.output))
+    return EXIT_OK
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     sys.stdout.write(crd_yaml())
     return EXIT_OK
@@ -159,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_plan.add_argument("-f", "--filename", required=True, help="YAML file, directory, or - for stdin")
     p_plan.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     p_plan.set_defaults(func=cmd_plan)
+
+    p_render = sub.add_parser("render", help="every Kubernetes object the operator would create, offline")
+    p_render.add_argument("-f", "--filename", required=True, help="YAML file, directory, or - for stdin")
+    p_render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    p_render.set_defaults(func=cmd_render)
 
     p_crd = sub.add_parser("crd", help="the CustomResourceDefinition YAML")
     p_crd.set_defaults(func=cmd_crd)

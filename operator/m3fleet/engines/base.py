@@ -1,0 +1,206 @@
+"""What every engine module produces, and the pieces they share.
+
+An engine module turns (spec, plan) into an `EngineLaunch`: the container command per pod role,
+its environment, the config files it needs (rendered into a ConfigMap), its port and probes.
+It knows nothing about Kubernetes objects; `m3fleet.render` wraps launches into pods.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cache
+from typing import Any
+
+import jinja2
+
+from m3fleet.api.models import MiniMaxM3DeploymentSpec, Plan
+from m3fleet.catalog import ACCELERATORS, ENGINES, AcceleratorFacts, EngineFacts
+from m3fleet.errors import SpecError
+
+MODEL_MOUNT = "/models"
+HF_CACHE_MOUNT = "/hf-cache"
+CONFIG_MOUNT = "/etc/m3fleet"
+SSH_MOUNT = "/etc/m3fleet-ssh"
+
+
+class Role(StrEnum):
+    SINGLE = "single"  # the whole replica in one pod (Deployment)
+    LEADER = "leader"  # LWS worker index 0: serves HTTP
+    WORKER = "worker"  # LWS worker index >= 1: headless ranks
+
+
+# The LeaderWorkerSet controller injects these into every container (LWS-REF); Kubernetes expands
+# $(VAR) references in args from the container's environment.
+LWS_LEADER_ADDRESS = "$(LWS_LEADER_ADDRESS)"
+LWS_GROUP_SIZE = "$(LWS_GROUP_SIZE)"
+LWS_WORKER_INDEX = "$(LWS_WORKER_INDEX)"
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything an engine needs to know about one resource."""
+
+    name: str
+    namespace: str
+    spec: MiniMaxM3DeploymentSpec
+    plan: Plan
+
+    @property
+    def engine(self) -> EngineFacts:
+        return ENGINES[self.plan.engine]
+
+    @property
+    def accelerator(self) -> AcceleratorFacts:
+        return ACCELERATORS[self.plan.accelerator]
+
+    @property
+    def multi_node(self) -> bool:
+        return self.plan.nodes_per_replica > 1
+
+    @property
+    def model_path(self) -> str:
+        """What the engine loads: the mounted checkpoint directory, or the hub id (downloaded into the cache)."""
+        pvc = self.spec.model.source.pvc
+        if pvc is None:
+            return self.plan.checkpoint
+        return f"{MODEL_MOUNT}/{pvc.sub_path.strip('/')}".rstrip("/") if pvc.sub_path else MODEL_MOUNT
+
+    @property
+    def served_model_name(self) -> str:
+        return self.plan.checkpoint
+
+    def resource_name(self, suffix: str) -> str:
+        return f"{self.name}-{suffix}"
+
+
+@dataclass(frozen=True)
+class Probe:
+    path: str | None  # HTTP GET path; None for a TCP check
+    port: int
+    period_seconds: int
+    failure_threshold: int
+    timeout_seconds: int = 5
+
+
+@dataclass(frozen=True)
+class Probes:
+    startup: Probe | None
+    readiness: Probe | None
+    liveness: Probe | None
+
+
+@dataclass(frozen=True)
+class Container:
+    command: list[str]
+    args: list[str]
+    env: dict[str, str]
+    probes: Probes
+    ports: dict[str, int]  # name -> containerPort
+    serves_http: bool  # behind the Service, scraped for metrics
+    capabilities: tuple[str, ...] = ()  # added to the dropped-ALL set, only where the engine needs them
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    containers: dict[Role, Container]
+    config_files: dict[str, str] = field(default_factory=dict)  # ConfigMap data, mounted at CONFIG_MOUNT
+    needs_ssh_secret: bool = False  # TensorRT-LLM multi-node: mpirun over SSH
+
+
+# --- helpers shared by the engine modules ----------------------------------------------------
+
+WEIGHT_LOAD_BUDGET_SECONDS = 90 * 60  # 427B parameters from network storage can take the better part of an hour
+
+
+def http_probes(port: int, live: str, ready: str, ready_period: int = 10, ready_timeout: int = 5) -> Probes:
+    """Startup gives the weight load its budget; readiness/liveness only start once it passes."""
+    period = 10
+    return Probes(
+        startup=Probe(live, port, period, WEIGHT_LOAD_BUDGET_SECONDS // period),
+        readiness=Probe(ready, port, ready_period, 3, ready_timeout),
+        liveness=Probe(live, port, 30, 5, 10),
+    )
+
+
+NO_PROBES = Probes(None, None, None)
+
+
+def node_rank_launch(
+    ctx: Context,
+    command: list[str],
+    args: list[str],
+    env: dict[str, str],
+    probes: Probes,
+    group_args: list[str],
+    worker_args: tuple[str, ...] = (),
+) -> EngineLaunch:
+    """The launch shape vLLM and SGLang share: one pod per replica, or a leader (node rank 0, serves
+    HTTP) plus workers (node rank from the LWS environment, headless: no port, no HTTP probes)."""
+    extra = list(ctx.spec.engine.extra_args)
+    port = ctx.engine.port
+    if not ctx.multi_node:
+        return EngineLaunch({Role.SINGLE: Container(command, [*args, *extra], env, probes, {"http": port}, True)})
+    leader_args = [*args, *group_args, "--node-rank", "0", *extra]
+    worker_args_all = [*args, *group_args, "--node-rank", LWS_WORKER_INDEX, *worker_args, *extra]
+    return EngineLaunch(
+        {
+            Role.LEADER: Container(command, leader_args, env, probes, {"http": port}, True),
+            Role.WORKER: Container(command, worker_args_all, env, NO_PROBES, {}, False),
+        }
+    )
+
+
+def flag_name(token: str) -> str | None:
+    """`--tp-size=8` -> `--tp-size`; argparse also accepts `--tp_size`, so normalise underscores."""
+    if not token.startswith("--") or token == "--":
+        return None
+    return token.split("=", 1)[0].replace("_", "-")
+
+
+def check_extra_args(extra_args: list[str], owned: frozenset[str], engine: str) -> None:
+    """Reject extra args that set a flag the plan owns, including argparse's prefix abbreviations."""
+    normalised = {f.replace("_", "-") for f in owned}
+    for index, token in enumerate(extra_args):
+        name = flag_name(token)
+        if name is None:
+            continue
+        clash = name if name in normalised else next((f for f in sorted(normalised) if f.startswith(name)), None)
+        if clash is not None and len(name) > 2:
+            raise SpecError(
+                f"spec.engine.extraArgs[{index}]",
+                f"{token!r} sets {clash}, which m3fleet derives from the plan for {engine}",
+                "remove it and change the spec field that drives it (parallelism, context, model or engine)",
+            )
+
+
+def yarn_overrides(plan: Plan) -> dict[str, Any]:
+    """YaRN on the text decoder's config (a top-level override misses it, VLLM-RCP-AMD)."""
+    return {
+        "text_config": {
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": plan.rope_scaling_factor,
+                "original_max_position_embeddings": plan.native_max_model_len,
+            }
+        }
+    }
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+@cache
+def templates() -> jinja2.Environment:
+    """Launch scripts are jinja2 templates shipped with the package (read once, never written)."""
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("m3fleet.engines", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["shquote"] = shlex.quote
+    return env

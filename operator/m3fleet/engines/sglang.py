@@ -1,0 +1,124 @@
+"""SGLang (`python3 -m sglang.launch_server`) for MiniMax-M3 (SGL-CFG, SGL-CB, NV-BLOG).
+
+Multi-node: every node runs the same command with `--dist-init-addr <leader>:<port> --nnodes N
+--node-rank R`, TP is the total across nodes; only the leader serves HTTP (LWS-EX).
+"""
+
+from __future__ import annotations
+
+from m3fleet.api.models import Accelerator, Strategy, Variant
+from m3fleet.engines.base import (
+    LWS_GROUP_SIZE,
+    LWS_LEADER_ADDRESS,
+    Context,
+    EngineLaunch,
+    check_extra_args,
+    compact_json,
+    http_probes,
+    node_rank_launch,
+    yarn_overrides,
+)
+
+OWNED_FLAGS = frozenset(
+    {
+        "--tp-size",
+        "--tp",
+        "--tensor-parallel-size",
+        "--dp-size",
+        "--dp",
+        "--data-parallel-size",
+        "--ep-size",
+        "--ep",
+        "--expert-parallel-size",
+        "--enable-dp-attention",
+        "--mem-fraction-static",
+        "--context-length",
+        "--kv-cache-dtype",
+        "--reasoning-parser",
+        "--tool-call-parser",
+        "--json-model-override-args",
+        "--dist-init-addr",
+        "--nnodes",
+        "--node-rank",
+        "--port",
+    }
+)
+
+DIST_INIT_PORT = 20000  # the LWS SGLang example's rendezvous port
+LONG_CONTEXT = 32_768  # above it the cookbook raises the chunked-prefill size (SGL-CB)
+
+
+def backend_args(ctx: Context) -> list[str]:
+    """Per-accelerator kernels from the SGLang M3 configs (SGL-CFG)."""
+    accel = ctx.plan.accelerator
+    if accel == Accelerator.H200:
+        return ["--attention-backend", "fa3", "--moe-runner-backend", "triton"]
+    if accel == Accelerator.GB200:
+        # fa4 with page 128 engages the MSA fmha_sm100 kernel (SGL-CB).
+        return ["--attention-backend", "fa4", "--page-size", "128", "--moe-runner-backend", "deep_gemm"]
+    return []  # MI355X: AITER kernels via SGLANG_USE_AITER=1
+
+
+def serve_args(ctx: Context) -> list[str]:
+    plan, spec = ctx.plan, ctx.spec
+    world = plan.tensor_parallel_size * plan.data_parallel_size
+    args = [
+        "--model-path",
+        ctx.model_path,
+        "--served-model-name",
+        ctx.served_model_name,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ctx.engine.port),
+        "--tp-size",
+        str(world),  # SGLang's TP is the whole world; DP attention splits it
+    ]
+    if plan.strategy == Strategy.DP_EP:
+        args += ["--dp-size", str(plan.data_parallel_size), "--enable-dp-attention"]
+    if plan.expert_parallel_size > 1:
+        args += ["--ep-size", str(plan.expert_parallel_size)]
+    args += [
+        "--mem-fraction-static",
+        str(plan.gpu_memory_utilization),
+        "--context-length",
+        str(plan.max_model_len),
+        "--chunked-prefill-size",
+        "16384" if plan.max_model_len > LONG_CONTEXT else "8192",
+    ]
+    if plan.variant == Variant.MXFP8:
+        args += ["--quantization", "mxfp8", "--dtype", "bfloat16"]
+    if plan.kv_cache_dtype == "fp8":
+        args += ["--kv-cache-dtype", "fp8_e4m3"]
+    args += backend_args(ctx)
+    if not spec.model.language_model_only:
+        args.append("--enable-multimodal")
+    if plan.rope_scaling_factor > 1:
+        args += ["--json-model-override-args", compact_json(yarn_overrides(plan))]
+    args += [
+        "--trust-remote-code",
+        "--reasoning-parser",
+        ctx.engine.reasoning_parser,
+        "--tool-call-parser",
+        ctx.engine.tool_parser,
+        "--enable-metrics",
+    ]
+    return args
+
+
+def env(ctx: Context) -> dict[str, str]:
+    values: dict[str, str] = {}
+    if ctx.accelerator.vendor == "amd":
+        values["SGLANG_USE_AITER"] = "1"
+    if ctx.plan.rope_scaling_factor > 1:
+        values["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
+    return values
+
+
+def launch(ctx: Context) -> EngineLaunch:
+    check_extra_args(list(ctx.spec.engine.extra_args), OWNED_FLAGS, "sglang")
+    port = ctx.engine.port
+    # /health_generate runs a real forward pass: probe it less often than a plain liveness check.
+    probes = http_probes(port, ctx.engine.live_path, ctx.engine.ready_path, ready_period=30, ready_timeout=60)
+    group = ["--dist-init-addr", f"{LWS_LEADER_ADDRESS}:{DIST_INIT_PORT}", "--nnodes", LWS_GROUP_SIZE]
+    return node_rank_launch(ctx, ["python3", "-m", "sglang.launch_server"], serve_args(ctx), env(ctx), probes, group)

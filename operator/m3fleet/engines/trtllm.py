@@ -1,0 +1,160 @@
+"""TensorRT-LLM (`trtllm-serve`) for MiniMax-M3, as its deployment guide runs it (TRT-GUIDE, TRT-YAML).
+
+Parallelism, batching, KV cache and the sparse-attention backend live in the
+`extra_llm_api_options` YAML (a ConfigMap). A multi-node replica is one MPI job: the leader runs
+`mpirun` over SSH (keys in a Secret the controller generates; offline render only names it) to
+`trtllm-llmapi-launch` one rank per GPU; workers run sshd (the Dynamo operator's pattern, DYN-MN).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from m3fleet.api.models import Strategy
+from m3fleet.engines.base import (
+    CONFIG_MOUNT,
+    SSH_MOUNT,
+    Container,
+    Context,
+    EngineLaunch,
+    Probe,
+    Probes,
+    Role,
+    check_extra_args,
+    http_probes,
+    templates,
+)
+
+OWNED_FLAGS = frozenset(
+    {
+        "--tp-size",
+        "--tp_size",
+        "--ep-size",
+        "--pp-size",
+        "--moe-expert-parallel-size",
+        "--max-seq-len",
+        "--max-batch-size",
+        "--kv-cache-free-gpu-memory-fraction",
+        "--reasoning-parser",
+        "--tool-parser",
+        "--extra-llm-api-options",
+        "--config",
+        "--port",
+    }
+)
+
+CONFIG_FILE = "extra-llm-api-options.yaml"
+LEADER_SCRIPT = "launch-leader.sh"
+WORKER_SCRIPT = "launch-worker.sh"
+SSH_PORT = 2222
+# sshd (run as root, as the TensorRT-LLM image does) switches users and chroots for privilege separation.
+SSHD_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "SETGID", "SETUID", "SYS_CHROOT")
+MAX_BATCH_SIZE = 256  # the curated throughput config (TRT-YAML)
+MAX_NUM_TOKENS = 8192
+
+
+def ssh_secret_name(ctx: Context) -> str:
+    return ctx.resource_name("mpi-ssh")
+
+
+def max_batch_size(ctx: Context) -> int:
+    """CUDA-graph warmup scales with max_batch_size x max_seq_len, so a long max_seq_len must cut the
+    batch (TRT-GUIDE warns of OOM at the checkpoint default): at most as many sequences as the KV pool
+    holds at full length, as a power of two, capped at the curated 256."""
+    fit = max(1, ctx.plan.kv_cache_tokens_per_rank // ctx.plan.max_model_len)
+    return min(MAX_BATCH_SIZE, 1 << (fit.bit_length() - 1))
+
+
+def llm_api_options(ctx: Context) -> dict[str, Any]:
+    plan = ctx.plan
+    world = plan.tensor_parallel_size * plan.data_parallel_size
+    batch = max_batch_size(ctx)
+    return {
+        "tensor_parallel_size": world,  # the rank count must equal tensor_parallel_size (TRT-GUIDE)
+        "pipeline_parallel_size": 1,
+        "moe_expert_parallel_size": plan.expert_parallel_size,
+        "enable_attention_dp": plan.strategy == Strategy.DP_EP,  # DEP; TEP otherwise
+        "max_batch_size": batch,
+        "max_num_tokens": MAX_NUM_TOKENS,
+        "max_seq_len": plan.max_model_len,
+        "trust_remote_code": True,
+        "kv_cache_config": {
+            "enable_block_reuse": False,  # not supported on the sparse-attention path
+            "free_gpu_memory_fraction": plan.gpu_memory_utilization,
+        },
+        "cuda_graph_config": {"enable_padding": True, "max_batch_size": batch},
+        "sparse_attention_config": {"algorithm": "minimax_m3"},  # no dense fallback
+        "return_perf_metrics": True,  # Prometheus gauges on /prometheus/metrics
+        "enable_iter_perf_stats": True,  # queue, KV and memory gauges
+        "stream_interval": 10,
+        "num_postprocess_workers": 4,
+    }
+
+
+def serve_command(ctx: Context) -> list[str]:
+    model = ctx.model_path
+    return [
+        "trtllm-serve",
+        model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(ctx.engine.port),
+        "--trust_remote_code",
+        "--reasoning_parser",
+        ctx.engine.reasoning_parser,
+        "--tool_parser",
+        ctx.engine.tool_parser,
+        "--chat_template",
+        f"{model}/chat_template.jinja",
+        "--extra_llm_api_options",
+        f"{CONFIG_MOUNT}/{CONFIG_FILE}",
+        *ctx.spec.engine.extra_args,
+    ]
+
+
+FORWARDED_ENV = ("HF_HOME", "HF_TOKEN", "NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "OMPI_MCA_orte_keep_fqdn_hostnames")
+
+
+def env(ctx: Context) -> dict[str, str]:
+    return {"OMPI_MCA_orte_keep_fqdn_hostnames": "1"}  # mpirun must address pods by their DNS names
+
+
+def launch(ctx: Context) -> EngineLaunch:
+    check_extra_args(list(ctx.spec.engine.extra_args), OWNED_FLAGS, "trtllm")
+    port = ctx.engine.port
+    config = {CONFIG_FILE: yaml.safe_dump(llm_api_options(ctx), sort_keys=False)}
+    probes = http_probes(port, ctx.engine.live_path, ctx.engine.ready_path)
+    if not ctx.multi_node:
+        # One node: trtllm-serve spawns its own MPI ranks.
+        cmd = serve_command(ctx)
+        return EngineLaunch({Role.SINGLE: Container(cmd[:1], cmd[1:], env(ctx), probes, {"http": port}, True)}, config)
+    plan = ctx.plan
+    values = {
+        "nodes": plan.nodes_per_replica,
+        "gpus_per_node": plan.gpus_per_node,
+        "world": plan.gpus_per_replica,
+        "ssh_port": SSH_PORT,
+        "ssh_mount": SSH_MOUNT,
+        "serve": serve_command(ctx),
+        "forwarded_env": FORWARDED_ENV,
+    }
+    config[LEADER_SCRIPT] = templates().get_template("trtllm-leader.sh.j2").render(values)
+    config[WORKER_SCRIPT] = templates().get_template("trtllm-worker.sh.j2").render(values)
+    leader = Container(
+        ["/bin/bash"], [f"{CONFIG_MOUNT}/{LEADER_SCRIPT}"], env(ctx), probes, {"http": port}, serves_http=True
+    )
+    # sshd is up as soon as it listens: a TCP readiness check, no startup/liveness budget needed.
+    ssh_ready = Probes(startup=None, readiness=Probe(None, SSH_PORT, 10, 3), liveness=None)
+    worker = Container(
+        ["/bin/bash"],
+        [f"{CONFIG_MOUNT}/{WORKER_SCRIPT}"],
+        env(ctx),
+        ssh_ready,
+        {"ssh": SSH_PORT},
+        serves_http=False,
+        capabilities=SSHD_CAPABILITIES,
+    )
+    return EngineLaunch({Role.LEADER: leader, Role.WORKER: worker}, config, needs_ssh_secret=True)

@@ -1,0 +1,155 @@
+"""Plan + spec -> every Kubernetes object of one MiniMaxM3Deployment. Pure and deterministic.
+
+Order: ConfigMap (engine config), ComputeDomain (GB200 multi-node), the workload (a Deployment
+when a replica fits one node, a LeaderWorkerSet group per replica when it spans nodes), Service.
+Owner references are not set here: the controller adds them with `set_owner` (the one hook).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, Plan
+from m3fleet.engines import Context, EngineLaunch, Role, launch
+from m3fleet.engines.trtllm import ssh_secret_name
+from m3fleet.render import labels
+from m3fleet.render.pod import pod_template
+
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
+PROGRESS_DEADLINE_SECONDS = 2 * 60 * 60  # a rollout includes pulling a large image and loading 427B weights
+
+
+def context_for(resource: MiniMaxM3Deployment, plan: Plan) -> Context:
+    return Context(resource.metadata.name, resource.metadata.namespace, resource.spec, plan)
+
+
+def _meta(ctx: Context, name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": ctx.namespace, "labels": labels.object_labels(ctx), **extra}
+
+
+def _config_map(ctx: Context, engine: EngineLaunch) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(ctx, ctx.resource_name("engine-config")),
+        "data": dict(sorted(engine.config_files.items())),
+    }
+
+
+def _compute_domain(ctx: Context) -> dict[str, Any]:
+    # One IMEX domain per resource; every group's pods claim its channel (DRA). numNodes 0: the driver
+    # follows the pods (recommended with IMEXDaemonsWithDNSNames).
+    return {
+        "apiVersion": COMPUTE_DOMAIN_API,
+        "kind": "ComputeDomain",
+        "metadata": _meta(ctx, ctx.resource_name("compute-domain")),
+        "spec": {
+            "numNodes": 0,
+            "channel": {"resourceClaimTemplate": {"name": ctx.resource_name("compute-domain-channel")}},
+        },
+    }
+
+
+def _rolling(ctx: Context) -> dict[str, int]:
+    # maxSurge 0 by default: replace a replica in place rather than needing a spare GPU node.
+    return {"maxSurge": ctx.spec.rollout.max_surge, "maxUnavailable": ctx.spec.rollout.max_unavailable}
+
+
+def _deployment(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, Any]:
+    container = engine.containers[Role.SINGLE]
+    template = pod_template(ctx, Role.SINGLE, container, bool(engine.config_files), None)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(ctx, ctx.name),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {labels.NAME: ctx.name, labels.ROLE: Role.SINGLE.value}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": _rolling(ctx)},
+            "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
+            "template": template,
+        },
+    }
+
+
+def _leader_worker_set(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, Any]:
+    ssh = ssh_secret_name(ctx) if engine.needs_ssh_secret else None
+    config = bool(engine.config_files)
+    leader = pod_template(ctx, Role.LEADER, engine.containers[Role.LEADER], config, ssh)
+    worker = pod_template(ctx, Role.WORKER, engine.containers[Role.WORKER], config, ssh)
+    return {
+        "apiVersion": LWS_API,
+        "kind": "LeaderWorkerSet",
+        "metadata": _meta(ctx, ctx.name),
+        "spec": {
+            "replicas": replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": _rolling(ctx)},
+            "leaderWorkerTemplate": {
+                "size": ctx.plan.nodes_per_replica,
+                # One rank dying breaks the collective: restart the whole group.
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": leader,
+                "workerTemplate": worker,
+            },
+        },
+    }
+
+
+def _service(ctx: Context) -> dict[str, Any]:
+    port = ctx.engine.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ctx, ctx.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": labels.serving_selector(ctx.name),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def render(resource: MiniMaxM3Deployment, plan: Plan, replicas: int | None = None) -> list[dict[str, Any]]:
+    """Every child object. `replicas` overrides spec.replicas (the autoscaler's decision)."""
+    ctx = context_for(resource, plan)
+    engine = launch(ctx)
+    count = resource.spec.replicas if replicas is None else replicas
+    objects: list[dict[str, Any]] = []
+    if engine.config_files:
+        objects.append(_config_map(ctx, engine))
+    if ctx.multi_node and plan.accelerator == Accelerator.GB200:
+        objects.append(_compute_domain(ctx))
+    if ctx.multi_node:
+        objects.append(_leader_worker_set(ctx, engine, count))
+    else:
+        objects.append(_deployment(ctx, engine, count))
+    objects.append(_service(ctx))
+    return objects
+
+
+def required_secrets(resource: MiniMaxM3Deployment, plan: Plan) -> list[str]:
+    """Secrets the controller must generate (never rendered: their content is not in the spec)."""
+    ctx = context_for(resource, plan)
+    return [ssh_secret_name(ctx)] if launch(ctx).needs_ssh_secret else []
+
+
+def set_owner(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
+    """The owner-reference hook: a copy of `obj` controlled by `owner` (apiVersion, kind, name, uid)."""
+    child = copy.deepcopy(obj)
+    child["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": owner["apiVersion"],
+            "kind": owner["kind"],
+            "name": owner["metadata"]["name"],
+            "uid": owner["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    return child
+
+
+__all__ = ["context_for", "labels", "render", "required_secrets", "set_owner"]

@@ -1,0 +1,47 @@
+"""Labels on every child, and the selectors built from them."""
+
+from __future__ import annotations
+
+from m3fleet.engines.base import Context, Role
+
+PREFIX = "m3fleet.dev/"
+NAME = f"{PREFIX}name"
+ENGINE = f"{PREFIX}engine"
+ACCELERATOR = f"{PREFIX}accelerator"
+ROLE = f"{PREFIX}role"
+SERVING = f"{PREFIX}serving"  # "true" on pods that serve HTTP: single-node pods and LWS leaders
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "m3fleet"
+
+
+def object_labels(ctx: Context) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "minimax-m3",
+        "app.kubernetes.io/instance": ctx.name,
+        "app.kubernetes.io/component": "engine",
+        MANAGED_BY: MANAGER,
+        NAME: ctx.name,
+        ENGINE: ctx.plan.engine,
+        ACCELERATOR: ctx.plan.accelerator,
+    }
+
+
+def pod_labels(ctx: Context, role: Role, serves_http: bool) -> dict[str, str]:
+    labels = {**object_labels(ctx), ROLE: role.value}
+    if serves_http:
+        labels[SERVING] = "true"
+    return labels
+
+
+def owned_selector(name: str) -> str:
+    """Every child of one resource (what pruning lists)."""
+    return f"{NAME}={name},{MANAGED_BY}={MANAGER}"
+
+
+def serving_selector(name: str) -> dict[str, str]:
+    return {NAME: name, SERVING: "true"}
+
+
+def serving_selector_string(name: str) -> str:
+    """status.selector for the scale subresource: the pods that serve (one per replica)."""
+    return ",".join(f"{k}={v}" for k, v in serving_selector(name).items())

@@ -1,0 +1,162 @@
+"""One engine pod template: placement, GPUs, volumes, environment, probes, security."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from m3fleet.api.models import Accelerator
+from m3fleet.engines.base import (
+    CONFIG_MOUNT,
+    HF_CACHE_MOUNT,
+    MODEL_MOUNT,
+    SSH_MOUNT,
+    Container,
+    Context,
+    Probe,
+    Role,
+)
+from m3fleet.render.labels import pod_labels
+
+SHM_SIZE = "32Gi"  # the AMD verified run used 32g; vLLM/SGLang pass tensors between ranks through /dev/shm
+TERMINATION_GRACE_SECONDS = 600  # let in-flight long-context requests finish (a 1M-token decode takes minutes)
+DRAIN_SECONDS = 15  # endpoints stop routing before the engine gets SIGTERM
+COMPUTE_DOMAIN_CLAIM = "compute-domain-channel"
+
+
+def _probe(probe: Probe | None) -> dict[str, Any] | None:
+    if probe is None:
+        return None
+    action: dict[str, Any] = (
+        {"httpGet": {"path": probe.path, "port": probe.port}} if probe.path else {"tcpSocket": {"port": probe.port}}
+    )
+    return {
+        **action,
+        "periodSeconds": probe.period_seconds,
+        "failureThreshold": probe.failure_threshold,
+        "timeoutSeconds": probe.timeout_seconds,
+    }
+
+
+def _env(ctx: Context, container: Container) -> list[dict[str, Any]]:
+    values: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in container.env.items()}
+    if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
+        # Multi-node NVLink through the IMEX channel (third-party GB200 guides; UNVERIFIED as official).
+        for name in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE"):
+            values[name] = {"name": name, "value": "1"}
+    hf = ctx.spec.model.source.hugging_face
+    if hf is not None:
+        values["HF_HOME"] = {"name": "HF_HOME", "value": HF_CACHE_MOUNT}
+        if hf.token_secret_ref is not None:  # referenced, never copied: the operator never reads the token
+            ref = {"name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}
+            values["HF_TOKEN"] = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}}
+    for user in ctx.spec.engine.env:  # the user's variables win over the rendered ones
+        entry: dict[str, Any] = {"name": user.name}
+        if user.value_from is not None:
+            entry["valueFrom"] = user.value_from
+        else:
+            entry["value"] = user.value or ""
+        values[user.name] = entry
+    return [values[k] for k in sorted(values)]
+
+
+def _volumes(ctx: Context, launch_config: bool, ssh_secret: str | None) -> tuple[list[Any], list[Any]]:
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    source = ctx.spec.model.source
+    if source.pvc is not None:
+        volumes.append(
+            {"name": "model", "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True}}
+        )
+        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
+    elif source.hugging_face is not None:
+        claim = source.hugging_face.cache_claim_name
+        volumes.append({"name": "hf-cache", "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": "hf-cache", "mountPath": HF_CACHE_MOUNT})
+    if launch_config:
+        volumes.append({"name": "engine-config", "configMap": {"name": ctx.resource_name("engine-config")}})
+        mounts.append({"name": "engine-config", "mountPath": CONFIG_MOUNT, "readOnly": True})
+    if ssh_secret is not None:
+        volumes.append({"name": "mpi-ssh", "secret": {"secretName": ssh_secret, "defaultMode": 0o400}})
+        mounts.append({"name": "mpi-ssh", "mountPath": SSH_MOUNT, "readOnly": True})
+    return volumes, mounts
+
+
+def _security(ctx: Context, container: Container) -> dict[str, Any]:
+    add: list[str] = list(container.capabilities)
+    seccomp = "RuntimeDefault"
+    if ctx.spec.node_pool.extra_resources:
+        add.append("IPC_LOCK")  # RDMA registers (pins) memory (VLLM-PAR)
+    if ctx.accelerator.vendor == "amd":
+        # The ROCm recipe runs with --cap-add SYS_PTRACE --security-opt seccomp=unconfined (VLLM-RCP-AMD).
+        add.append("SYS_PTRACE")
+        seccomp = "Unconfined"
+    caps: dict[str, Any] = {"drop": ["ALL"]}
+    if add:
+        caps["add"] = sorted(add)
+    # Engine images run as root and write caches under $HOME, so runAsNonRoot would stop them starting.
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": caps,
+        "seccompProfile": {"type": seccomp},
+    }
+
+
+def _resources(ctx: Context) -> dict[str, Any]:
+    limits: dict[str, Any] = {ctx.accelerator.resource_name: ctx.plan.gpus_per_node}
+    limits.update(ctx.spec.node_pool.extra_resources)
+    resources: dict[str, Any] = {"limits": limits, "requests": dict(limits)}
+    if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
+        resources["claims"] = [{"name": COMPUTE_DOMAIN_CLAIM}]
+    return resources
+
+
+def _placement(ctx: Context) -> dict[str, Any]:
+    selector = dict(ctx.accelerator.node_labels)
+    selector["kubernetes.io/arch"] = ctx.accelerator.arch
+    selector.update(ctx.spec.node_pool.node_selector)  # the user's labels win (the catalog's may be wrong)
+    gpu_taint = {"key": ctx.accelerator.resource_name, "operator": "Exists", "effect": "NoSchedule"}
+    tolerations = [gpu_taint, *ctx.spec.node_pool.tolerations]
+    return {"nodeSelector": dict(sorted(selector.items())), "tolerations": tolerations}
+
+
+def pod_template(
+    ctx: Context, role: Role, container: Container, config: bool, ssh_secret: str | None
+) -> dict[str, Any]:
+    volumes, mounts = _volumes(ctx, config, ssh_secret)
+    spec_container: dict[str, Any] = {
+        "name": "engine",
+        "image": ctx.plan.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": container.command,
+        "args": container.args,
+        "env": _env(ctx, container),
+        "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in sorted(container.ports.items())],
+        "resources": _resources(ctx),
+        "volumeMounts": mounts,
+        "securityContext": _security(ctx, container),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(DRAIN_SECONDS)]}}},
+    }
+    for kind in ("startup", "readiness", "liveness"):
+        probe = _probe(getattr(container.probes, kind))
+        if probe is not None:
+            spec_container[f"{kind}Probe"] = probe
+    pod_spec: dict[str, Any] = {
+        "containers": [spec_container],
+        "volumes": volumes,
+        **_placement(ctx),
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "automountServiceAccountToken": False,  # engines never talk to the API server
+        "enableServiceLinks": False,  # a Service named e.g. "vllm" would inject VLLM_PORT and confuse vLLM
+    }
+    if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
+        template = ctx.resource_name("compute-domain-channel")
+        pod_spec["resourceClaims"] = [{"name": COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": template}]
+    metadata: dict[str, Any] = {"labels": pod_labels(ctx, role, container.serves_http)}
+    if container.serves_http:
+        metadata["annotations"] = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(ctx.engine.port),
+            "prometheus.io/path": ctx.engine.metrics_path,
+        }
+    return {"metadata": metadata, "spec": pod_spec}

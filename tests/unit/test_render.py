@@ -1,0 +1,368 @@
+"""Rendered objects: goldens per sample, real Kubernetes schemas, and properties over the planner's grid."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from m3fleet.api import parse_resource
+from m3fleet.api.models import MiniMaxM3Deployment
+from m3fleet.catalog import ENGINES
+from m3fleet.cli import dump
+from m3fleet.errors import SpecError
+from m3fleet.planner import plan
+from m3fleet.render import render, set_owner
+from tests.conftest import ROOT, SAMPLE_FILES, load_sample
+
+GOLDEN_DIR = ROOT / "tests" / "golden"
+K8S_VERSION = "1.33"
+
+
+def rendered(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    resource = parse_resource(doc)
+    return render(resource, plan(resource.spec))
+
+
+@pytest.mark.parametrize("path", SAMPLE_FILES, ids=[p.stem for p in SAMPLE_FILES])
+def test_golden(path: Path, request: pytest.FixtureRequest) -> None:
+    text = dump(rendered(load_sample(path)), "yaml")
+    golden = GOLDEN_DIR / f"{path.stem}.yaml"
+    if request.config.getoption("--update-goldens"):
+        golden.write_text(text)
+    assert golden.exists(), f"no golden for {path.name}: run pytest --update-goldens and review the diff"
+    assert text == golden.read_text(), f"{golden.name} differs: if intended, pytest --update-goldens"
+
+
+def test_every_golden_has_a_sample() -> None:
+    assert {p.stem for p in GOLDEN_DIR.glob("*.yaml")} == {p.stem for p in SAMPLE_FILES}
+
+
+# --- schemas --------------------------------------------------------------------------------
+
+# LeaderWorkerSet v1 and ComputeDomain v1beta1 fields m3fleet may set (LWS-API; DRA). kubernetes-validate
+# has no schemas for custom resources, so these are checked against their API's field lists.
+LWS_FIELDS = {
+    "spec": {"replicas", "startupPolicy", "rolloutStrategy", "leaderWorkerTemplate", "networkConfig"},
+    "spec.rolloutStrategy": {"type", "rollingUpdateConfiguration"},
+    "spec.rolloutStrategy.rollingUpdateConfiguration": {"partition", "maxUnavailable", "maxSurge"},
+    "spec.leaderWorkerTemplate": {
+        "size", "restartPolicy", "leaderTemplate", "workerTemplate", "subGroupPolicy", "volumeClaimTemplates",
+    },
+}  # fmt: skip
+LWS_ENUMS = {
+    "spec.startupPolicy": {"LeaderCreated", "LeaderReady"},
+    "spec.leaderWorkerTemplate.restartPolicy": {"RecreateGroupOnPodRestart", "RecreateGroupAfterStart", "None"},
+    "spec.rolloutStrategy.type": {"RollingUpdate"},
+}
+COMPUTE_DOMAIN_FIELDS = {"spec": {"numNodes", "channel"}, "spec.channel": {"resourceClaimTemplate", "allocationMode"}}
+
+
+def _get(obj: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = obj[part]
+    return obj
+
+
+def _as_pod_template_validated(template: dict[str, Any], name: str) -> None:
+    """LWS templates are corev1 PodTemplateSpecs: validate them as a Deployment's template."""
+    wrapper = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {"selector": {"matchLabels": template["metadata"]["labels"]}, "template": template},
+    }
+    kubernetes_validate.validate(wrapper, K8S_VERSION, strict=True)
+
+
+def validate_object(obj: dict[str, Any]) -> None:
+    kind = obj["kind"]
+    if kind == "LeaderWorkerSet":
+        assert obj["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+        for path, allowed in LWS_FIELDS.items():
+            assert set(_get(obj, path)) <= allowed, f"{path}: {set(_get(obj, path)) - allowed}"
+        for path, allowed in LWS_ENUMS.items():
+            assert _get(obj, path) in allowed
+        lwt = obj["spec"]["leaderWorkerTemplate"]
+        assert isinstance(lwt["size"], int) and lwt["size"] >= 1
+        _as_pod_template_validated(lwt["leaderTemplate"], obj["metadata"]["name"])
+        _as_pod_template_validated(lwt["workerTemplate"], obj["metadata"]["name"])
+    elif kind == "ComputeDomain":
+        assert obj["apiVersion"] == "resource.nvidia.com/v1beta1"
+        for path, allowed in COMPUTE_DOMAIN_FIELDS.items():
+            assert set(_get(obj, path)) <= allowed
+        assert obj["spec"]["channel"]["resourceClaimTemplate"]["name"]
+    else:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("path", SAMPLE_FILES, ids=[p.stem for p in SAMPLE_FILES])
+def test_every_rendered_object_validates(path: Path) -> None:
+    for obj in rendered(load_sample(path)):
+        validate_object(obj)
+
+
+def test_validation_catches_a_typo() -> None:
+    obj = rendered(load_sample(SAMPLE_FILES[0]))[0]
+    obj["spec"]["replicass"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_set_owner_is_the_only_way_owner_references_appear() -> None:
+    objs = rendered(load_sample(SAMPLE_FILES[0]))
+    assert all("ownerReferences" not in o["metadata"] for o in objs)
+    owner = {
+        "apiVersion": "m3fleet.dev/v1alpha1",
+        "kind": "MiniMaxM3Deployment",
+        "metadata": {"name": "x", "uid": "u1"},
+    }
+    owned = set_owner(objs[0], owner)
+    assert owned["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "m3fleet.dev/v1alpha1",
+        "kind": "MiniMaxM3Deployment",
+        "name": "x",
+        "uid": "u1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert "ownerReferences" not in objs[0]["metadata"]  # the hook copies
+
+
+# --- a small model of each engine's flags ---------------------------------------------------
+# Not the engines' own parsers (tests/engine_parsers runs those): a quick check that every flag we emit is one
+# we meant to emit, with the arity we meant, so a typo fails here in milliseconds.
+
+VLLM_FLAGS = {
+    "--served-model-name": 1, "--host": 1, "--port": 1, "--tensor-parallel-size": 1, "--data-parallel-size": 1,
+    "--enable-expert-parallel": 0, "--block-size": 1, "--max-model-len": 1, "--gpu-memory-utilization": 1,
+    "--kv-cache-dtype": 1, "--attention-backend": 1, "--moe-backend": 1, "--no-enable-prefix-caching": 0,
+    "--language-model-only": 0, "--mm-encoder-tp-mode": 1, "--mm-encoder-attn-backend": 1,
+    "--mm-processor-cache-type": 1, "--skip-mm-profiling": 0, "--hf-overrides": 1, "--tool-call-parser": 1,
+    "--reasoning-parser": 1, "--enable-auto-tool-choice": 0, "--trust-remote-code": 0, "--nnodes": 1,
+    "--node-rank": 1, "--master-addr": 1, "--headless": 0,
+}  # fmt: skip
+SGLANG_FLAGS = {
+    "--model-path": 1, "--served-model-name": 1, "--host": 1, "--port": 1, "--tp-size": 1, "--dp-size": 1,
+    "--enable-dp-attention": 0, "--ep-size": 1, "--mem-fraction-static": 1, "--context-length": 1,
+    "--chunked-prefill-size": 1, "--quantization": 1, "--dtype": 1, "--kv-cache-dtype": 1, "--attention-backend": 1,
+    "--page-size": 1, "--moe-runner-backend": 1, "--enable-multimodal": 0, "--json-model-override-args": 1,
+    "--trust-remote-code": 0, "--reasoning-parser": 1, "--tool-call-parser": 1, "--enable-metrics": 0,
+    "--dist-init-addr": 1, "--nnodes": 1, "--node-rank": 1,
+}  # fmt: skip
+TRTLLM_FLAGS = {
+    "--host": 1, "--port": 1, "--trust_remote_code": 0, "--reasoning_parser": 1, "--tool_parser": 1,
+    "--chat_template": 1, "--extra_llm_api_options": 1,
+}  # fmt: skip
+
+
+def model_parser(flags: dict[str, int], positional: bool) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    if positional:
+        parser.add_argument("model")
+    for flag, arity in flags.items():
+        parser.add_argument(flag, action="store_true" if arity == 0 else "store")
+    return parser
+
+
+def engine_argv(obj: dict[str, Any], engine: str) -> list[list[str]]:
+    """Engine argv (after the executable) of every container in a workload."""
+    templates = []
+    if obj["kind"] == "Deployment":
+        templates = [obj["spec"]["template"]]
+    elif obj["kind"] == "LeaderWorkerSet":
+        lwt = obj["spec"]["leaderWorkerTemplate"]
+        templates = [lwt["leaderTemplate"], lwt["workerTemplate"]]
+    argvs = []
+    for t in templates:
+        c = t["spec"]["containers"][0]
+        if engine == "vllm":
+            assert c["command"] == ["vllm", "serve"]
+            argvs.append(c["args"])
+        elif engine == "sglang":
+            assert c["command"] == ["python3", "-m", "sglang.launch_server"]
+            argvs.append(c["args"])
+        elif c["command"] == ["trtllm-serve"]:
+            argvs.append(c["args"])
+    return argvs
+
+
+def parse_with_model(engine: str, argv: list[str]) -> argparse.Namespace:
+    flags = {"vllm": VLLM_FLAGS, "sglang": SGLANG_FLAGS, "trtllm": TRTLLM_FLAGS}[engine]
+    return model_parser(flags, positional=engine != "sglang").parse_args(argv)
+
+
+def trtllm_leader_argv(objs: list[dict[str, Any]]) -> list[str] | None:
+    config = next((o for o in objs if o["kind"] == "ConfigMap"), None)
+    if config is None or "launch-leader.sh" not in config["data"]:
+        return None
+    line = next(x for x in config["data"]["launch-leader.sh"].splitlines() if "trtllm-llmapi-launch" in x)
+    return shlex.split(line.split("trtllm-llmapi-launch", 1)[1])[1:]  # drop 'trtllm-serve'
+
+
+# --- properties over the planner's grid -------------------------------------------------------
+
+COMBOS = [(e.value, a.value, v.value) for e, f in ENGINES.items() for a, vs in f.support.items() for v in vs]
+
+
+def resource_for(engine: str, accel: str, variant: str, strategy: str, kv: str, max_len: int, lmo: bool, moe: str,
+                 replicas: int, hf: bool) -> dict[str, Any]:  # fmt: skip
+    source: dict[str, Any] = (
+        {"huggingFace": {"cacheClaimName": "hf-cache", "tokenSecretRef": {"name": "hf-secret", "key": "token"}}}
+        if hf
+        else {"pvc": {"claimName": "weights", "subPath": "m3"}}
+    )
+    return {
+        "apiVersion": "m3fleet.dev/v1alpha1",
+        "kind": "MiniMaxM3Deployment",
+        "metadata": {"name": "grid", "namespace": "ns"},
+        "spec": {
+            "model": {"variant": variant, "source": source, "languageModelOnly": lmo},
+            "engine": {"name": engine, "moeBackend": moe},
+            "accelerator": accel,
+            "parallelism": {"strategy": strategy},
+            "context": {"maxModelLen": max_len, "kvCacheDtype": "bf16" if engine == "trtllm" else kv},
+            "replicas": replicas,
+            "nodePool": {"extraResources": {"rdma/ib": 1}} if replicas % 2 else {},
+        },
+    }
+
+
+grid = st.builds(
+    resource_for,
+    st.sampled_from(COMBOS).map(lambda c: c[0]),
+    st.just(""),
+    st.just(""),
+    st.sampled_from(["tp", "tp-ep", "dp-ep"]),
+    st.sampled_from(["auto", "bf16", "fp8"]),
+    st.sampled_from([4096, 32768, 131072, 524288, 1048576]),
+    st.booleans(),
+    st.sampled_from(["auto", "aiter", "emulation"]),
+    st.integers(0, 3),
+    st.booleans(),
+)
+
+
+@st.composite
+def grid_resources(draw: st.DrawFn) -> dict[str, Any]:
+    engine, accel, variant = draw(st.sampled_from(COMBOS))
+    doc = draw(grid)
+    doc["spec"]["engine"]["name"] = engine
+    doc["spec"]["accelerator"] = accel
+    doc["spec"]["model"]["variant"] = variant
+    if engine == "trtllm":
+        doc["spec"]["context"]["kvCacheDtype"] = "bf16"
+    return doc
+
+
+def rendered_or_none(doc: dict[str, Any]) -> tuple[MiniMaxM3Deployment, Any, list[dict[str, Any]]] | None:
+    resource = parse_resource(doc)
+    try:
+        p = plan(resource.spec)
+    except SpecError:
+        return None
+    return resource, p, render(resource, p)
+
+
+GRID = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@GRID
+@given(doc=grid_resources())
+def test_grid_properties(doc: dict[str, Any]) -> None:
+    result = rendered_or_none(doc)
+    if result is None:
+        return
+    resource, p, objs = result
+    engine = p.engine
+    workload = next(o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+    gpu = "amd.com/gpu" if p.accelerator == "mi355x" else "nvidia.com/gpu"
+    assert workload["spec"]["replicas"] == resource.spec.replicas
+    if workload["kind"] == "Deployment":
+        assert p.nodes_per_replica == 1
+        pods = [workload["spec"]["template"]]
+    else:
+        lwt = workload["spec"]["leaderWorkerTemplate"]
+        assert lwt["size"] == p.nodes_per_replica > 1
+        pods = [lwt["leaderTemplate"]] + [lwt["workerTemplate"]] * (lwt["size"] - 1)
+    # GPUs requested per group equal gpusPerReplica.
+    assert sum(t["spec"]["containers"][0]["resources"]["limits"][gpu] for t in pods) == p.gpus_per_replica
+    for argv in engine_argv(workload, engine):
+        ns = parse_with_model(engine, argv)
+        if engine == "vllm":
+            assert ns.block_size == "128"
+            assert int(ns.tensor_parallel_size) * int(ns.data_parallel_size or 1) == p.gpus_per_replica
+        if engine == "sglang":
+            assert int(ns.tp_size) == p.gpus_per_replica  # SGLang's TP is the world size
+    if engine == "trtllm":
+        options = yaml.safe_load(
+            next(o for o in objs if o["kind"] == "ConfigMap")["data"]["extra-llm-api-options.yaml"]
+        )
+        assert options["tensor_parallel_size"] == p.gpus_per_replica
+        assert options["sparse_attention_config"] == {"algorithm": "minimax_m3"}
+        assert options["kv_cache_config"]["enable_block_reuse"] is False
+        leader_argv = trtllm_leader_argv(objs)
+        if leader_argv is not None:
+            parse_with_model("trtllm", leader_argv)
+    for obj in objs:
+        validate_object(obj)
+    # No Secret value in rendered output: the token is only ever a reference.
+    text = json.dumps(objs)
+    for t in pods:
+        for e in t["spec"]["containers"][0]["env"]:
+            if e["name"] == "HF_TOKEN":
+                assert e == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-secret", "key": "token"}}}
+    assert 'kind": "Secret' not in text
+
+
+def test_multi_node_ranks_add_up_to_world_size() -> None:
+    doc = resource_for("vllm", "h200", "bf16", "tp", "bf16", 1048576, False, "auto", 1, False)
+    result = rendered_or_none(doc)
+    assert result is not None
+    _, p, objs = result
+    lws = next(o for o in objs if o["kind"] == "LeaderWorkerSet")
+    leader, worker = (engine_argv(lws, "vllm")[i] for i in (0, 1))
+    assert p.tensor_parallel_size == 16 and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    assert leader[leader.index("--node-rank") + 1] == "0" and "--headless" not in leader
+    assert worker[worker.index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)" and "--headless" in worker
+    assert leader[leader.index("--master-addr") + 1] == "$(LWS_LEADER_ADDRESS)"
+    worker_pod = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    assert "readinessProbe" not in worker_pod and "startupProbe" not in worker_pod and "ports" in worker_pod
+
+
+@pytest.mark.parametrize(
+    ("engine", "flag"),
+    [("vllm", "--tensor-parallel-size=4"), ("vllm", "--block-size"), ("vllm", "--max-model"),
+     ("sglang", "--tp"), ("sglang", "--mem-fraction-static"), ("trtllm", "--extra_llm_api_options")],
+)  # fmt: skip
+def test_extra_args_that_contradict_the_plan_are_rejected(engine: str, flag: str) -> None:
+    accel = "gb200" if engine == "trtllm" else "h200"
+    doc = resource_for(engine, accel, "bf16", "tp", "bf16", 8192, False, "auto", 1, False)
+    doc["spec"]["engine"]["extraArgs"] = ["--some-other-flag", flag, "8"]
+    resource = parse_resource(doc)
+    with pytest.raises(SpecError) as info:
+        render(resource, plan(resource.spec))
+    assert info.value.field == "spec.engine.extraArgs[1]" and "remove it" in info.value.fix
+
+
+def test_harmless_extra_args_and_user_env_pass_through() -> None:
+    doc = resource_for("vllm", "h200", "bf16", "tp", "bf16", 8192, False, "auto", 1, False)
+    doc["spec"]["engine"]["extraArgs"] = ["--max-num-seqs", "64"]
+    doc["spec"]["engine"]["env"] = [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]
+    deployment = next(o for o in rendered(doc) if o["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][-2:] == ["--max-num-seqs", "64"]
+    assert {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"} in container["env"]
+
+
+def test_render_is_deterministic() -> None:
+    doc = load_sample(SAMPLE_FILES[0])
+    assert dump(rendered(doc), "yaml") == dump(rendered(doc), "yaml")
