@@ -168,6 +168,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from m3fleet.controller.run import run  # the operator's dependencies load only for `run`
+
+    return run(args.namespace, args.all_namespaces, args.standalone, args.liveness_port, args.metrics_port)
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     sys.stdout.write(crd_yaml())
     return EXIT_OK
@@ -190,6 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_crd = sub.add_parser("crd", help="the CustomResourceDefinition YAML")
     p_crd.set_defaults(func=cmd_crd)
 
+    p_run = sub.add_parser("run", help="the operator, against the current kube context")
+    scope = p_run.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", help="watch one namespace (default: the current context's)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    p_run.add_argument("--standalone", action="store_true", help="no peering with other operator replicas")
+    p_run.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz here (0: off)")
+    p_run.add_argument("--metrics-port", type=int, default=9090, help="serve Prometheus /metrics here (0: off)")
+    p_run.set_defaults(func=cmd_run)
     return parser
 
 

@@ -26,6 +26,11 @@ def object_labels(ctx: Context) -> dict[str, str]:
     }
 
 
+def object_labels_for(name: str) -> dict[str, str]:
+    """The labels pruning selects on, for objects the controller creates outside `render`."""
+    return {"app.kubernetes.io/instance": name, MANAGED_BY: MANAGER, NAME: name}
+
+
 def pod_labels(ctx: Context, role: Role, serves_http: bool) -> dict[str, str]:
     labels = {**object_labels(ctx), ROLE: role.value}
     if serves_http:

@@ -1,0 +1,268 @@
+"""One level-triggered reconcile: validate -> plan -> render -> apply -> prune -> status.
+
+Called for create, update, resume, the resync timer and child events; it computes from the world as it
+is, so calling it twice is harmless. Quiet at rest: a child is re-applied only when the hash of our
+intent (recorded on the child) differs, status is written only when it changes, and nothing at all is
+written for an unchanged resource. Bad input never tears anything down: an invalid spec or a missing
+API only sets `Degraded` and leaves every child exactly as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import kopf
+
+from m3fleet.api import parse_resource
+from m3fleet.api.models import AutoscalingMode, MiniMaxM3Deployment, Plan
+from m3fleet.controller import kube, metrics
+from m3fleet.controller.kube import ApiError, Kind, KubeApi
+from m3fleet.controller.secrets import ssh_key_secret
+from m3fleet.controller.status import Blocked, Workload, conditions
+from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.planner import plan as make_plan
+from m3fleet.render import labels, render, required_secrets, set_owner
+
+INTENT_ANNOTATION = "m3fleet.dev/intent-hash"
+Key = tuple[str, str, str]  # apiVersion, kind, name
+
+
+def intent_hash(obj: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
+
+
+def stamped(obj: dict[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
+    """Our full intent for a child: owner reference plus the hash of that intent."""
+    child = set_owner(obj, dict(owner))
+    child["metadata"].setdefault("annotations", {})[INTENT_ANNOTATION] = intent_hash(child)
+    return child
+
+
+def key_of(obj: Mapping[str, Any]) -> Key:
+    return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("controller") and r.get("uid") == uid for r in refs)
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did (for logs, tests and the benchmark)."""
+
+    applied: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+    created_secrets: list[str] = field(default_factory=list)
+    status_written: bool = False
+    blocked: str | None = None
+
+
+def desired_replicas(resource: MiniMaxM3Deployment, status: Mapping[str, Any]) -> int:
+    """spec.replicas, unless the built-in autoscaler acts: then its last decision (GitOps keeps spec)."""
+    scaling = resource.spec.autoscaling
+    if not scaling.enabled or scaling.mode != AutoscalingMode.ACT:
+        return resource.spec.replicas
+    decided = (status.get("autoscaling") or {}).get("desiredReplicas")
+    count = int(decided) if isinstance(decided, int | float) else resource.spec.replicas
+    return max(scaling.min_replicas, min(scaling.max_replicas, count))
+
+
+MISSING_API = {
+    kube.LEADER_WORKER_SET.kind: (
+        "LeaderWorkerSetNotInstalled",
+        "a replica spans {nodes} nodes and needs the LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1), which this "
+        "cluster does not serve: install LeaderWorkerSet v0.6 or newer, or plan a replica that fits one node",
+    ),
+    kube.COMPUTE_DOMAIN.kind: (
+        "ComputeDomainNotInstalled",
+        "multi-node GB200 replicas need the NVIDIA DRA driver's ComputeDomain API (resource.nvidia.com/v1beta1), "
+        "which this cluster does not serve: install the NVIDIA DRA driver for GPUs with ComputeDomain support",
+    ),
+}
+
+
+class Reconciler:
+    def __init__(self, api: KubeApi, clock: Callable[[], str] = utc_now) -> None:
+        self.api = api
+        self.clock = clock
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def _lock(self, namespace: str, name: str) -> asyncio.Lock:
+        return self._locks.setdefault((namespace, name), asyncio.Lock())
+
+    async def reconcile_by_name(self, namespace: str, name: str, logger: logging.Logger | Any) -> Outcome | None:
+        async with self._lock(namespace, name):
+            # Always the freshest body: another reconcile of the same resource may just have written status.
+            body = await self.api.get(kube.M3D, namespace, name)
+            if body is None:
+                return None
+            started = time.monotonic()
+            try:
+                outcome = await self._reconcile(body, logger)
+            except Exception:
+                metrics.RECONCILES.labels("error").inc()
+                raise
+            finally:
+                metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+            metrics.RECONCILES.labels("blocked" if outcome.blocked else "ok").inc()
+            for action, names in (("apply", outcome.applied), ("prune", outcome.pruned)):
+                for item in names:
+                    metrics.CHILD_WRITES.labels(item.split("/", 1)[0], action).inc()
+            return outcome
+
+    async def reconcile(self, body: Mapping[str, Any], logger: logging.Logger | Any) -> Outcome | None:
+        meta = body["metadata"]
+        return await self.reconcile_by_name(meta["namespace"], meta["name"], logger)
+
+    async def _reconcile(self, body: Mapping[str, Any], logger: logging.Logger | Any) -> Outcome:
+        meta = body["metadata"]
+        name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+        status = body.get("status") or {}
+        outcome = Outcome()
+        if meta.get("deletionTimestamp"):
+            return outcome  # children go by garbage collection through their owner references
+        try:
+            resource = parse_resource(dict(body))
+            plan = make_plan(resource.spec)
+            objects = render(resource, plan, desired_replicas(resource, status))
+        except (SpecError, SpecErrors) as exc:
+            blocked = Blocked("InvalidSpec", str(exc))
+            return await self._blocked(body, outcome, blocked, None, logger)
+
+        served = await self._served_kinds()
+        for obj in objects:
+            missing = MISSING_API.get(obj["kind"])
+            if missing and obj["kind"] not in served:
+                reason, message = missing
+                blocked = Blocked(reason, message.format(nodes=plan.nodes_per_replica))
+                return await self._blocked(body, outcome, blocked, plan, logger)
+
+        owner = {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": {"name": name, "uid": uid}}
+        live = await self._live_children(namespace, name, served)
+        wanted: set[Key] = set()
+        try:
+            for secret_name in required_secrets(resource, plan):
+                key: Key = ("v1", "Secret", secret_name)
+                wanted.add(key)
+                if key not in live:
+                    secret = set_owner(ssh_key_secret(namespace, secret_name, labels.object_labels_for(name)), owner)
+                    live[key] = await self._create_once(secret)
+                    outcome.created_secrets.append(secret_name)
+            for obj in objects:
+                desired = stamped(obj, owner)
+                key = key_of(desired)
+                wanted.add(key)
+                current = live.get(key)
+                annotations = (current or {}).get("metadata", {}).get("annotations") or {}
+                if (
+                    current
+                    and controlled_by(current, uid)
+                    and annotations.get(INTENT_ANNOTATION) == intent_hash_of(desired)
+                ):
+                    continue
+                live[key] = await self.api.apply(desired)
+                outcome.applied.append(f"{desired['kind']}/{desired['metadata']['name']}")
+            for key, obj in sorted(live.items()):
+                if key not in wanted and controlled_by(obj, uid):
+                    kind = kube.BY_KIND[(key[0], key[1])]
+                    await self.api.delete(kind, namespace, key[2], obj["metadata"]["uid"])
+                    outcome.pruned.append(f"{key[1]}/{key[2]}")
+        except ApiError as exc:
+            if exc.status in (400, 403, 404, 422):  # the cluster rejects our intent: say so, retry slowly
+                blocked = Blocked("ApplyFailed", f"the API server rejected a child: {exc}")
+                await self._blocked(body, outcome, blocked, plan, logger)
+                raise kopf.TemporaryError(str(exc), delay=300) from exc
+            raise kopf.TemporaryError(str(exc), delay=exc.retry_after or 5) from exc
+
+        if outcome.applied:
+            kopf.info(cast(kopf.Body, body), reason="Applied", message=", ".join(outcome.applied))
+            logger.info("Applied %s", ", ".join(outcome.applied))
+        if outcome.pruned:
+            kopf.info(cast(kopf.Body, body), reason="Pruned", message=", ".join(outcome.pruned))
+            logger.info("Pruned %s", ", ".join(outcome.pruned))
+        workload = next(o for o in objects if o["kind"] in (kube.DEPLOYMENT.kind, kube.LEADER_WORKER_SET.kind))
+        report = Workload.from_live(workload["spec"]["replicas"], live.get(key_of(workload)))
+        metrics.DESIRED_REPLICAS.labels(namespace, name).set(report.desired)
+        metrics.READY_REPLICAS.labels(namespace, name).set(report.ready)
+        outcome.status_written = await self._write_status(body, report, None, plan)
+        return outcome
+
+    async def _served_kinds(self) -> set[str]:
+        optional = (kube.LEADER_WORKER_SET, kube.COMPUTE_DOMAIN)
+        flags = await asyncio.gather(*(self.api.served(k) for k in optional))
+        return {k.kind for k in kube.CHILD_KINDS if k not in optional} | {
+            k.kind for k, ok in zip(optional, flags, strict=True) if ok
+        }
+
+    async def _live_children(self, namespace: str, name: str, served: set[str]) -> dict[Key, dict[str, Any]]:
+        kinds: list[Kind] = [k for k in kube.CHILD_KINDS if k.kind in served]
+        selector = labels.owned_selector(name)
+        found = await asyncio.gather(*(self.api.list(k, namespace, selector) for k in kinds))
+        return {key_of(obj): obj for items in found for obj in items}
+
+    async def _create_once(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create a generated object; if it already exists (a lost response, a restart), keep the existing one."""
+        try:
+            return await self.api.create(obj)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+        kind = kube.BY_KIND[(obj["apiVersion"], obj["kind"])]
+        existing = await self.api.get(kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
+        return existing if existing is not None else obj
+
+    async def _blocked(
+        self, body: Mapping[str, Any], outcome: Outcome, blocked: Blocked, plan: Plan | None, logger: Any
+    ) -> Outcome:
+        """Report and stop: children are read (for Available) but never touched."""
+        meta = body["metadata"]
+        outcome.blocked = blocked.reason
+        live = await self._live_children(meta["namespace"], meta["name"], {kube.DEPLOYMENT.kind})
+        workload_obj = next((o for o in live.values() if o["kind"] == kube.DEPLOYMENT.kind), None)
+        lws_served = await self.api.served(kube.LEADER_WORKER_SET)
+        if workload_obj is None and lws_served:
+            found = await self.api.list(kube.LEADER_WORKER_SET, meta["namespace"], labels.owned_selector(meta["name"]))
+            workload_obj = found[0] if found else None
+        desired = int(((workload_obj or {}).get("spec") or {}).get("replicas") or 0)
+        report = Workload.from_live(desired, workload_obj)
+        outcome.status_written = await self._write_status(body, report, blocked, plan)
+        if outcome.status_written:
+            kopf.warn(cast(kopf.Body, body), reason=blocked.reason, message=blocked.message)
+            logger.warning("%s: %s", blocked.reason, blocked.message)
+        return outcome
+
+    async def _write_status(
+        self, body: Mapping[str, Any], workload: Workload, blocked: Blocked | None, plan: Plan | None
+    ) -> bool:
+        meta = body["metadata"]
+        current = dict(body.get("status") or {})
+        generation = int(meta.get("generation") or 0)
+        new = {
+            "observedGeneration": generation,
+            "conditions": conditions(current.get("conditions") or [], generation, self.clock(), workload, blocked),
+            "plan": plan.model_dump(by_alias=True, mode="json") if plan is not None else current.get("plan"),
+            "replicas": workload.replicas,
+            "readyReplicas": workload.ready,
+            "selector": labels.serving_selector_string(meta["name"]),
+        }
+        if all(current.get(k) == v for k, v in new.items()):
+            return False
+        await self.api.patch_status(meta["namespace"], meta["name"], new)
+        return True
+
+
+def intent_hash_of(child: Mapping[str, Any]) -> str:
+    return str(child["metadata"]["annotations"][INTENT_ANNOTATION])

@@ -1,0 +1,133 @@
+"""Status in Kubernetes conventions, computed from what the children report. Pure: `now` is an input.
+
+Condition types (metav1.Condition, a map list keyed by `type`):
+
+* `Ready` — every replica of the current generation is ready (the summary `kubectl wait` uses).
+  Reasons: AllReplicasReady, ScaledToZero, RolloutInProgress, InvalidSpec, LeaderWorkerSetNotInstalled,
+  ComputeDomainNotInstalled, ApplyFailed.
+* `Available` — at least one replica serves. Reasons: MinimumReplicasAvailable, NoReplicasReady.
+* `Progressing` — a rollout or scale is under way. Reasons: RolloutInProgress, RolloutComplete, plus the
+  blocking reasons above (False: nothing progresses until the spec or cluster is fixed).
+* `Degraded` — negative polarity: True when the operator cannot do what the spec asks. Reasons:
+  AsExpected, InvalidSpec, LeaderWorkerSetNotInstalled, ComputeDomainNotInstalled, ApplyFailed.
+
+`lastTransitionTime` changes only when a condition's status flips, so a re-computed identical status
+compares equal and the operator writes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+READY, AVAILABLE, PROGRESSING, DEGRADED = "Ready", "Available", "Progressing", "Degraded"
+CONDITION_ORDER = (READY, AVAILABLE, PROGRESSING, DEGRADED)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the workload child (Deployment or LeaderWorkerSet) reports."""
+
+    desired: int
+    replicas: int = 0
+    ready: int = 0
+    updated: int = 0
+    observed_current: bool = False  # the child's controller has seen its latest spec
+
+    @classmethod
+    def from_live(cls, desired: int, live: dict[str, Any] | None) -> Workload:
+        if live is None:
+            return cls(desired)
+        status = live.get("status") or {}
+        generation = (live.get("metadata") or {}).get("generation")
+        observed = status.get("observedGeneration")
+        # LWS may not report observedGeneration; then updated/ready counts alone decide.
+        current = observed is None or generation is None or observed >= generation
+        return cls(
+            desired=desired,
+            replicas=int(status.get("replicas") or 0),
+            ready=int(status.get("readyReplicas") or 0),
+            updated=int(status.get("updatedReplicas") or 0),
+            observed_current=current and "status" in live,
+        )
+
+    @property
+    def all_ready(self) -> bool:
+        return (
+            self.observed_current
+            and self.ready == self.desired
+            and self.updated == self.desired
+            and self.replicas == self.desired
+        )
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Why the operator stopped before touching children (children are left exactly as they were)."""
+
+    reason: str
+    message: str
+
+
+def condition(
+    previous: list[dict[str, Any]], type_: str, status: str, reason: str, message: str, generation: int, now: str
+) -> dict[str, Any]:
+    old = next((c for c in previous if c.get("type") == type_), None)
+    since = old["lastTransitionTime"] if old and old.get("status") == status and "lastTransitionTime" in old else now
+    return {
+        "type": type_,
+        "status": status,
+        "observedGeneration": generation,
+        "lastTransitionTime": since,
+        "reason": reason,
+        "message": message[:32768],
+    }
+
+
+def conditions(
+    previous: list[dict[str, Any]],
+    generation: int,
+    now: str,
+    workload: Workload,
+    blocked: Blocked | None,
+) -> list[dict[str, Any]]:
+    def c(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+        return condition(previous, type_, "True" if ok else "False", reason, message, generation, now)
+
+    serving = workload.ready >= 1 or workload.desired == 0
+    available = c(
+        AVAILABLE,
+        serving,
+        "MinimumReplicasAvailable" if serving else "NoReplicasReady",
+        f"{workload.ready} of {workload.desired} replicas ready",
+    )
+    if blocked is not None:
+        return [
+            c(READY, False, blocked.reason, blocked.message),
+            available,
+            c(PROGRESSING, False, blocked.reason, "nothing is applied until this is fixed; running children are kept"),
+            c(DEGRADED, True, blocked.reason, blocked.message),
+        ]
+    if workload.desired == 0:
+        ready = c(READY, True, "ScaledToZero", "0 replicas requested")
+    elif workload.all_ready:
+        ready = c(READY, True, "AllReplicasReady", f"all {workload.desired} replicas ready")
+    else:
+        ready = c(
+            READY,
+            False,
+            "RolloutInProgress",
+            f"{workload.ready} of {workload.desired} replicas ready, {workload.updated} updated",
+        )
+    progressing = ready["status"] != "True"
+    return [
+        ready,
+        available,
+        c(
+            PROGRESSING,
+            progressing,
+            "RolloutInProgress" if progressing else "RolloutComplete",
+            ready["message"],
+        ),
+        c(DEGRADED, False, "AsExpected", "the spec is valid and applied"),
+    ]
