@@ -79,6 +79,9 @@ def llm_api_options(ctx: Context) -> dict[str, Any]:
         "max_batch_size": batch,
         "max_num_tokens": MAX_NUM_TOKENS,
         "max_seq_len": plan.max_model_len,
+        # Without chunked prefill the PyTorch backend rejects any prompt longer than max_num_tokens.
+        # The M3 guide only runs short prompts (max_seq_len 2068); chunking on the sparse path is UNVERIFIED.
+        "enable_chunked_prefill": plan.max_model_len > MAX_NUM_TOKENS,
         "trust_remote_code": True,
         "kv_cache_config": {
             "enable_block_reuse": False,  # not supported on the sparse-attention path
