@@ -1,0 +1,111 @@
+{{/* Names, labels and small derived values shared by every template. */}}
+
+{{- define "m3fleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "m3fleet.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "m3fleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "m3fleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "m3fleet.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "m3fleet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: m3fleet
+{{- end -}}
+
+{{- define "m3fleet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "m3fleet.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The one namespace the operator watches with scope=namespace. */}}
+{{- define "m3fleet.watchNamespace" -}}
+{{- default .Release.Namespace .Values.watchNamespace -}}
+{{- end -}}
+
+{{- define "m3fleet.clusterScope" -}}
+{{- if eq .Values.scope "cluster" -}}true{{- end -}}
+{{- end -}}
+
+{{- define "m3fleet.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The kopf peering object's name: fixed by `m3fleet run` (controller/run.py, peering_name). */}}
+{{- define "m3fleet.peeringName" -}}m3fleet{{- end -}}
+
+{{/*
+Cross-field rules the JSON schema cannot phrase clearly; each message names the value and the fix.
+*/}}
+{{- define "m3fleet.validate" -}}
+{{- $replicas := int .Values.replicas -}}
+{{- if and (gt $replicas 1) (not .Values.peering.enabled) -}}
+{{- fail (printf "replicas: %d needs peering.enabled=true (without peering every replica reconciles at once); set peering.enabled=true for standby replicas, or replicas=1" $replicas) -}}
+{{- end -}}
+{{- if and (gt (int .Values.peering.priority) 0) (not .Values.peering.enabled) -}}
+{{- fail "peering.priority is only used with peering.enabled=true; set peering.enabled=true or leave peering.priority 0" -}}
+{{- end -}}
+{{- if and (gt (int .Values.peering.priority) 0) (gt $replicas 1) -}}
+{{- fail (printf "peering.priority: %d would be shared by all %d replicas, and peers with equal priority pause each other; leave peering.priority 0 (a random priority per pod) with replicas > 1" (int .Values.peering.priority) $replicas) -}}
+{{- end -}}
+{{- if and .Values.watchNamespace (eq .Values.scope "cluster") -}}
+{{- fail (printf "watchNamespace: %q is only used with scope=namespace; set scope=namespace to watch only that namespace, or leave watchNamespace empty to watch every namespace" .Values.watchNamespace) -}}
+{{- end -}}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.service.enabled) -}}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.service.enabled=true: the ServiceMonitor scrapes that Service" -}}
+{{- end -}}
+{{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
+{{- fail "serviceAccount.create=false needs serviceAccount.name: the existing ServiceAccount the operator runs as" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The operator's RBAC rules for one kind of role, from files/rbac.yaml (generated from
+m3fleet.controller.kube.RBAC by charts/generate.py). Pass (dict "ctx" $ "only" "all"|"namespaced"|"cluster"):
+the rules for resources of that scope.
+Each entry's `when` says in which configuration the operator makes that call:
+  always            every configuration
+  scanning          rbac.scanning (kopf watches CRDs)
+  namespaceScanning rbac.scanning and scope=namespace (kopf lists namespaces only when not cluster-wide)
+  clusterPeering    peering.enabled and scope=cluster (ClusterKopfPeering)
+  namespacedPeering peering.enabled and scope=namespace (KopfPeering)
+*/}}
+{{- define "m3fleet.rbacRules" -}}
+{{- $ctx := .ctx -}}
+{{- $cluster := eq $ctx.Values.scope "cluster" -}}
+{{- $peering := $ctx.Values.peering.enabled -}}
+{{- $scanning := $ctx.Values.rbac.scanning -}}
+{{- $wanted := dict "always" true "scanning" $scanning "namespaceScanning" (and $scanning (not $cluster)) "clusterPeering" (and $peering $cluster) "namespacedPeering" (and $peering (not $cluster)) -}}
+{{- range (($ctx.Files.Get "files/rbac.yaml") | fromYaml).rules -}}
+{{- $scope := ternary "cluster" "namespaced" .clusterScoped -}}
+{{- if and (get $wanted .when) (or (eq $.only "all") (eq $.only $scope)) }}
+- apiGroups: [{{ .apiGroup | quote }}]
+  resources: [{{ .resource | quote }}]
+  verbs: [{{ range $i, $v := .verbs }}{{ if $i }}, {{ end }}{{ $v | quote }}{{ end }}]
+{{- end -}}
+{{- end -}}
+{{- end -}}

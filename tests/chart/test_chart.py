@@ -1,0 +1,431 @@
+"""charts/m3fleet rendered and linted by the Helm v4 SDK, for default and non-default values.
+
+Every rendered object is validated (built-in kinds against the Kubernetes 1.33 schemas, strictly;
+ServiceMonitor/PodMonitor/KopfPeering against their field lists), and the operator pod is held to
+Pod Security "restricted" and to the `m3fleet run` command line it must match.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from m3fleet.api import parse_resource
+from m3fleet.catalog import ENGINES
+from m3fleet.cli import build_parser
+from m3fleet.planner import plan
+from m3fleet.render import labels as render_labels
+from m3fleet.render import render as render_engine
+from tests.chart.support import CHART, NAMESPACE, ROOT, by_kind, one, render, render_notes, validate_any
+from tests.conftest import SAMPLE_FILES, load_sample
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+CASES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "namespace-scoped": {"scope": "namespace", "watchNamespace": "llm"},
+    "namespace-scoped-release-ns": {"scope": "namespace", "rbac": {"scanning": False}},
+    "standby": {"replicas": 3, "peering": {"enabled": True}},
+    "namespace-standby": {"scope": "namespace", "watchNamespace": "llm", "replicas": 2, "peering": {"enabled": True}},
+    "monitoring": {
+        "metrics": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "podMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+            "dashboard": {"enabled": True, "namespace": "monitoring", "annotations": {"grafana_folder": "LLM"}},
+        }
+    },
+    "digest": {"image": {"repository": "registry.example.com/m3fleet/operator", "digest": DIGEST}},
+    "minimal": {
+        "rbac": {"create": False, "aggregateToDefaultRoles": False},
+        "serviceAccount": {"create": False, "name": "existing"},
+        "metrics": {"service": {"enabled": False}, "scrapeAnnotations": False},
+        "nodeSelector": {},
+        "resources": {},
+    },
+    "pinned-priority": {"peering": {"enabled": True, "priority": 100}, "extraEnv": [{"name": "X", "value": "1"}]},
+}
+
+
+def deployment(values: dict[str, Any]) -> dict[str, Any]:
+    return one(render(values), "Deployment")
+
+
+def container(values: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment(values)["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["operator"]
+    return containers[0]
+
+
+@pytest.mark.parametrize("values", CASES.values(), ids=CASES.keys())
+def test_lint_is_clean(values: dict[str, Any]) -> None:
+    report = helm.lint(str(CHART), values, strict=True, kube_version="v1.33.0")
+    assert report["errors"] == []
+    # Severity 1 is informational ("icon is recommended"); warnings and errors are not accepted.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("values", CASES.values(), ids=CASES.keys())
+def test_every_rendered_object_validates(values: dict[str, Any]) -> None:
+    objects = render(values)
+    assert objects
+    for obj in objects:
+        validate_any(obj)
+    names = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objects]
+    assert len(names) == len(set(names)), "duplicate objects"
+
+
+def test_default_objects() -> None:
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in render())
+    assert kinds == [
+        ("ClusterRole", "m3fleet"),
+        ("ClusterRole", "m3fleet-edit"),
+        ("ClusterRole", "m3fleet-view"),
+        ("ClusterRoleBinding", "m3fleet"),
+        ("Deployment", "m3fleet"),
+        ("Service", "m3fleet-metrics"),
+        ("ServiceAccount", "m3fleet"),
+    ]
+    assert all(o["metadata"].get("namespace") in (None, NAMESPACE) for o in render())
+
+
+def test_chart_crds_are_the_repositorys() -> None:
+    """The chart ships the MiniMaxM3Deployment CRD (identical to crds/) and kopf's two peering CRDs."""
+    chart = helm.Chart.load(str(CHART))
+    try:
+        crds = {c["name"]: c["data"] for c in chart.crds}
+    finally:
+        chart.close()
+    assert sorted(crds) == [
+        "crds/kopf.dev_clusterkopfpeerings.yaml",
+        "crds/kopf.dev_kopfpeerings.yaml",
+        "crds/m3fleet.dev_minimaxm3deployments.yaml",
+    ]
+    assert (
+        crds["crds/m3fleet.dev_minimaxm3deployments.yaml"]
+        == (ROOT / "crds/m3fleet.dev_minimaxm3deployments.yaml").read_text()
+    )
+
+
+@pytest.mark.parametrize("values", CASES.values(), ids=CASES.keys())
+def test_operator_pod_is_pod_security_restricted(values: dict[str, Any]) -> None:
+    pod = deployment(values)["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(key)
+    allowed = {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+    for volume in pod.get("volumes", []):
+        assert set(volume) - {"name"} <= allowed
+    for c in pod["containers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["runAsNonRoot"] is True
+        assert sc.get("privileged") is not True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert c.get("ports") and all("hostPort" not in p for p in c["ports"])
+    # A writable /tmp on the read-only root filesystem.
+    assert {"name": "tmp", "mountPath": "/tmp"} in pod["containers"][0]["volumeMounts"]
+
+
+@pytest.mark.parametrize(
+    ("values", "args"),
+    [
+        ({}, ["run", "--all-namespaces", "--standalone"]),
+        ({"scope": "namespace", "watchNamespace": "llm"}, ["run", "--namespace", "llm", "--standalone"]),
+        ({"scope": "namespace"}, ["run", "--namespace", NAMESPACE, "--standalone"]),
+        ({"replicas": 2, "peering": {"enabled": True}}, ["run", "--all-namespaces"]),
+        ({"scope": "namespace", "peering": {"enabled": True}}, ["run", "--namespace", NAMESPACE]),
+    ],
+    ids=["cluster", "namespace", "namespace-default", "cluster-peering", "namespace-peering"],
+)
+def test_args_by_mode_parse_as_m3fleet_run(values: dict[str, Any], args: list[str]) -> None:
+    rendered = container(values)["args"]
+    assert rendered == [*args, "--liveness-port", "8080", "--metrics-port", "9090"]
+    parsed = build_parser().parse_args(rendered)
+    assert parsed.command == "run"
+    assert parsed.all_namespaces == ("--all-namespaces" in args)
+    assert parsed.namespace == (args[2] if "--namespace" in args else None)
+    assert parsed.standalone == ("--standalone" in args)
+    assert (parsed.liveness_port, parsed.metrics_port) == (8080, 9090)
+
+
+def test_probes_ports_and_resources() -> None:
+    c = container({})
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"healthz": 8080, "metrics": 9090}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    # The parser's defaults are what the chart passes explicitly.
+    defaults = build_parser().parse_args(["run"])
+    assert (defaults.liveness_port, defaults.metrics_port) == (8080, 9090)
+    annotations = deployment({})["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9090",
+        "prometheus.io/path": "/metrics",
+    }
+    service = one(render(), "Service")
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+    pod_labels = deployment({})["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+@pytest.mark.parametrize(("replicas", "strategy"), [(0, "Recreate"), (1, "Recreate"), (3, "RollingUpdate")])
+def test_strategy_follows_replicas(replicas: int, strategy: str) -> None:
+    values = {"replicas": replicas, "peering": {"enabled": replicas > 1}}
+    objects = render(values)
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["replicas"] == replicas
+    assert spec["strategy"]["type"] == strategy
+    pod = spec["template"]["spec"]
+    if replicas > 1:
+        assert one(objects, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+        term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    else:
+        assert not by_kind(objects, "PodDisruptionBudget")
+        assert "affinity" not in pod
+
+
+def test_user_affinity_wins() -> None:
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    pod = deployment({"replicas": 2, "peering": {"enabled": True}, "affinity": affinity})["spec"]["template"]["spec"]
+    assert pod["affinity"] == affinity
+
+
+def test_peering_objects_and_env() -> None:
+    import inspect
+
+    from m3fleet.controller import run
+
+    assert 'peering_name="m3fleet"' in inspect.getsource(run), "the chart's peering object name follows run.py"
+    assert not by_kind(render(), "ClusterKopfPeering") and not by_kind(render(), "KopfPeering")
+    cluster = one(render({"peering": {"enabled": True}}), "ClusterKopfPeering")
+    assert cluster["metadata"]["name"] == "m3fleet" and "namespace" not in cluster["metadata"]
+    namespaced = one(
+        render({"scope": "namespace", "watchNamespace": "llm", "peering": {"enabled": True}}), "KopfPeering"
+    )
+    assert (namespaced["metadata"]["namespace"], namespaced["metadata"]["name"]) == ("llm", "m3fleet")
+
+    env = {e["name"]: e for e in container({"peering": {"enabled": True, "priority": 100}})["env"]}
+    assert env["M3FLEET_PEERING_PRIORITY"]["value"] == "100"
+    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    standby_env = {e["name"] for e in container({"replicas": 2, "peering": {"enabled": True}})["env"]}
+    assert "M3FLEET_PEERING_PRIORITY" not in standby_env  # a random priority per pod (controller/run.py)
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        ({}, "ghcr.io/m3fleet/operator:0.1.0"),
+        ({"tag": "0.2.0-rc1"}, "ghcr.io/m3fleet/operator:0.2.0-rc1"),
+        ({"tag": "ignored", "digest": DIGEST}, f"ghcr.io/m3fleet/operator@{DIGEST}"),
+    ],
+)
+def test_image_reference(image: dict[str, str], expected: str) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == "0.1.0"
+    assert container({"image": image})["image"] == expected
+
+
+def test_service_monitor_scrapes_the_metrics_service() -> None:
+    objects = render(CASES["monitoring"])
+    monitor, service = one(objects, "ServiceMonitor"), one(objects, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["honorLabels"] is True  # keep the metrics' own namespace/name labels
+
+
+def _engine_pods() -> list[dict[str, Any]]:
+    """Pod templates of every sample, as the operator renders them."""
+    pods = []
+    for path in SAMPLE_FILES:
+        resource = parse_resource(load_sample(path))
+        for obj in render_engine(resource, plan(resource.spec)):
+            if obj["kind"] == "Deployment":
+                pods.append(obj["spec"]["template"])
+            elif obj["kind"] == "LeaderWorkerSet":
+                template = obj["spec"]["leaderWorkerTemplate"]
+                pods += [template["leaderTemplate"], template["workerTemplate"]]
+    return pods
+
+
+def _kept(endpoint: dict[str, Any], pod_labels: dict[str, str]) -> bool:
+    keep = [r for r in endpoint["relabelings"] if r["action"] == "keep"]
+    assert [r["sourceLabels"] for r in keep] == [["__meta_kubernetes_pod_label_m3fleet_dev_engine"]]
+    return pod_labels.get(render_labels.ENGINE) == keep[0]["regex"]
+
+
+def test_pod_monitor_scrapes_every_engines_serving_pods() -> None:
+    monitor = one(render(CASES["monitoring"]), "PodMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector == {render_labels.MANAGED_BY: render_labels.MANAGER, render_labels.SERVING: "true"}
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert {e["relabelings"][0]["regex"]: e["path"] for e in endpoints} == {
+        str(name): facts.metrics_path for name, facts in ENGINES.items()
+    }
+    assert {e["path"] for e in endpoints} == {"/metrics", "/prometheus/metrics"}
+    for e in endpoints:
+        targets = {r["targetLabel"] for r in e["relabelings"] if r["action"] == "replace"}
+        assert targets == {"m3fleet_dev_name", "m3fleet_dev_engine", "m3fleet_dev_accelerator"}
+
+    pods = _engine_pods()
+    serving = [p for p in pods if selector.items() <= p["metadata"]["labels"].items()]
+    assert serving and len(serving) < len(pods)  # multi-node workers do not serve HTTP
+    for pod in serving:
+        (endpoint,) = [e for e in endpoints if _kept(e, pod["metadata"]["labels"])]
+        ports = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        annotations = pod["metadata"]["annotations"]
+        assert endpoint["port"] in ports
+        assert annotations["prometheus.io/path"] == endpoint["path"]
+        assert annotations["prometheus.io/port"] == str(ports[endpoint["port"]])
+
+
+def test_pod_monitor_namespace_scoped() -> None:
+    values = {"scope": "namespace", "watchNamespace": "llm", "metrics": {"podMonitor": {"enabled": True}}}
+    monitor = one(render(values), "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["llm"]}
+
+
+def test_dashboard_config_map() -> None:
+    cm = one(render(CASES["monitoring"]), "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "LLM"}
+    shipped = json.loads((ROOT / "manifests/dashboards/m3fleet-fleet.json").read_text())
+    assert json.loads(cm["data"]["m3fleet-fleet.json"]) == shipped
+    assert one(render({"metrics": {"dashboard": {"enabled": True}}}), "ConfigMap")["metadata"]["namespace"] == NAMESPACE
+
+
+def test_notes_tell_what_to_do_next() -> None:
+    notes = render_notes()
+    for text in (
+        "kubectl -n m3fleet-system rollout status deployment/m3fleet",
+        "m3fleet plan -f manifests/samples/vllm-h200-tp8.yaml",
+        "kubectl get m3d -n llm -w",
+        "kubectl describe m3d",
+        "LeaderWorkerSet",
+        "kubectl apply --server-side -f charts/m3fleet/crds/",
+        "every namespace",
+    ):
+        assert text in notes
+    scoped = render_notes({"scope": "namespace", "watchNamespace": "llm", "metrics": {"podMonitor": {"enabled": True}}})
+    assert "in namespace llm only" in scoped
+    assert "PodMonitor" in scoped
+    assert "does not watch" not in scoped
+    elsewhere = render_notes({"scope": "namespace", "metrics": {"service": {"enabled": False}}})
+    assert "The samples use namespace llm, which this operator does not watch" in elsewhere
+    assert "Metrics:" not in elsewhere
+
+
+# --- values.yaml and values.schema.json --------------------------------------------------------
+
+
+def _schema() -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
+    return schema
+
+
+def _leaves(values: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Paths of values.yaml keys; descends only into objects the schema describes field by field."""
+    if not isinstance(values, dict) or "properties" not in schema:
+        return [path]
+    out = []
+    for key, value in values.items():
+        assert key in schema["properties"], f"{path}.{key} is in values.yaml but not in values.schema.json"
+        out += _leaves(value, schema["properties"][key], f"{path}.{key}")
+    return out
+
+
+def test_values_yaml_and_schema_agree() -> None:
+    schema = _schema()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    chart = helm.Chart.load(str(CHART))
+    try:
+        chart.validate_schema(values)
+    finally:
+        chart.close()
+    assert _leaves(values, schema)
+
+    def walk(node: dict[str, Any], path: str, value: Any) -> None:
+        assert node.get("description"), f"{path or '<root>'} has no description"
+        if "properties" not in node:
+            return
+        assert node.get("additionalProperties") is False, f"{path} accepts unknown keys"
+        for key, child in node["properties"].items():
+            if key == "global" and not path:
+                continue  # Helm's own
+            assert isinstance(value, dict) and key in value, f"{path}.{key} has no default in values.yaml"
+            walk(child, f"{path}.{key}", value[key])
+
+    walk(schema, "", values)
+
+
+BAD_VALUES = [
+    ({"scope": "global"}, "at '/scope': value must be one of 'cluster', 'namespace'"),
+    ({"replicas": "two"}, "at '/replicas': got string, want integer"),
+    ({"replicas": -1}, "at '/replicas'"),
+    ({"image": {"digest": "sha256:abc"}}, "at '/image/digest': 'sha256:abc' does not match pattern"),
+    ({"image": {"repository": "ghcr.io/m3fleet/operator@sha256:" + "a" * 64}}, "at '/image/repository'"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
+    ({"imge": {"tag": "x"}}, "additional properties 'imge' not allowed"),
+    ({"rbac": {"wildcards": True}}, "at '/rbac': additional properties 'wildcards' not allowed"),
+    ({"metrics": {"serviceMonitor": {"interval": "30 seconds"}}}, "at '/metrics/serviceMonitor/interval'"),
+    ({"watchNamespace": "LLM"}, "at '/watchNamespace'"),
+    ({"peering": {"enabled": "yes"}}, "at '/peering/enabled': got string, want boolean"),
+    ({"podLabels": {"team": 1}}, "at '/podLabels/team': got number, want string"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), BAD_VALUES, ids=[str(v) for v, _ in BAD_VALUES])
+def test_schema_rejects_bad_values(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmValuesError) as exc:
+        render(values)
+    assert message in str(exc.value)
+    report = helm.lint(str(CHART), values, strict=True, kube_version="v1.33.0")
+    assert any(message in e for e in report["errors"])
+
+
+CROSS_FIELD = [
+    ({"replicas": 2}, "replicas: 2 needs peering.enabled=true"),
+    (
+        {"replicas": 2, "peering": {"enabled": True, "priority": 7}},
+        "peering.priority: 7 would be shared by all 2 replicas",
+    ),
+    ({"peering": {"priority": 7}}, "peering.priority is only used with peering.enabled=true"),
+    ({"watchNamespace": "llm"}, 'watchNamespace: "llm" is only used with scope=namespace'),
+    (
+        {"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}},
+        "metrics.serviceMonitor.enabled needs metrics.service.enabled=true",
+    ),
+    ({"serviceAccount": {"create": False}}, "serviceAccount.create=false needs serviceAccount.name"),
+]
+
+
+@pytest.mark.parametrize(("values", "message"), CROSS_FIELD, ids=[m.split(" ")[0] for _, m in CROSS_FIELD])
+def test_cross_field_rules_fail_with_a_fix(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmRenderError) as exc:
+        render(values)
+    assert message in str(exc.value)
+    assert "; " in str(exc.value) or ": " in str(exc.value)

