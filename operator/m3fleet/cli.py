@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_crd = sub.add_parser("crd", help="the CustomResourceDefinition YAML")
     p_crd.set_defaults(func=cmd_crd)
 
+    from m3fleet.autoscaling.cli import register as register_simulate
+
+    register_simulate(sub)
+
     p_run = sub.add_parser("run", help="the operator, against the current kube context")
     scope = p_run.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", help="watch one namespace (default: the current context's)")

@@ -1,0 +1,630 @@
+"""The context-length-aware scaling policy. Pure: no I/O, no clock (time is `FleetState.now`).
+
+One call per tick: `decide(config, state, snapshot, fleet) -> (Decision, PolicyState)`. The need,
+in (fractional) replicas, is the largest of three terms:
+
+* **kv** — KV-token demand over KV-token supply: resident tokens + queued prompt tokens + the
+  expected decode growth of running requests, against `kvCacheUtilization` x the per-replica
+  capacity (the plan's, corrected by the capacity the engines report). Queued tokens count by how
+  often the KV turns over within the cold-start horizon (Little's law: a backlog drains in waves,
+  it never has to be resident all at once).
+* **bin** — long requests: a request needing more than half a rank's usable KV cannot share it
+  with another such request; two between a third and a half can share one. Sizes come from the
+  engines' prompt-length histograms (finished requests, so they lag) or, when a gateway exports
+  them, from the queued requests themselves. A request larger than any rank can hold is reported
+  and never scaled on: more replicas of the same shape cannot serve it.
+* **prefill** — arriving prompt tokens against the replicas' prefill throughput at a utilisation
+  derived from the TTFT objective (processor-sharing prefill: TTFT ~ t/(1-u)), plus the queue
+  drained within the horizon, plus the backlog that piles up until replicas ordered now (or
+  already starting) are ready — the cold-start horizon look-ahead. Arrivals come from
+  conservation (requests finishing + growth of those in flight over the rate window) times the
+  arrival-side prompt length (prompt tokens per first token), smoothed over two minutes; a
+  doubling of the rate, or resident requests suddenly far longer than the estimate, is taken at
+  once.
+
+Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
+scale-down window wins), at most `maxReplicasPerStep` removed per step, scale-up limited to
+max(+4, +100%) per step except in panic (need >= panicThreshold x ready: jump, and no scale-down
+until the panic has been quiet for `panic_hold_seconds`). Replicas still starting count as supply,
+so a tick never re-orders what is already on its way. Missing, stale or unreachable metrics hold;
+partial metrics can scale up but never down.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Final
+
+from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, Plan
+from m3fleet.autoscaling.signals import FleetState, Histogram, MetricsSnapshot, ReplicaSignals
+
+# Prefill throughput prior, prompt tokens per second per GPU at long context (a stand-in for a
+# measured profile; UNVERIFIED). Multi-node replicas lose some of it to inter-node traffic.
+PREFILL_TOKENS_PER_GPU_SECOND: Final[Mapping[str, float]] = {"h200": 5000.0, "gb200": 11000.0, "mi355x": 9000.0}
+MULTI_NODE_EFFICIENCY: Final = 0.85
+HPA_SCALE_UP_PODS: Final = 4  # HPA default scale-up policy: max(+4 pods, +100%) per period
+SMOOTHING_SECONDS: Final = 120.0  # EWMA time constant of the arrival estimates
+LEVEL_JUMP: Final = 2.0  # an arrival rate this many times the smoothed one is a burst: taken at once
+SHIFT: Final = 4.0  # resident tokens per request this many times the prompt estimate: long prompts arrived
+
+
+class Action(StrEnum):
+    SCALE_UP = "scale-up"
+    SCALE_DOWN = "scale-down"
+    HOLD = "hold"
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Everything the policy needs from the spec and the plan, as plain numbers."""
+
+    kv_tokens_per_replica: float
+    kv_tokens_per_rank: float
+    ranks_per_replica: int
+    max_model_len: int
+    prefill_tokens_per_second: float  # per replica
+    min_replicas: int = 1
+    max_replicas: int = 4
+    mode: str = AutoscalingMode.ACT.value
+    interval_seconds: float = 15.0
+    kv_target: float = 0.8
+    # Prefill utilisation to plan for. None derives it from the TTFT objective (slack + factor x the
+    # unloaded prefill time t): processor-sharing prefill gives TTFT ~ t/(1-u), so u <= 1 - t/(slack +
+    # factor t), times a safety margin for the tail, capped. Long prompts land near 1/3, chat near the cap.
+    prefill_target: float | None = None
+    ttft_slack_seconds: float = 2.0
+    ttft_factor: float = 1.5
+    prefill_safety: float = 0.7
+    prefill_target_cap: float = 0.6
+    tolerance: float = 0.1
+    scale_up_window_seconds: float = 0.0
+    scale_down_window_seconds: float = 300.0
+    max_scale_down_per_step: int = 1
+    panic_threshold: float = 2.0
+    panic_hold_seconds: float = 120.0
+    cold_start_seconds: float = 600.0
+    stale_after_seconds: float = 60.0
+    default_prompt_tokens: float = 2048.0
+    default_output_tokens: float = 256.0
+
+    @classmethod
+    def from_spec(cls, autoscaling: AutoscalingSpec, plan: Plan, **overrides: Any) -> PolicyConfig:
+        gpus = plan.gpus_per_replica
+        per_gpu = PREFILL_TOKENS_PER_GPU_SECOND.get(str(plan.accelerator), PREFILL_TOKENS_PER_GPU_SECOND["h200"])
+        efficiency = MULTI_NODE_EFFICIENCY if plan.nodes_per_replica > 1 else 1.0
+        values: dict[str, Any] = {
+            "kv_tokens_per_replica": float(plan.kv_cache_tokens_per_replica),
+            "kv_tokens_per_rank": float(plan.kv_cache_tokens_per_rank),
+            "ranks_per_replica": max(1, plan.data_parallel_size),
+            "max_model_len": plan.max_model_len,
+            "prefill_tokens_per_second": per_gpu * gpus * efficiency,
+            "min_replicas": autoscaling.min_replicas,
+            "max_replicas": autoscaling.max_replicas,
+            "mode": str(autoscaling.mode),
+            "interval_seconds": float(autoscaling.interval_seconds),
+            "kv_target": autoscaling.target.kv_cache_utilization,
+            "tolerance": autoscaling.tolerance,
+            "scale_up_window_seconds": float(autoscaling.behavior.scale_up.stabilization_window_seconds),
+            "scale_down_window_seconds": float(autoscaling.behavior.scale_down.stabilization_window_seconds),
+            "max_scale_down_per_step": autoscaling.behavior.scale_down.max_replicas_per_step,
+            "panic_threshold": autoscaling.panic_threshold,
+            "cold_start_seconds": float(autoscaling.cold_start_seconds),
+            "stale_after_seconds": max(60.0, 4.0 * autoscaling.interval_seconds),
+        }
+        values.update(overrides)
+        return cls(**values)
+
+    def clamp(self, replicas: int) -> int:
+        return max(self.min_replicas, min(self.max_replicas, replicas))
+
+    def prefill_utilisation(self, prompt_tokens: float) -> float:
+        """Target prefill utilisation for prompts of this length (see `prefill_target`)."""
+        if self.prefill_target is not None:
+            return self.prefill_target
+        t = prompt_tokens / self.prefill_tokens_per_second
+        allowed = 1.0 - t / (self.ttft_slack_seconds + self.ttft_factor * t)
+        return max(0.05, min(self.prefill_target_cap, self.prefill_safety * allowed))
+
+
+# --- state that survives between ticks --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """Stabilization history, panic deadline, the arrival-rate estimate; small and JSON-serializable."""
+
+    history: tuple[tuple[float, int], ...] = ()  # (time, recommendation), only entries a window can use
+    panic_until: float | None = None
+    last_time: float | None = None
+    in_flight: tuple[tuple[float, float], ...] = ()  # (time, running + waiting) over the last rate window
+    request_rate: float | None = None  # arriving requests/s, smoothed
+    prompt_tokens: float | None = None  # mean prompt length of arriving requests, smoothed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "history": [[t, n] for t, n in self.history],
+            "panicUntil": self.panic_until,
+            "lastTime": self.last_time,
+            "inFlight": [[t, n] for t, n in self.in_flight],
+            "requestRate": self.request_rate,
+            "promptTokens": self.prompt_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PolicyState:
+        """Tolerant: anything malformed (a hand-edited annotation, an old format) starts afresh."""
+        if not isinstance(data, Mapping):
+            return cls()
+        try:
+            history = tuple((float(t), int(n)) for t, n in data.get("history") or ())
+            return cls(
+                history=history,
+                panic_until=_opt_float(data.get("panicUntil")),
+                last_time=_opt_float(data.get("lastTime")),
+                in_flight=tuple((float(t), float(n)) for t, n in data.get("inFlight") or ()),
+                request_rate=_opt_float(data.get("requestRate")),
+                prompt_tokens=_opt_float(data.get("promptTokens")),
+            )
+        except (TypeError, ValueError):
+            return cls()
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+# --- the decision ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    time: float
+    mode: str
+    action: Action
+    desired_replicas: int
+    current_replicas: int
+    recommended_replicas: int  # before stabilization and step limits
+    reason: str
+    terms: dict[str, float] = field(default_factory=dict)
+    panic: bool = False
+    unservable_requests: int = 0
+
+    @property
+    def applied(self) -> bool:
+        """True when the operator should write `desired_replicas` (act mode and a change)."""
+        return self.mode == AutoscalingMode.ACT.value and self.desired_replicas != self.current_replicas
+
+    def to_status(self) -> dict[str, Any]:
+        """`status.autoscaling`: the last decision, every term, the reason, the time."""
+        return {
+            "mode": self.mode,
+            "action": self.action.value,
+            "desiredReplicas": self.desired_replicas,
+            "currentReplicas": self.current_replicas,
+            "recommendedReplicas": self.recommended_replicas,
+            "applied": self.applied,
+            "panic": self.panic,
+            "unservableRequests": self.unservable_requests,
+            "reason": self.reason,
+            "time": datetime.fromtimestamp(self.time, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "terms": {k: _round(v) for k, v in self.terms.items()},
+        }
+
+
+def _round(value: float) -> float:
+    return round(value, 3) if math.isfinite(value) else 0.0
+
+
+# --- HPA behaviour, shared with the baselines --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Behavior:
+    """HPA `behavior`: stabilization windows and per-step limits (None = unlimited, HPA's 100%)."""
+
+    scale_up_window_seconds: float = 0.0
+    scale_down_window_seconds: float = 300.0
+    max_scale_down_per_step: int | None = None
+    limit_scale_up: bool = True  # max(+4, +100%) per step
+
+
+def recommend(need: float, current: int, tolerance: float) -> int:
+    """HPA's tolerance band: no change while need/current is within `tolerance` of 1."""
+    if current > 0 and abs(need / current - 1.0) <= tolerance:
+        return current
+    return max(0, math.ceil(need - 1e-9))
+
+
+def prune_history(
+    history: Sequence[tuple[float, int]], now: float, up_window: float, down_window: float
+) -> tuple[tuple[float, int], ...]:
+    """Keep only entries a window can still use: a newer, higher (lower) one supersedes for max (min)."""
+    kept: list[tuple[float, int]] = []
+    later_max, later_min = -math.inf, math.inf
+    for t, n in reversed(history):
+        age = now - t
+        if (age <= down_window and n > later_max) or (age <= up_window and n < later_min):
+            kept.append((t, n))
+        later_max, later_min = max(later_max, n), min(later_min, n)
+    return tuple(reversed(kept))
+
+
+def stabilize(
+    history: Sequence[tuple[float, int]],
+    now: float,
+    recommendation: int,
+    current: int,
+    behavior: Behavior,
+    hold_down: bool = False,
+) -> tuple[int, tuple[tuple[float, int], ...]]:
+    """HPA's normalizeDesiredReplicasWithBehaviors: (desired, new history)."""
+    up_w, down_w = behavior.scale_up_window_seconds, behavior.scale_down_window_seconds
+    entries = [*history, (now, recommendation)]
+    up_rec = min(n for t, n in entries if now - t <= up_w)
+    down_rec = max(n for t, n in entries if now - t <= down_w)
+    desired = current
+    if up_rec > current:
+        desired = up_rec
+        if behavior.limit_scale_up:
+            desired = min(desired, max(current + HPA_SCALE_UP_PODS, 2 * current))
+    elif down_rec < current and not hold_down:
+        desired = down_rec
+        if behavior.max_scale_down_per_step is not None:
+            desired = max(desired, current - behavior.max_scale_down_per_step)
+    return desired, prune_history(entries, now, up_w, down_w)
+
+
+# --- the policy ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Health:
+    fresh: tuple[ReplicaSignals, ...]
+    missing: int  # ready replicas without fresh metrics
+    hold: str | None  # reason to hold, when nothing can be decided
+
+
+def _health(config: PolicyConfig, snapshot: MetricsSnapshot, fleet: FleetState) -> _Health:
+    if snapshot.error:
+        return _Health((), fleet.ready_replicas, f"metrics unavailable ({snapshot.error})")
+    if fleet.now - snapshot.time > config.stale_after_seconds:
+        age = fleet.now - snapshot.time
+        return _Health((), fleet.ready_replicas, f"metrics snapshot is {age:.0f}s old")
+    fresh = tuple(
+        r
+        for r in snapshot.replicas
+        if r.up
+        and r.has_load_gauges()
+        and r.sample_time is not None
+        and snapshot.time - r.sample_time <= config.stale_after_seconds
+    )
+    missing = max(0, fleet.ready_replicas - len(fresh))
+    if fleet.ready_replicas > 0 and not fresh:
+        return _Health(fresh, missing, f"no fresh metrics from any of the {fleet.ready_replicas} ready replicas")
+    if fleet.ready_replicas == 0:
+        starting = fleet.starting_replicas
+        return _Health(fresh, 0, f"no ready replica to measure ({starting} starting)")
+    return _Health(fresh, missing, None)
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _sum(values: Sequence[float | None]) -> float:
+    return sum(v for v in values if v is not None)
+
+
+@dataclass(frozen=True)
+class _Terms:
+    values: dict[str, float]
+    need: float
+    dominant: str
+    request_rate: float
+    prompt_tokens: float
+    in_flight: tuple[tuple[float, float], ...]
+    unservable: int
+
+
+def _pairing_bins(items: Sequence[float], bin_size: float) -> float:
+    """Bins the long items need: > 1/2 bin each alone, (1/3, 1/2] two per bin; monotone in sizes."""
+    large = sum(1 for s in items if s > bin_size / 2)
+    medium = sum(1 for s in items if bin_size / 3 < s <= bin_size / 2)
+    return large + math.ceil(medium / 2)
+
+
+def _terms(
+    config: PolicyConfig,
+    state: PolicyState,
+    health: _Health,
+    snapshot: MetricsSnapshot,
+    fleet: FleetState,
+    horizon: float,
+) -> _Terms:
+    now = fleet.now
+    fresh = health.fresh
+    plan_cap = config.kv_tokens_per_replica
+    reported = [r.kv_capacity_tokens for r in fresh if r.kv_capacity_tokens]
+    capacity = _median(reported) if reported else plan_cap
+    rank_capacity = config.kv_tokens_per_rank * capacity / plan_cap
+    bin_size = config.kv_target * rank_capacity
+
+    resident = _sum([r.used_tokens(r.kv_capacity_tokens or plan_cap) for r in fresh])
+    running = _sum([r.running for r in fresh])
+    waiting = _sum([r.waiting for r in fresh])
+    prompt_rate = _sum([r.prompt_tokens_rate for r in fresh])
+    first_rate = _sum([r.first_token_rate for r in fresh])
+    gen_rate = _sum([r.generation_tokens_rate for r in fresh])
+    finished_rate = _sum([r.finished_rate for r in fresh])
+    hist = Histogram.merge(r.prompt_tokens for r in fresh)
+
+    # Prompt length of arriving requests: prompt tokens per first token (recent prefills) is the
+    # arrival-side mean; it is smoothed because a few long prompts swing it. Resident tokens per
+    # running request is length-biased (long requests stay longer), so it only signals a regime
+    # shift (long prompts arriving) and is a fallback, as is the finished-request histogram.
+    elapsed = now - state.last_time if state.last_time is not None and now > state.last_time else None
+    per_running = _ratio(resident, running)
+    observed = (
+        _ratio(prompt_rate, first_rate)
+        or per_running
+        or (hist.mean() if hist else None)
+        or config.default_prompt_tokens
+    )
+    isl = _smooth(state.prompt_tokens, observed, elapsed)
+    if per_running is not None and state.prompt_tokens is not None and per_running > SHIFT * state.prompt_tokens:
+        isl = max(isl, per_running)
+    output = _ratio(gen_rate, finished_rate) or config.default_output_tokens
+
+    gateway = [float(t) for t in snapshot.queued_request_tokens]
+    unservable = sum(1 for t in gateway if t > rank_capacity)
+    servable_gateway = [t for t in gateway if t <= rank_capacity]
+    queued = waiting * isl + sum(servable_gateway)
+
+    # kv: queued tokens weighted by KV turnover within the horizon (Little's law).
+    growth = running * output / 2.0
+    turnover = resident / prompt_rate if prompt_rate > 0 else horizon
+    weight = min(1.0, turnover / horizon)
+    kv_demand = resident + weight * queued + growth
+    kv_replicas = kv_demand / (config.kv_target * capacity)
+
+    # bin: long requests resident at once (running, plus the queue weighted as above), their sizes
+    # from the prompt-length mix (a bucket's geometric middle), plus the gateway's own requests.
+    items = list(servable_gateway)
+    if hist is not None and hist.observations() > 0:
+        concurrent = running + weight * waiting
+        for lower, upper, n in hist.buckets():
+            top = min(upper, float(config.max_model_len))
+            size = math.sqrt(lower * top) if lower > 0 else top
+            if n > 0 and size > bin_size / 3:
+                items.extend([size] * math.floor(concurrent * n / hist.observations() + 0.5))
+    large = sum(1 for s in items if s > bin_size / 3)
+    bin_replicas = _pairing_bins(items, bin_size) / config.ranks_per_replica
+
+    # prefill: arriving prompt tokens at the target utilisation, the queue drained within the horizon,
+    # and the backlog that builds until replicas ordered now are ready. Arrivals: requests finishing
+    # plus the growth of those in flight (conservation) times the prompt length, smoothed over two
+    # minutes (one tick's delta is noise). Not the prefilled rate: a backlog drains faster than
+    # requests arrive.
+    per_replica = config.prefill_tokens_per_second
+    in_flight = _window(state.in_flight, now, running + waiting, snapshot.window_seconds)
+    leaving = [r.finished_rate if r.finished_rate is not None else r.first_token_rate for r in fresh]
+    if any(v is not None for v in leaving):
+        rate = _smooth(state.request_rate, _request_rate(_sum(leaving), in_flight), elapsed, jump=True)
+    else:  # no rate yet (a replica's first scrape): keep what we had, do not learn "zero"
+        rate = state.request_rate or 0.0
+    arrivals = rate * isl
+    # The backlog piles up only until the replicas already starting are ready (they count as supply).
+    pileup = horizon
+    if fleet.starting_ages:
+        pileup = min(horizon, max(0.0, horizon - config.interval_seconds - min(fleet.starting_ages)))
+    utilisation = config.prefill_utilisation(isl)
+    prefill_replicas = (
+        arrivals / (utilisation * per_replica)
+        + queued / (per_replica * horizon)
+        + max(0.0, arrivals / per_replica - fleet.ready_replicas) * pileup / horizon
+    )
+
+    candidates = {"kv": kv_replicas, "bin": bin_replicas, "prefill": prefill_replicas}
+    dominant = max(candidates, key=lambda k: candidates[k])
+    values = {
+        "kvReplicas": kv_replicas,
+        "binReplicas": bin_replicas,
+        "prefillReplicas": prefill_replicas,
+        "needReplicas": candidates[dominant],
+        "kvDemandTokens": kv_demand,
+        "residentTokens": resident,
+        "queuedPromptTokens": queued,
+        "queueWeight": weight,
+        "decodeGrowthTokens": growth,
+        "kvTokensPerReplica": capacity,
+        "binTokens": bin_size,
+        "longRequests": float(large),
+        "promptTokensPerRequest": isl,
+        "outputTokensPerRequest": output,
+        "arrivingPromptTokensPerSecond": arrivals,
+        "prefillTokensPerSecondPerReplica": per_replica,
+        "prefillUtilisationTarget": utilisation,
+        "runningRequests": running,
+        "waitingRequests": waiting,
+        "horizonSeconds": horizon,
+        "freshReplicas": float(len(fresh)),
+    }
+    return _Terms(
+        values=values,
+        need=candidates[dominant],
+        dominant=dominant,
+        request_rate=rate,
+        prompt_tokens=isl,
+        in_flight=in_flight,
+        unservable=unservable,
+    )
+
+
+def _smooth(previous: float | None, observed: float, elapsed: float | None, jump: bool = False) -> float:
+    """EWMA over SMOOTHING_SECONDS; with `jump`, a rise by LEVEL_JUMP or more is taken at once (a burst)."""
+    if previous is None or elapsed is None:
+        return observed
+    if jump and observed >= LEVEL_JUMP * previous:
+        return observed
+    return previous + min(1.0, elapsed / SMOOTHING_SECONDS) * (observed - previous)
+
+
+def _window(
+    history: tuple[tuple[float, float], ...], now: float, value: float, window: float
+) -> tuple[tuple[float, float], ...]:
+    """Append (now, value) and keep what covers the last `window` seconds (plus the entry before it)."""
+    entries = [*((t, v) for t, v in history if t < now), (now, value)]
+    while len(entries) > 2 and now - entries[1][0] >= window:
+        entries.pop(0)
+    return tuple(entries)
+
+
+def _request_rate(leaving: float, in_flight: tuple[tuple[float, float], ...]) -> float:
+    """Requests/s arriving = leaving + growth of those in flight over the window (conservation)."""
+    (t0, n0), (t1, n1) = in_flight[0], in_flight[-1]
+    return max(0.0, leaving + (n1 - n0) / (t1 - t0)) if t1 > t0 else leaving
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 and numerator > 0 else None
+
+
+def _explain(terms: _Terms) -> str:
+    v = terms.values
+    if terms.dominant == "prefill":
+        detail = (
+            f"prefill needs {v['prefillReplicas']:.2f} replicas ({_tok(v['arrivingPromptTokensPerSecond'])}/s "
+            f"prompt tokens arriving, {_tok(v['queuedPromptTokens'])} queued, "
+            f"{_tok(v['prefillTokensPerSecondPerReplica'])}/s per replica)"
+        )
+    elif terms.dominant == "bin":
+        detail = (
+            f"{v['longRequests']:.0f} long requests need {v['binReplicas']:.2f} replicas "
+            f"(each over a third of a {_tok(v['binTokens'])}-token rank)"
+        )
+    else:
+        detail = (
+            f"KV demand {_tok(v['kvDemandTokens'])} tokens needs {v['kvReplicas']:.2f} replicas "
+            f"of {_tok(v['kvTokensPerReplica'])}"
+        )
+    if terms.unservable:
+        detail += f"; {terms.unservable} queued requests exceed any replica's KV and are not scaled on"
+    return detail
+
+
+def _tok(n: float) -> str:
+    if n >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    if n >= 1e3:
+        return f"{n / 1e3:.0f}k"
+    return f"{n:.0f}"
+
+
+def decide(
+    config: PolicyConfig, state: PolicyState, snapshot: MetricsSnapshot, fleet: FleetState
+) -> tuple[Decision, PolicyState]:
+    """One tick: the decision and the state to keep for the next tick."""
+    now, current = fleet.now, fleet.current_replicas
+    horizon = (fleet.time_to_ready_seconds or config.cold_start_seconds) + config.interval_seconds
+    panic_active = state.panic_until is not None and now < state.panic_until
+    health = _health(config, snapshot, fleet)
+
+    if health.hold is not None:
+        desired = config.clamp(current)
+        reason = f"hold: {health.hold}; never scale down without metrics"
+        if desired != current:
+            reason = f"{health.hold}; only the min/max bounds apply ({current} -> {desired})"
+        decision = Decision(
+            time=now,
+            mode=config.mode,
+            action=_action(desired, current),
+            desired_replicas=desired,
+            current_replicas=current,
+            recommended_replicas=desired,
+            reason=_mode_prefix(config, reason),
+            terms={"horizonSeconds": horizon, "freshReplicas": float(len(health.fresh))},
+            panic=panic_active,
+        )
+        return decision, replace(state, last_time=None, in_flight=())
+
+    terms = _terms(config, state, health, snapshot, fleet, horizon)
+    recommendation = config.clamp(recommend(terms.need, current, config.tolerance))
+    notes: list[str] = []
+    if health.missing:
+        notes.append(f"{health.missing} ready replicas have no fresh metrics: no scale-down")
+        recommendation = max(recommendation, config.clamp(current))
+
+    panic_until = state.panic_until if panic_active else None
+    if terms.need >= config.panic_threshold * max(1, fleet.ready_replicas):
+        panic_until = now + config.panic_hold_seconds
+    panic = panic_until is not None
+
+    behavior = Behavior(
+        scale_up_window_seconds=config.scale_up_window_seconds,
+        scale_down_window_seconds=config.scale_down_window_seconds,
+        max_scale_down_per_step=config.max_scale_down_per_step,
+        limit_scale_up=not panic,
+    )
+    history_in = state.history
+    if not history_in and config.scale_down_window_seconds > config.scale_up_window_seconds:
+        # A first tick (or a restart without saved state): as if `current` had just been recommended,
+        # so nothing is removed before a whole scale-down window of evidence exists.
+        history_in = ((now - config.scale_up_window_seconds - 1e-6, current),)
+    desired, history = stabilize(history_in, now, recommendation, current, behavior, hold_down=panic)
+    desired = config.clamp(desired)  # the bounds are hard, whatever the step limits say
+
+    if desired > current:
+        verb = f"scale-up {current} -> {desired}"
+    elif desired < current:
+        verb = f"scale-down {current} -> {desired}"
+    elif recommendation == current:
+        verb = f"hold at {current}" + (" (within tolerance)" if round(terms.need) != current else "")
+    elif recommendation < current:
+        verb = f"hold at {current}: scale-down to {recommendation} held by " + (
+            "panic" if panic else f"the {config.scale_down_window_seconds:.0f}s stabilization window"
+        )
+    else:
+        verb = f"hold at {current}: scale-up to {recommendation} held by the scale-up window"
+    if panic:
+        notes.append(f"panic (need >= {config.panic_threshold}x ready) until t={panic_until:.0f}")
+    reason = f"{verb}: {_explain(terms)}" + "".join(f"; {n}" for n in notes)
+
+    decision = Decision(
+        time=now,
+        mode=config.mode,
+        action=_action(desired, current),
+        desired_replicas=desired,
+        current_replicas=current,
+        recommended_replicas=recommendation,
+        reason=_mode_prefix(config, reason),
+        terms=terms.values,
+        panic=panic,
+        unservable_requests=terms.unservable,
+    )
+    new_state = PolicyState(
+        history=history,
+        panic_until=panic_until,
+        last_time=now,
+        in_flight=terms.in_flight,
+        request_rate=terms.request_rate,
+        prompt_tokens=terms.prompt_tokens,
+    )
+    return decision, new_state
+
+
+def _action(desired: int, current: int) -> Action:
+    if desired > current:
+        return Action.SCALE_UP
+    if desired < current:
+        return Action.SCALE_DOWN
+    return Action.HOLD
+
+
+def _mode_prefix(config: PolicyConfig, reason: str) -> str:
+    return f"advisory (not applied): {reason}" if config.mode == AutoscalingMode.ADVISORY.value else reason

@@ -1,0 +1,199 @@
+"""The adapters against a real Prometheus scraping engine-format metrics, and the decisions they lead to.
+
+One Prometheus for the module scrapes every scripted scenario at once (1 s interval), each target
+labelled with its `scenario` and `pod`; the adapters read them back through prometheus-api-client.
+Scenarios: steady chat, a long-context burst, a metrics outage (targets answer 503), vLLM's renamed
+KV metric, plus SGLang and TensorRT-LLM replicas. Prometheus itself unreachable is the last case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prometheus_api_client import PrometheusConnect
+
+from m3fleet.autoscaling.metrics import PrometheusAdapter
+from m3fleet.autoscaling.policy import Action, Decision, PolicyState, decide
+from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
+
+from .plans import config
+from .prom import EngineState, MetricsServer, free_port, prometheus, sglang_text, trtllm_text, vllm_text, wait_for
+
+pytestmark = pytest.mark.prometheus
+
+WINDOW = 4.0  # rate and histogram window: a few 1 s scrapes fit in it
+
+STEADY = EngineState(
+    running=30,
+    waiting=0,
+    kv_usage=0.7,
+    capacity_tokens=480_000,
+    prompt_tokens_rate=16_000,
+    generation_tokens_rate=1_600,
+    request_rate=4,
+    prompt_tokens=4_000,
+)
+BURST = EngineState(
+    running=4,
+    waiting=40,
+    kv_usage=0.95,
+    capacity_tokens=1_600_000,
+    prompt_tokens_rate=60_000,
+    generation_tokens_rate=80,
+    request_rate=0.2,
+    prompt_tokens=300_000,
+    ttft_seconds=30,
+)
+SGLANG = EngineState(
+    running=12,
+    waiting=3,
+    kv_usage=0.5,
+    capacity_tokens=108_800,
+    prompt_tokens_rate=8_000,
+    generation_tokens_rate=900,
+    request_rate=3,
+    prompt_tokens=2_500,
+)
+TRTLLM = EngineState(
+    running=20,
+    waiting=1,
+    kv_usage=0.25,
+    capacity_tokens=1_320_192,
+    prompt_tokens_rate=12_000,
+    generation_tokens_rate=1_000,
+    request_rate=2,
+    prompt_tokens=6_000,
+)
+
+# (scenario, pod) -> route; every route is one scrape job.
+TARGETS = {
+    ("steady", "steady-0"): lambda t: (200, vllm_text(STEADY, t)),
+    ("steady", "steady-1"): lambda t: (200, vllm_text(STEADY, t)),
+    ("renamed", "renamed-0"): lambda t: (200, vllm_text(STEADY, t, old_names=True)),
+    ("renamed", "renamed-1"): lambda t: (200, vllm_text(STEADY, t, old_names=True)),
+    ("burst", "burst-0"): lambda t: (200, vllm_text(BURST, t)),
+    ("outage", "outage-0"): lambda t: (503, "engine restarting\n"),
+    ("outage", "outage-1"): lambda t: (503, "engine restarting\n"),
+    ("sglang", "sglang-0"): lambda t: (200, sglang_text(SGLANG, t)),
+    ("trtllm", "trtllm-0"): lambda t: (200, trtllm_text(TRTLLM, t)),
+}
+
+
+def _config(port: int) -> str:
+    jobs = []
+    for scenario, pod in TARGETS:
+        jobs.append(
+            f"  - job_name: {pod}\n"
+            f"    metrics_path: /{scenario}/{pod}/metrics\n"
+            f"    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{port}']\n"
+            f"        labels: {{scenario: {scenario}, pod: {pod}}}\n"
+        )
+    return "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n" + "".join(jobs)
+
+
+def adapter(url: str, engine: str, scenario: str) -> PrometheusAdapter:
+    return PrometheusAdapter.for_engine(
+        engine, url, selector={"scenario": scenario}, rate_window=WINDOW, histogram_window=WINDOW
+    )
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    routes = {f"/{scenario}/{pod}/metrics": route for (scenario, pod), route in TARGETS.items()}
+    with MetricsServer(routes) as server, prometheus(tmp_path_factory.mktemp("prom"), _config(server.port)) as url:
+        client = PrometheusConnect(url)
+        covered = f"count(count_over_time(up[{WINDOW + 1:g}s]) >= {WINDOW + 1:g})"
+
+        def scraped_long_enough() -> bool:
+            # rate() under-reports until a series spans its whole window (extrapolation at series start),
+            # so wait for every target to have been scraped for longer than the window. Prometheus's
+            # first scrape lands ~5 s after start.
+            result = client.custom_query(covered)
+            return bool(result) and int(float(result[0]["value"][1])) == len(TARGETS)
+
+        wait_for(scraped_long_enough, timeout=40, what="Prometheus to scrape every target for a whole window")
+        yield url
+
+
+def _decide(snapshot: MetricsSnapshot, current: int, max_model_len: int = 131072) -> tuple[Action, int, Decision]:
+    fleet = FleetState(now=snapshot.time, current_replicas=current, ready_replicas=current)
+    decision, _ = decide(config(max_model_len), PolicyState(), snapshot, fleet)
+    return decision.action, decision.desired_replicas, decision
+
+
+def test_steady_chat_reads_every_signal_and_holds(prom: str) -> None:
+    snapshot = adapter(prom, "vllm", "steady").read()
+    assert snapshot.error is None
+    assert [r.replica for r in snapshot.replicas] == ["steady-0", "steady-1"]
+    for r in snapshot.replicas:
+        assert r.up and r.running == 30 and r.waiting == 0 and r.kv_usage == pytest.approx(0.7)
+        assert r.kv_capacity_tokens == 480_000  # cache_config_info: num_gpu_blocks x block_size, both DP engines
+        assert r.prompt_tokens_rate == pytest.approx(16_000, rel=0.2)
+        assert r.first_token_rate == pytest.approx(4, rel=0.2)
+        assert r.finished_rate == pytest.approx(4, rel=0.2)
+        assert r.prompt_tokens is not None and r.prompt_tokens.mean() == pytest.approx(4_000)
+        assert r.sample_time is not None and snapshot.time - r.sample_time < 5
+    action, desired, decision = _decide(snapshot, current=2)
+    assert (action, desired) == (Action.HOLD, 2), decision
+
+
+def test_long_context_burst_scales_up_at_once(prom: str) -> None:
+    snapshot = adapter(prom, "vllm", "burst").read()
+    (r,) = snapshot.replicas
+    assert r.waiting == 40 and r.kv_capacity_tokens == 1_600_000
+    assert r.prompt_tokens is not None and r.prompt_tokens.mean() == pytest.approx(300_000)
+    action, desired, decision = _decide(snapshot, current=1, max_model_len=1_048_576)
+    assert action == Action.SCALE_UP and desired >= 3, decision
+    assert decision.panic  # need >= 2x the one ready replica: no waiting for the step limit
+    assert decision.terms["prefillReplicas"] >= 2.5
+
+
+def test_renamed_vllm_metric_reads_and_decides_like_the_new_name(prom: str) -> None:
+    new, old = adapter(prom, "vllm", "steady").read(), adapter(prom, "vllm", "renamed").read()
+    assert [r.kv_usage for r in old.replicas] == [r.kv_usage for r in new.replicas] == [0.7, 0.7]
+    assert _decide(old, current=2)[:2] == _decide(new, current=2)[:2]
+    assert _decide(old, current=2)[2].terms["kvReplicas"] == pytest.approx(
+        _decide(new, current=2)[2].terms["kvReplicas"], rel=0.05
+    )
+
+
+def test_metrics_outage_holds_and_never_scales_down(prom: str) -> None:
+    snapshot = adapter(prom, "vllm", "outage").read()
+    assert snapshot.error is None
+    assert {r.replica: r.up for r in snapshot.replicas} == {"outage-0": False, "outage-1": False}
+    action, desired, decision = _decide(snapshot, current=3)
+    assert (action, desired) == (Action.HOLD, 3)
+    assert "no fresh metrics" in decision.reason
+
+
+def test_sglang_adapter(prom: str) -> None:
+    (r,) = adapter(prom, "sglang", "sglang").read().replicas
+    assert (r.running, r.waiting, r.kv_usage) == (12, 3, 0.5)
+    assert (r.kv_used_tokens, r.kv_capacity_tokens) == (54_400, 108_800)
+    assert r.finished_rate == pytest.approx(3, rel=0.2)  # from e2e_request_latency_seconds_count
+    assert r.prompt_tokens is None  # older SGLang builds have no prompt-length histogram
+
+
+def test_trtllm_adapter_counts_blocks_in_tokens(prom: str) -> None:
+    (r,) = adapter(prom, "trtllm", "trtllm").read().replicas
+    assert (r.running, r.waiting) == (20, 1)
+    assert r.kv_capacity_tokens == pytest.approx(1_320_192)
+    assert r.kv_used_tokens == pytest.approx(0.25 * 1_320_192)
+    assert r.first_token_rate == pytest.approx(2, rel=0.2)
+
+
+def test_prometheus_unreachable_holds() -> None:
+    snapshot = PrometheusAdapter.for_engine("vllm", f"http://127.0.0.1:{free_port()}", timeout_seconds=1).read()
+    assert snapshot.error is not None and "prometheus at" in snapshot.error
+    action, desired, decision = _decide(snapshot, current=2)
+    assert (action, desired) == (Action.HOLD, 2)
+    assert "metrics unavailable" in decision.reason
+
+
+def test_no_series_means_no_replicas(prom: str) -> None:
+    snapshot = adapter(prom, "vllm", "does-not-exist").read()
+    assert snapshot.error is None and snapshot.replicas == ()
+    action, desired, _ = _decide(snapshot, current=2)
+    assert (action, desired) == (Action.HOLD, 2)

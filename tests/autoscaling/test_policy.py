@@ -1,0 +1,290 @@
+"""The pure policy: each term, HPA behaviour, panic, cold-start supply, holds, advisory mode, state."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from m3fleet.api.models import AutoscalingSpec
+from m3fleet.autoscaling.policy import (
+    Action,
+    Behavior,
+    PolicyConfig,
+    PolicyState,
+    decide,
+    prune_history,
+    recommend,
+    stabilize,
+)
+from m3fleet.autoscaling.signals import MetricsSnapshot
+
+from .plans import sample_plan
+from .snapshots import MILLION, NOW, ROUND, fleet, replica, replicas, snapshot
+
+
+def test_kv_term_counts_resident_queued_and_decode_growth() -> None:
+    # 800k resident, 4 waiting of 50k, 10 running with 200 output tokens to go half-way; nothing prefilled
+    # recently, so the queue counts in full (no KV turnover observed within the horizon).
+    r = replica(running=10, waiting=4, kv_usage=0.8, prompt_tokens=50_000, request_rate=0.0)
+    decision, _ = decide(ROUND, PolicyState(), snapshot(r), fleet(1))
+    t = decision.terms
+    assert t["residentTokens"] == pytest.approx(800_000)
+    assert t["queuedPromptTokens"] == pytest.approx(4 * 80_000)  # no recent prefill: resident per running request
+    assert t["decodeGrowthTokens"] == pytest.approx(10 * 256 / 2)  # no rates: the default output length
+    assert t["kvDemandTokens"] == pytest.approx(800_000 + 320_000 + 1280)
+    assert t["kvReplicas"] == pytest.approx((800_000 + 320_000 + 1280) / (0.8 * MILLION))
+    assert decision.desired_replicas == 2 and decision.action == Action.SCALE_UP
+
+
+def test_queued_tokens_count_by_kv_turnover_within_the_horizon() -> None:
+    # 600k resident drained at 60k tokens/s: 10 s per turnover, 60 turnovers in the 600 s horizon.
+    r = replica(running=6, waiting=100, kv_usage=0.6, prompt_tokens=100_000, request_rate=0.6)
+    t = decide(ROUND, PolicyState(), snapshot(r), fleet(1))[0].terms
+    assert t["queueWeight"] == pytest.approx(10 / 600)
+    assert t["kvDemandTokens"] == pytest.approx(600_000 + 10 / 600 * 100 * 100_000 + 6 * 200 / 2)
+
+
+def test_prefill_term_from_arriving_prompt_tokens() -> None:
+    # 2 requests/s of 50k tokens = 100k tokens/s = one replica's prefill throughput; target 0.5 -> 2.
+    r = replica(running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=2.0)
+    t = decide(ROUND, PolicyState(), snapshot(r), fleet(1))[0].terms
+    assert t["arrivingPromptTokensPerSecond"] == pytest.approx(100_000)
+    assert t["prefillReplicas"] == pytest.approx(100_000 / (0.5 * 100_000) + 0 + 0)  # arrivals/P - ready = 0
+    assert t["needReplicas"] == t["prefillReplicas"]
+
+
+def test_prefill_target_from_the_ttft_objective() -> None:
+    config = replace(ROUND, prefill_target=None)
+    chat, long = config.prefill_utilisation(2_000), config.prefill_utilisation(1_000_000)
+    assert chat == config.prefill_target_cap  # 20 ms prefill: the 2 s slack dominates, the cap applies
+    # 10 s prefill: TTFT <= 2 + 1.5 x 10 = 17 s; processor sharing gives t/(1-u) -> u <= 1 - 10/17.
+    assert long == pytest.approx(config.prefill_safety * (1 - 10 / 17))
+
+
+def test_long_requests_cannot_share_a_replica() -> None:
+    # Three 700k-token requests at a trickle: the KV sum says 2.1M / 0.8M ~ 3 bins, pairing says 3 alone.
+    replicas = [replica(f"r-{i}", running=1, kv_usage=0.7, prompt_tokens=700_000, request_rate=0.002) for i in range(3)]
+    t = decide(ROUND, PolicyState(), snapshot(*replicas), fleet(3))[0].terms
+    assert t["longRequests"] == 3 and t["binReplicas"] == 3
+
+
+def test_gateway_queue_packs_exact_sizes_and_reports_unservable_requests() -> None:
+    r = replica(running=1, kv_usage=0.05, prompt_tokens=2_000, request_rate=1.0)
+    three_long = (700_000, 700_000, 700_000)
+    decision, _ = decide(ROUND, PolicyState(), snapshot(r, queued=three_long), fleet(1))
+    assert decision.terms["binReplicas"] == 3 and decision.desired_replicas == 3
+
+    too_long = (2 * MILLION,)  # longer than any replica's KV: more replicas of this shape cannot serve it
+    decision, _ = decide(ROUND, PolicyState(), snapshot(r, queued=too_long), fleet(1))
+    assert decision.unservable_requests == 1
+    assert decision.desired_replicas == 1 and decision.action == Action.HOLD
+    assert "exceed any replica's KV and are not scaled on" in decision.reason
+    assert decision.to_status()["unservableRequests"] == 1
+
+
+def test_engine_reported_capacity_corrects_the_plan() -> None:
+    r = replica(running=2, kv_usage=0.5, capacity=500_000, prompt_tokens=2000, request_rate=0.1)
+    t = decide(ROUND, PolicyState(), snapshot(r), fleet(1))[0].terms
+    assert t["kvTokensPerReplica"] == 500_000 and t["residentTokens"] == pytest.approx(250_000)
+    assert t["binTokens"] == pytest.approx(0.8 * 500_000)
+
+
+def test_tolerance_band() -> None:
+    assert recommend(4.3, 4, 0.1) == 4  # 7.5% above: within 10%
+    assert recommend(4.5, 4, 0.1) == 5
+    assert recommend(3.7, 4, 0.1) == 4
+    assert recommend(3.5, 4, 0.1) == 4 and recommend(2.9, 4, 0.1) == 3
+
+
+def test_no_scale_down_inside_the_window_then_one_replica_per_step() -> None:
+    busy = snapshot(*replicas(8, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=1.0))  # need 8
+    decision, state = decide(ROUND, PolicyState(), busy, fleet(8))
+    assert decision.desired_replicas == 8 and decision.terms["needReplicas"] == pytest.approx(8)
+    current = 8
+    for step in range(1, 40):
+        now = NOW + 15 * step
+        idle = snapshot(*replicas(current, prompt_tokens=1000, request_rate=0.01, sample_time=now), time=now)
+        decision, state = decide(ROUND, state, idle, fleet(current, now=now))
+        if now - NOW < 300:
+            assert decision.desired_replicas == 8 and "stabilization window" in decision.reason
+        else:
+            assert decision.desired_replicas in (current, current - 1)  # maxReplicasPerStep 1
+        current = decision.desired_replicas
+    assert current == 1
+
+
+def test_first_tick_without_history_never_scales_down() -> None:
+    idle = snapshot(*replicas(4))
+    decision, _ = decide(ROUND, PolicyState(), idle, fleet(4))
+    assert decision.desired_replicas == 4 and decision.recommended_replicas == 1
+
+
+def test_panic_jumps_past_the_step_limit_and_holds_scale_down() -> None:
+    # 1M prompt tokens/s on one ready replica: 20 at target 0.5, plus 9 for the backlog until new ones start.
+    burst = snapshot(replica(running=4, kv_usage=0.5, prompt_tokens=100_000, request_rate=10.0))
+    decision, state = decide(ROUND, PolicyState(), burst, fleet(1))
+    assert decision.terms["needReplicas"] == pytest.approx(29)
+    assert decision.panic and decision.desired_replicas == 16  # max; HPA's step limit would stop at 1 + 4
+    quiet = replace(ROUND, scale_down_window_seconds=0)
+    decision, state = decide(quiet, PolicyState(), burst, fleet(1))
+    idle = snapshot(*replicas(16, sample_time=NOW + 30), time=NOW + 30)
+    decision, _ = decide(quiet, state, idle, fleet(16, now=NOW + 30))
+    assert decision.panic and decision.desired_replicas == 16 and "held by panic" in decision.reason
+    later = NOW + quiet.panic_hold_seconds + 1
+    idle = snapshot(*replicas(16, sample_time=later), time=later)
+    decision, _ = decide(quiet, state, idle, fleet(16, now=later))
+    assert not decision.panic and decision.desired_replicas == 15
+
+
+def test_without_panic_scale_up_is_limited_per_step() -> None:
+    calm = replace(ROUND, panic_threshold=100.0)
+    burst = snapshot(replica(running=4, kv_usage=0.5, prompt_tokens=100_000, request_rate=10.0))
+    decision, _ = decide(calm, PolicyState(), burst, fleet(1))
+    assert not decision.panic and decision.desired_replicas == 5 and decision.recommended_replicas == 16
+
+
+def test_starting_replicas_count_as_supply() -> None:
+    config = replace(ROUND, prefill_target=0.25)
+    load = replica(running=4, kv_usage=0.2, prompt_tokens=50_000, request_rate=2.0)  # 100k/s at 25%: need 4
+    first, _ = decide(config, PolicyState(), snapshot(load), fleet(1))
+    assert first.desired_replicas == 4
+    # One tick later the three ordered replicas are still starting: nothing more is ordered.
+    again, _ = decide(config, PolicyState(), snapshot(load), fleet(4, ready=1, starting=(15.0, 15.0, 15.0)))
+    assert again.desired_replicas == 4 and again.action == Action.HOLD
+
+
+def test_cold_start_horizon_looks_ahead_only_until_starting_replicas_arrive() -> None:
+    # Arrivals at 3x one replica's throughput with one ready: the backlog piling up until new replicas
+    # are ready adds (3 - 1) replicas; once ordered replicas are about to be ready it no longer does.
+    load = replica(running=4, kv_usage=0.2, prompt_tokens=100_000, request_rate=3.0)
+    fresh = decide(ROUND, PolicyState(), snapshot(load), fleet(1))[0].terms["prefillReplicas"]
+    assert fresh == pytest.approx(6 + 0 + 2)
+    nearly_ready = fleet(8, ready=1, starting=(585.0,) * 7)
+    later = decide(ROUND, PolicyState(), snapshot(load), nearly_ready)[0].terms["prefillReplicas"]
+    assert later == pytest.approx(6)
+
+
+def test_measured_time_to_ready_sets_the_horizon() -> None:
+    load = snapshot(replica(running=4, kv_usage=0.2, prompt_tokens=100_000, request_rate=3.0))
+    assert decide(ROUND, PolicyState(), load, fleet(1))[0].terms["horizonSeconds"] == 600  # the spec's 585 + 15
+    measured = replace(fleet(1), time_to_ready_seconds=185.0)
+    assert decide(ROUND, PolicyState(), load, measured)[0].terms["horizonSeconds"] == 200
+
+
+def test_min_and_max_bounds() -> None:
+    huge = snapshot(replica(running=4, kv_usage=0.9, prompt_tokens=500_000, request_rate=20.0))
+    assert decide(ROUND, PolicyState(), huge, fleet(2))[0].desired_replicas == ROUND.max_replicas
+    floor = replace(ROUND, min_replicas=3, scale_down_window_seconds=0)
+    assert decide(floor, PolicyState(), snapshot(*replicas(6)), fleet(6))[0].desired_replicas == 5  # one per step
+    assert decide(floor, PolicyState(), snapshot(*replicas(1)), fleet(1))[0].desired_replicas == 3  # min at once
+
+
+@pytest.mark.parametrize(
+    ("snap", "reason"),
+    [
+        (MetricsSnapshot(engine="vllm", time=NOW, error="prometheus at http://p:9090: ConnectionError"), "unavailable"),
+        (snapshot(replica(sample_time=NOW - 600)), "no fresh metrics"),
+        (snapshot(replica(up=False)), "no fresh metrics"),
+        (snapshot(), "no fresh metrics"),
+        (snapshot(replica(), time=NOW - 3600), "old"),
+    ],
+    ids=["unreachable", "stale", "scrape-failing", "no-series", "old-snapshot"],
+)
+def test_missing_or_stale_metrics_hold_and_never_scale_down(snap: MetricsSnapshot, reason: str) -> None:
+    decision, state = decide(ROUND, PolicyState(), snap, fleet(5))
+    assert (decision.action, decision.desired_replicas) == (Action.HOLD, 5)
+    assert reason in decision.reason and "hold" in decision.reason
+    assert state.history == ()
+
+
+def test_partial_metrics_scale_up_but_never_down() -> None:
+    idle = replica("r-0", running=0, kv_usage=0.0)
+    decision, _ = decide(replace(ROUND, scale_down_window_seconds=0), PolicyState(), snapshot(idle), fleet(3))
+    assert decision.desired_replicas == 3 and "no fresh metrics: no scale-down" in decision.reason
+    busy = replica("r-0", running=4, kv_usage=0.5, prompt_tokens=50_000, request_rate=4.0)  # need 4
+    assert decide(ROUND, PolicyState(), snapshot(busy), fleet(3))[0].desired_replicas == 4
+
+
+def test_advisory_mode_decides_and_reports_but_does_not_apply() -> None:
+    advisory = replace(ROUND, mode="advisory")
+    load = snapshot(replica(running=4, kv_usage=0.2, prompt_tokens=50_000, request_rate=2.0))  # need 2
+    decision, _ = decide(advisory, PolicyState(), load, fleet(1))
+    acting, _ = decide(ROUND, PolicyState(), load, fleet(1))
+    assert decision.desired_replicas == acting.desired_replicas == 2
+    assert acting.applied and not decision.applied
+    assert decision.reason.startswith("advisory (not applied): scale-up 1 -> 2")
+    assert decision.to_status()["mode"] == "advisory" and decision.to_status()["applied"] is False
+
+
+def test_to_status_is_the_camelcase_last_decision() -> None:
+    load = snapshot(replica(running=4, kv_usage=0.2, prompt_tokens=50_000, request_rate=2.0))
+    status = decide(ROUND, PolicyState(), load, fleet(1))[0].to_status()
+    assert set(status) == {
+        "mode",
+        "action",
+        "desiredReplicas",
+        "currentReplicas",
+        "recommendedReplicas",
+        "applied",
+        "panic",
+        "unservableRequests",
+        "reason",
+        "time",
+        "terms",
+    }
+    assert status["time"] == "2027-01-15T08:00:00Z" and status["desiredReplicas"] == 2
+    assert {"kvReplicas", "binReplicas", "prefillReplicas", "needReplicas", "kvDemandTokens"} <= set(status["terms"])
+    json.dumps(status)  # plain JSON, ready for the status subresource
+
+
+def test_state_round_trips_through_a_small_dict() -> None:
+    state = PolicyState()
+    for step in range(30):
+        now = NOW + 15 * step
+        load = snapshot(
+            *replicas(4, running=4, kv_usage=0.2, prompt_tokens=50_000, request_rate=step / 30, sample_time=now),
+            time=now,
+        )
+        _, state = decide(ROUND, state, load, fleet(4, now=now))
+    data = json.loads(json.dumps(state.to_dict()))
+    assert PolicyState.from_dict(data) == state
+    assert len(json.dumps(data)) < 1000  # fits an annotation; history keeps only entries a window can use
+    assert PolicyState.from_dict({"history": "garbage"}) == PolicyState()
+    assert PolicyState.from_dict(None) == PolicyState()
+
+
+def test_prune_keeps_only_useful_history() -> None:
+    history = [(0.0, 5), (10.0, 3), (20.0, 4), (30.0, 2)]
+    assert prune_history(history, now=30.0, up_window=0.0, down_window=300.0) == ((0.0, 5), (20.0, 4), (30.0, 2))
+    assert prune_history(history, now=320.0, up_window=0.0, down_window=300.0) == ((20.0, 4), (30.0, 2))
+    assert prune_history(history, now=400.0, up_window=0.0, down_window=300.0) == ()
+
+
+def test_hpa_stabilize_matches_kubernetes_semantics() -> None:
+    behavior = Behavior(scale_up_window_seconds=0, scale_down_window_seconds=300)
+    assert stabilize([], 0.0, 10, 2, behavior)[0] == 6  # max(+4, +100%)
+    assert stabilize([(0.0, 8)], 100.0, 2, 8, behavior)[0] == 8  # the window's highest wins
+    assert stabilize([(0.0, 8)], 301.0, 2, 8, behavior)[0] == 2  # then all at once (HPA's 100%/15 s)
+
+
+def test_from_spec_maps_the_crd_fields() -> None:
+    spec = AutoscalingSpec.model_validate(
+        {
+            "minReplicas": 2,
+            "maxReplicas": 9,
+            "mode": "advisory",
+            "tolerance": 0.2,
+            "coldStartSeconds": 300,
+            "target": {"kvCacheUtilization": 0.7},
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": 120, "maxReplicasPerStep": 2}},
+        }
+    )
+    plan = sample_plan(1_048_576)
+    config = PolicyConfig.from_spec(spec, plan)
+    assert (config.min_replicas, config.max_replicas, config.mode, config.tolerance) == (2, 9, "advisory", 0.2)
+    assert (config.kv_target, config.scale_down_window_seconds, config.max_scale_down_per_step) == (0.7, 120, 2)
+    assert config.kv_tokens_per_replica == plan.kv_cache_tokens_per_replica == 1_688_064
+    assert config.prefill_tokens_per_second == pytest.approx(5000 * 16 * 0.85)  # 16 H200s over 2 nodes
+    assert config.cold_start_seconds == 300 and config.max_model_len == 1_048_576

@@ -1,0 +1,145 @@
+"""Properties of the policy over generated loads (hypothesis)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide
+from m3fleet.autoscaling.signals import MetricsSnapshot
+
+from .plans import config
+from .snapshots import NOW, ROUND, fleet, replica, snapshot
+
+CONFIGS = st.sampled_from([ROUND, config(), config(1_048_576)])
+
+
+def settings(max_examples: int) -> hypothesis_settings:
+    # No example database: the suite writes nothing outside its temporary directories.
+    return hypothesis_settings(
+        max_examples=max_examples, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+    )
+
+
+@st.composite
+def loads(draw: st.DrawFn) -> dict[str, float]:
+    """One replica's load: prompt length, request rate, running and waiting requests."""
+    return {
+        "prompt_tokens": draw(st.floats(16, 120_000)),
+        "request_rate": draw(st.floats(0.001, 20)),
+        "running": draw(st.integers(0, 64)),
+        "waiting": draw(st.integers(0, 200)),
+    }
+
+
+def _snapshot(
+    cfg: PolicyConfig, replicas: int, load: dict[str, float], waiting: float | None = None
+) -> MetricsSnapshot:
+    capacity = cfg.kv_tokens_per_replica
+    # Resident KV follows the prompt length (running requests hold their prompts), never above capacity.
+    usage = min(0.99, load["running"] * load["prompt_tokens"] / capacity)
+    return snapshot(
+        *(
+            replica(
+                f"r-{i}",
+                running=load["running"],
+                waiting=load["waiting"] if waiting is None else waiting,
+                kv_usage=usage,
+                prompt_tokens=load["prompt_tokens"],
+                request_rate=load["request_rate"],
+            )
+            for i in range(replicas)
+        )
+    )
+
+
+def _decide(cfg: PolicyConfig, snap: MetricsSnapshot, replicas: int) -> Decision:
+    return decide(cfg, PolicyState(), snap, fleet(replicas))[0]
+
+
+@settings(max_examples=150)
+@given(cfg=CONFIGS, replicas=st.integers(1, 6), load=loads(), more=st.integers(1, 500))
+def test_more_queued_requests_never_lower_the_target(
+    cfg: PolicyConfig, replicas: int, load: dict[str, float], more: int
+) -> None:
+    base = _decide(cfg, _snapshot(cfg, replicas, load), replicas)
+    queued = _decide(cfg, _snapshot(cfg, replicas, load, waiting=load["waiting"] + more), replicas)
+    assert queued.terms["needReplicas"] >= base.terms["needReplicas"] - 1e-9
+    assert queued.recommended_replicas >= base.recommended_replicas
+    assert queued.desired_replicas >= base.desired_replicas
+
+
+@settings(max_examples=150)
+@given(cfg=CONFIGS, replicas=st.integers(1, 6), load=loads(), factor=st.floats(1.0, 8.0))
+def test_longer_prompts_never_lower_the_target(
+    cfg: PolicyConfig, replicas: int, load: dict[str, float], factor: float
+) -> None:
+    prompt = min(load["prompt_tokens"], cfg.max_model_len / 2)
+    shorter = {**load, "prompt_tokens": prompt}
+    longer = {**load, "prompt_tokens": min(prompt * factor, cfg.max_model_len / 2)}
+    base = _decide(cfg, _snapshot(cfg, replicas, shorter), replicas)
+    long = _decide(cfg, _snapshot(cfg, replicas, longer), replicas)
+    assert long.terms["needReplicas"] >= base.terms["needReplicas"] - 1e-9
+    assert long.desired_replicas >= base.desired_replicas
+
+
+@settings(max_examples=150)
+@given(cfg=CONFIGS, ready=st.integers(1, 4), load=loads(), starting=st.integers(1, 6), age=st.floats(0, 900))
+def test_starting_replicas_suppress_duplicate_scale_ups(
+    cfg: PolicyConfig, ready: int, load: dict[str, float], starting: int, age: float
+) -> None:
+    snap = _snapshot(cfg, ready, load)
+    alone = decide(cfg, PolicyState(), snap, fleet(ready))[0]
+    with_starting = decide(cfg, PolicyState(), snap, fleet(ready + starting, ready=ready, starting=(age,) * starting))[
+        0
+    ]
+    # Replicas already starting are supply: a tick orders at most what it would have wanted without them.
+    assert with_starting.desired_replicas <= max(ready + starting, alone.recommended_replicas)
+    assert with_starting.terms["needReplicas"] <= alone.terms["needReplicas"] + 1e-9
+
+
+@settings(max_examples=60)
+@given(
+    cfg=CONFIGS,
+    first=loads(),
+    later=st.lists(loads(), min_size=1, max_size=25),
+    gaps=st.lists(st.floats(1, 60), min_size=25, max_size=25),
+)
+def test_no_scale_down_inside_the_window(
+    cfg: PolicyConfig, first: dict[str, float], later: list[dict[str, float]], gaps: list[float]
+) -> None:
+    state, now = PolicyState(), NOW
+    decision, state = decide(cfg, state, _snapshot(cfg, 1, first), fleet(1))
+    current, start = decision.desired_replicas, now
+    for load, gap in zip(later, gaps, strict=False):
+        now += gap
+        snap = _snapshot(cfg, current, load)
+        snap = MetricsSnapshot(
+            engine=snap.engine,
+            time=now,
+            replicas=tuple(r.__class__(**{**r.__dict__, "sample_time": now}) for r in snap.replicas),
+        )
+        decision, state = decide(cfg, state, snap, fleet(current, now=now))
+        if now - start < cfg.scale_down_window_seconds:
+            assert decision.desired_replicas >= current
+        current = decision.desired_replicas
+        state = PolicyState.from_dict(json.loads(json.dumps(state.to_dict())))  # as the operator persists it
+
+
+@settings(max_examples=80)
+@given(cfg=CONFIGS, replicas=st.integers(1, 6), load=loads(), huge=st.integers(1, 5))
+def test_unservable_requests_never_drive_scaling(
+    cfg: PolicyConfig, replicas: int, load: dict[str, float], huge: int
+) -> None:
+    snap = _snapshot(cfg, replicas, load)
+    too_long = tuple([int(cfg.kv_tokens_per_rank * 2)] * huge)
+    plain = _decide(cfg, snap, replicas)
+    with_huge = _decide(
+        cfg, MetricsSnapshot(engine="vllm", time=NOW, replicas=snap.replicas, queued_request_tokens=too_long), replicas
+    )
+    assert with_huge.unservable_requests == huge
+    assert with_huge.desired_replicas == plain.desired_replicas
+    assert with_huge.terms["needReplicas"] == plain.terms["needReplicas"]

@@ -1,0 +1,94 @@
+"""`m3fleet simulate`: output formats and the exit-code contract (0 ok, 2 invalid input, 1 internal)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from m3fleet.autoscaling import benchmark
+from m3fleet.autoscaling.cli import register, run
+from tests.conftest import SAMPLES_DIR
+
+
+def simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser(prog="m3fleet")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["simulate", *argv])
+    code = run(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_report(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = simulate(
+        capsys, "--scenario", "steady-chat", "--seed", "7", "--minutes", "3", "--no-sweep", "-o", "json"
+    )
+    assert (code, err) == (0, "")
+    report = json.loads(out)
+    assert (report["scenario"], report["seed"]) == ("steady-chat", 7)
+    assert report["plan"]["tensorParallelSize"] == 8 and report["parameters"]["durationMinutes"] == 3
+    assert set(report["policies"]) == {"context-aware", "request-count", "kv-utilization", "oracle"}
+    for policy in report["policies"].values():
+        assert {"sloAttainment", "gpuHours", "preemptions", "rejected", "scaleEvents"} <= set(policy)
+    assert "frontier" not in report
+
+
+def test_text_report_with_frontier(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = simulate(capsys, "--scenario", "bursty", "--minutes", "4")
+    assert code == 0
+    assert "POLICY" in out and "oracle (x" in out and "frontier" in out and "request-count (target)" in out
+    assert "aim met:" in out
+
+
+def test_file_resource(capsys: pytest.CaptureFixture[str]) -> None:
+    sample = SAMPLES_DIR / "vllm-mi355x-1m-fp8kv.yaml"
+    code, out, _ = simulate(
+        capsys, "-f", str(sample), "--scenario", "long-context-burst", "--minutes", "21", "--no-sweep", "-o", "json"
+    )
+    report = json.loads(out)
+    assert code == 0 and report["plan"]["accelerator"] == "mi355x"
+    assert report["parameters"]["resource"].startswith("the resource given with -f")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--minutes", "0"], "error: --minutes: 0 is not positive; fix:"),
+        (["-f", str(SAMPLES_DIR)], "simulate takes exactly one MiniMaxM3Deployment, found"),
+        (["-f", "/no/such/file.yaml"], "error: /no/such/file.yaml: no such file or directory"),
+    ],
+)
+def test_invalid_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    code, out, err = simulate(capsys, "--scenario", "steady-chat", *argv)
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1
+
+
+def test_invalid_resource_names_the_field(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: m3fleet.dev/v1alpha1\nkind: MiniMaxM3Deployment\nmetadata: {name: x}\n"
+        "spec: {model: {source: {pvc: {claimName: w}}}, context: {maxModelLen: 0}}\n"
+    )
+    code, out, err = simulate(capsys, "--scenario", "steady-chat", "-f", str(bad))
+    assert code == 2 and out == "" and "spec.context.maxModelLen" in err and "fix:" in err
+
+
+def test_unknown_scenario_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        simulate(capsys, "--scenario", "nope")
+    assert exc.value.code == 2
+
+
+def test_internal_error_exits_1_without_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(benchmark, "benchmark", broken)
+    monkeypatch.delenv("M3FLEET_DEBUG", raising=False)
+    code, out, err = simulate(capsys, "--scenario", "steady-chat", "--minutes", "1")
+    assert code == 1 and out == "" and "internal error: RuntimeError: boom" in err and "Traceback" not in err
