@@ -21,7 +21,7 @@ from m3fleet.autoscaling.policy import (
 from m3fleet.autoscaling.signals import MetricsSnapshot
 
 from .plans import sample_plan
-from .snapshots import MILLION, NOW, ROUND, fleet, replica, replicas, snapshot
+from .snapshots import MILLION, NOW, ROUND, fleet, prompt_histogram, replica, replicas, snapshot
 
 
 def test_kv_term_counts_resident_queued_and_decode_growth() -> None:
@@ -61,6 +61,71 @@ def test_prefill_target_from_the_ttft_objective() -> None:
     assert chat == config.prefill_target_cap  # 20 ms prefill: the 2 s slack dominates, the cap applies
     # 10 s prefill: TTFT <= 2 + 1.5 x 10 = 17 s; processor sharing gives t/(1-u) -> u <= 1 - 10/17.
     assert long == pytest.approx(config.prefill_safety * (1 - 10 / 17))
+
+
+def test_an_engine_queue_keeps_only_its_own_replica_busy() -> None:
+    # 1000 requests of 100k wait in one engine: 100M tokens, more than the 60M one replica prefills in
+    # the 600 s horizon. No router moves them, so they occupy that replica, and no other.
+    r = replica(running=4, waiting=1000, kv_usage=0.4, prompt_tokens=100_000, request_rate=0.01)
+    t = decide(ROUND, PolicyState(), snapshot(r), fleet(1))[0].terms
+    assert t["prefillBacklogReplicas"] == pytest.approx(1)
+    # The same backlog held at a gateway: any replica, a new one included, drains it.
+    r = replica(running=4, kv_usage=0.4, prompt_tokens=100_000, request_rate=0.01)
+    t = decide(ROUND, PolicyState(), snapshot(r, queued=(100_000,) * 1000), fleet(1))[0].terms
+    assert t["prefillBacklogReplicas"] == pytest.approx(100e6 / 60e6)
+
+
+def test_arriving_prompt_length_comes_from_replicas_without_a_queue() -> None:
+    # r-0 still works through a queue of long prompts; r-1, with no queue, gets what arrives now.
+    queued = replica("r-0", running=2, waiting=10, kv_usage=0.6, prompt_tokens=300_000, request_rate=0.2)
+    fresh = replica("r-1", running=4, kv_usage=0.02, prompt_tokens=5_000, request_rate=0.5)
+    t = decide(ROUND, PolicyState(), snapshot(queued, fresh), fleet(2))[0].terms
+    assert t["promptTokensPerRequest"] == pytest.approx(5_000)
+    # A queue is sized like what its engine prefills now (FCFS), not like the new arrivals.
+    assert t["queuedPromptTokens"] == pytest.approx(10 * 300_000)
+
+
+LONG_BEFORE = PolicyState(last_time=NOW - 15, prompt_tokens=300_000, request_rate=0.5)
+
+
+@pytest.mark.parametrize(
+    ("load", "state", "expected"),
+    [
+        # Chat arriving at a replica without a queue, nothing long resident: the fall is taken at once.
+        ({}, LONG_BEFORE, 5_000),
+        # The only replica has a queue: it prefills the past, so the estimate only smooths (15 s of 120 s).
+        ({"waiting": 3}, LONG_BEFORE, 300_000 + 15 / 120 * (5_000 - 300_000)),
+        # Long requests still resident (150k each): not over yet.
+        ({"kv_usage": 0.9}, LONG_BEFORE, 300_000 + 15 / 120 * (5_000 - 300_000)),
+        # Within a rate window of a burst the prefill ratio still mixes in the old regime.
+        ({}, replace(LONG_BEFORE, bursts=((NOW - 30, 3),)), 300_000 + 15 / 120 * (5_000 - 300_000)),
+    ],
+    ids=["at-once", "queued", "long-resident", "just-after-a-burst"],
+)
+def test_long_prompts_no_longer_arriving_are_taken_at_once_only_when_measured(
+    load: dict[str, float], state: PolicyState, expected: float
+) -> None:
+    chat = replica(**{"running": 6, "kv_usage": 0.03, "prompt_tokens": 5_000, "request_rate": 0.5, **load})
+    t = decide(ROUND, state, snapshot(chat), fleet(1))[0].terms
+    assert t["promptTokensPerRequest"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("running", "recent", "shifted"),
+    [(3, 5_000, True), (2, 5_000, False), (3, 300_000, False)],
+    ids=["shift", "too-few-requests", "seen-recently"],
+)
+def test_resident_long_requests_signal_a_shift_only_with_evidence_and_novelty(
+    running: int, recent: float, shifted: bool
+) -> None:
+    # 900k resident tokens while recent prefills and the estimate say chat: long prompts started
+    # arriving, unless that rests on fewer than three requests or such prompts finished recently.
+    state = PolicyState(last_time=NOW - 15, prompt_tokens=5_000, request_rate=0.5)
+    r = replica(running=running, kv_usage=0.9, prompt_tokens=5_000, request_rate=0.5)
+    r = replace(r, prompt_tokens=prompt_histogram(recent, 30))
+    decision, after = decide(ROUND, state, snapshot(r), fleet(1))
+    assert (decision.terms["promptTokensPerRequest"] == pytest.approx(900_000 / running)) is shifted
+    assert bool(after.bursts) is shifted
 
 
 def test_long_requests_cannot_share_a_replica() -> None:
@@ -121,11 +186,55 @@ def test_first_tick_without_history_never_scales_down() -> None:
     assert decision.desired_replicas == 4 and decision.recommended_replicas == 1
 
 
+def test_missing_metrics_hold_without_recording_the_current_count() -> None:
+    # Eight replicas, one just ready and not scraped yet, the rest idle: no scale-down this tick, but
+    # the held 8 is not a recommendation, so the next complete tick may remove one.
+    decision, state = decide(ROUND, PolicyState(history=((NOW - 400, 8),)), snapshot(*replicas(7)), fleet(8))
+    assert decision.desired_replicas == 8 and "held by missing metrics" in decision.reason
+    assert max(n for _, n in state.history) == 1
+    later = NOW + 15
+    complete = snapshot(*replicas(8, sample_time=later), time=later)
+    assert decide(ROUND, state, complete, fleet(8, now=later))[0].desired_replicas == 7
+
+
+def _bursts(config: PolicyConfig, rates: list[float]) -> list[tuple[int, int, str]]:
+    """Replicas after each 15 s tick under a total request rate (50k-token prompts: need = rate)."""
+    state, current, out = PolicyState(), 1, []
+    for i, rate in enumerate(rates):
+        now = NOW + 15 * i
+        load = replicas(current, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=rate / current)
+        snap = snapshot(*(replace(r, sample_time=now) for r in load), time=now)
+        decision, state = decide(config, state, snap, fleet(current, now=now))
+        state = PolicyState.from_dict(json.loads(json.dumps(state.to_dict())))
+        current = decision.desired_replicas
+        out.append((15 * i, current, decision.reason))
+    return out
+
+
+# Two 2-minute bursts to 3 requests/s, 15 minutes apart, over 0.8/s: shorter than a cold start.
+BURSTS = [0.8] * 10 + [3.0] * 8 + [0.8] * 52 + [3.0] * 8 + [0.8] * 200
+
+
+def test_recurring_bursts_are_held_a_single_burst_is_not() -> None:
+    # ROUND: time-to-ready 585 s, so the hold window is 3 x 585 = 1755 s.
+    run = _bursts(ROUND, BURSTS)
+    at = dict((t, n) for t, n, _ in run)
+    assert at[240] == 4 and at[900] == 1  # the first burst's replicas go after it: one burst is no pattern
+    assert at[1080] == 4  # the second came within the hold window of the first ...
+    second_end = 1170
+    held = [(t, n, reason) for t, n, reason in run if second_end + 600 <= t < 1050 + 1755]
+    assert held and all(n == 4 and "bursts recurred" in reason for _, n, reason in held)  # ... so it is held
+    assert at[1050 + 1755 + 300 + 60] == 1  # a hold window without a burst, then the stabilization window
+    unheld = dict((t, n) for t, n, _ in _bursts(replace(ROUND, burst_hold=False), BURSTS))
+    assert unheld[second_end + 600] < 4 and unheld[1800] == 1
+
+
 def test_panic_jumps_past_the_step_limit_and_holds_scale_down() -> None:
-    # 1M prompt tokens/s on one ready replica: 20 at target 0.5, plus 9 for the backlog until new ones start.
+    # 1M prompt tokens/s on one ready replica: 20 at target 0.5, plus the ready one, which the backlog
+    # piling up in its engine until new replicas start keeps busy.
     burst = snapshot(replica(running=4, kv_usage=0.5, prompt_tokens=100_000, request_rate=10.0))
     decision, state = decide(ROUND, PolicyState(), burst, fleet(1))
-    assert decision.terms["needReplicas"] == pytest.approx(29)
+    assert decision.terms["needReplicas"] == pytest.approx(21)
     assert decision.panic and decision.desired_replicas == 16  # max; HPA's step limit would stop at 1 + 4
     quiet = replace(ROUND, scale_down_window_seconds=0)
     decision, state = decide(quiet, PolicyState(), burst, fleet(1))
@@ -155,14 +264,18 @@ def test_starting_replicas_count_as_supply() -> None:
     assert again.desired_replicas == 4 and again.action == Action.HOLD
 
 
-def test_cold_start_horizon_looks_ahead_only_until_starting_replicas_arrive() -> None:
+@pytest.mark.parametrize(("gateway", "pileup"), [(True, 2), (False, 1)])
+def test_cold_start_horizon_looks_ahead_only_until_starting_replicas_arrive(gateway: bool, pileup: float) -> None:
     # Arrivals at 3x one replica's throughput with one ready: the backlog piling up until new replicas
-    # are ready adds (3 - 1) replicas; once ordered replicas are about to be ready it no longer does.
+    # are ready. A gateway holding it lets any replica drain it: (3 - 1) more. Without one it waits in
+    # the ready engine, which it keeps busy: one. Once ordered replicas are about to be ready, neither.
+    config = replace(ROUND, gateway_holds_requests=gateway)
     load = replica(running=4, kv_usage=0.2, prompt_tokens=100_000, request_rate=3.0)
-    fresh = decide(ROUND, PolicyState(), snapshot(load), fleet(1))[0].terms["prefillReplicas"]
-    assert fresh == pytest.approx(6 + 0 + 2)
+    fresh = decide(config, PolicyState(), snapshot(load), fleet(1))[0].terms
+    assert fresh["prefillReplicas"] == pytest.approx(6 + pileup)
+    assert fresh["prefillArrivalReplicas"] == pytest.approx(6)
     nearly_ready = fleet(8, ready=1, starting=(585.0,) * 7)
-    later = decide(ROUND, PolicyState(), snapshot(load), nearly_ready)[0].terms["prefillReplicas"]
+    later = decide(config, PolicyState(), snapshot(load), nearly_ready)[0].terms["prefillReplicas"]
     assert later == pytest.approx(6)
 
 
@@ -248,6 +361,7 @@ def test_state_round_trips_through_a_small_dict() -> None:
             time=now,
         )
         _, state = decide(ROUND, state, load, fleet(4, now=now))
+    state = replace(state, bursts=((NOW - 900, 3), (NOW - 60, 4)))
     data = json.loads(json.dumps(state.to_dict()))
     assert PolicyState.from_dict(data) == state
     assert len(json.dumps(data)) < 1000  # fits an annotation; history keeps only entries a window can use

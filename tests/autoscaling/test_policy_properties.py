@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
@@ -143,3 +144,39 @@ def test_unservable_requests_never_drive_scaling(
     assert with_huge.unservable_requests == huge
     assert with_huge.desired_replicas == plain.desired_replicas
     assert with_huge.terms["needReplicas"] == plain.terms["needReplicas"]
+
+
+@settings(max_examples=100)
+@given(cfg=CONFIGS, replicas=st.integers(1, 6), load=loads(), starting=st.integers(0, 4))
+def test_an_engine_queue_never_occupies_more_than_its_replica(
+    cfg: PolicyConfig, replicas: int, load: dict[str, float], starting: int
+) -> None:
+    # No gateway holds requests: whatever waits in (or piles up on) an engine is that engine's work.
+    snap = _snapshot(cfg, replicas, load)
+    decision = decide(
+        cfg, PolicyState(), snap, fleet(replicas + starting, ready=replicas, starting=(60.0,) * starting)
+    )[0]
+    assert decision.terms["prefillBacklogReplicas"] <= replicas + 1e-9
+
+
+@settings(max_examples=100)
+@given(
+    cfg=CONFIGS,
+    replicas=st.integers(1, 6),
+    load=loads(),
+    bursts=st.lists(st.tuples(st.floats(0, 4000), st.integers(1, 16)), max_size=2),
+)
+def test_the_burst_hold_only_raises_and_only_for_recurring_bursts(
+    cfg: PolicyConfig, replicas: int, load: dict[str, float], bursts: list[tuple[float, int]]
+) -> None:
+    state = PolicyState(bursts=tuple(sorted(((NOW - age, n) for age, n in bursts), key=lambda b: b[0])))
+    snap = _snapshot(cfg, replicas, load)
+    held = decide(cfg, state, snap, fleet(replicas))[0]
+    plain = decide(replace(cfg, burst_hold=False), state, snap, fleet(replicas))[0]
+    assert held.recommended_replicas >= plain.recommended_replicas
+    assert held.desired_replicas >= plain.desired_replicas
+    if len(bursts) < 2:  # one burst is no pattern
+        assert (held.recommended_replicas, held.desired_replicas) == (
+            plain.recommended_replicas,
+            plain.desired_replicas,
+        )

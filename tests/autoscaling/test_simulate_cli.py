@@ -43,6 +43,18 @@ def test_text_report_with_frontier(capsys: pytest.CaptureFixture[str]) -> None:
     assert "aim met:" in out
 
 
+def test_several_seeds_summarize(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = simulate(capsys, "--scenario", "bursty", "--seeds", "1-2", "--minutes", "3", "-o", "json")
+    assert (code, err) == (0, "")
+    multi = json.loads(out)
+    assert [run["seed"] for run in multi["runs"]] == [1, 2] and multi["summary"]["seeds"] == [1, 2]
+    ours = multi["summary"]["policies"]["context-aware"]["gpuHours"]
+    assert ours["seeds"] == 2 and ours["min"] <= ours["mean"] <= ours["max"]
+    assert set(multi["summary"]["comparison"]["context-aware vs request-count"]) >= {"gpuHoursSaved", "aimMetOnSeeds"}
+    code, out, _ = simulate(capsys, "--scenario", "steady-chat", "--seeds", "3,5", "--minutes", "2", "--no-sweep")
+    assert code == 0 and "seed   3:" in out and "seed   5:" in out and "means (SLO attainment / GPU-hours):" in out
+
+
 def test_file_resource(capsys: pytest.CaptureFixture[str]) -> None:
     sample = SAMPLES_DIR / "vllm-mi355x-1m-fp8kv.yaml"
     code, out, _ = simulate(
@@ -57,6 +69,7 @@ def test_file_resource(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "message"),
     [
         (["--minutes", "0"], "error: --minutes: 0 is not positive; fix:"),
+        (["--seeds", "1-x"], "error: --seeds: '1-x' is not a seed range; fix:"),
         (["-f", str(SAMPLES_DIR)], "simulate takes exactly one MiniMaxM3Deployment, found"),
         (["-f", "/no/such/file.yaml"], "error: /no/such/file.yaml: no such file or directory"),
     ],

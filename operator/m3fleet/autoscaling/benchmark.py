@@ -330,6 +330,12 @@ def parameters(setup: Setup, oracle: OracleRun) -> dict[str, Any]:
 
 def _config_summary(config: PolicyConfig) -> dict[str, Any]:
     return {
+        "gatewayHoldsRequests": config.gateway_holds_requests,
+        "burstHold": (
+            f"recurring bursts held for max(scale-down window, {config.burst_hold_cold_starts:g} x time-to-ready)"
+            if config.burst_hold
+            else "off"
+        ),
         "kvTarget": config.kv_target,
         "prefillTarget": config.prefill_target if config.prefill_target is not None else "from the TTFT objective",
         "ttftObjective": f"{config.ttft_slack_seconds:g} s + {config.ttft_factor:g} x unloaded prefill",
@@ -379,3 +385,44 @@ def benchmark(setup: Setup, with_sweep: bool = True) -> dict[str, Any]:
             "context-aware vs kv-utilization": compare(ours, families["kv-utilization"][1], oracle.result),
         }
     return report
+
+
+# --- several seeds -------------------------------------------------------------------------------
+
+
+def _spread(values: Sequence[float | None]) -> dict[str, float] | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return {
+        "mean": round(sum(present) / len(present), 4),
+        "min": round(min(present), 4),
+        "max": round(max(present), 4),
+        "seeds": len(present),
+    }
+
+
+def summarize(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Means over seeds of each policy's attainment and GPU-hours, and the spread of each comparison."""
+    names = list(reports[0]["policies"])
+    out: dict[str, Any] = {
+        "seeds": [r["seed"] for r in reports],
+        "policies": {
+            name: {
+                "sloAttainment": _spread([r["policies"][name]["sloAttainment"] for r in reports]),
+                "gpuHours": _spread([r["policies"][name]["gpuHours"] for r in reports]),
+            }
+            for name in names
+        },
+    }
+    if all("comparison" in r for r in reports):
+        out["comparison"] = {
+            key: {
+                "attainmentPointsAhead": _spread([r["comparison"][key]["attainmentPointsAhead"] for r in reports]),
+                "gpuHoursSaved": _spread([r["comparison"][key]["gpuHoursSaved"] for r in reports]),
+                "gpuHoursVsOracle": _spread([r["comparison"][key]["gpuHoursVsOracle"] for r in reports]),
+                "aimMetOnSeeds": [r["seed"] for r in reports if r["comparison"][key]["aimMet"]],
+            }
+            for key in reports[0]["comparison"]
+        }
+    return out

@@ -31,7 +31,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "-f", "--filename", help="a file with one MiniMaxM3Deployment (default: the vLLM 8xH200 TP8 sample)"
     )
     parser.add_argument("--scenario", required=True, choices=sorted(SCENARIOS), help="the workload")
-    parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    seeds = parser.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
+    seeds.add_argument(
+        "--seeds", help="several seeds, e.g. 1-10 or 1,4,7: one line per seed and the means and ranges over them"
+    )
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--no-sweep", action="store_true", help="skip the target sweeps and the frontier")
     parser.add_argument("--minutes", type=float, help="simulate only the first N minutes of the scenario")
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from m3fleet.api.parse import parse_resource
-    from m3fleet.autoscaling.benchmark import benchmark, prepare
+    from m3fleet.autoscaling.benchmark import benchmark, prepare, summarize
     from m3fleet.cli import read_documents
 
     if args.minutes is not None and args.minutes <= 0:
@@ -77,6 +81,25 @@ def _run(args: argparse.Namespace) -> int:
             )
             return EXIT_INVALID
         resource = parse_resource(docs[0].body)
+    if args.seeds is not None:
+        seeds = parse_seeds(args.seeds)
+        if seeds is None:
+            print(
+                f"error: --seeds: {args.seeds!r} is not a seed range; fix: give A-B (e.g. 1-10) or a list (e.g. 1,4,7)",
+                file=sys.stderr,
+            )
+            return EXIT_INVALID
+        reports = [
+            benchmark(prepare(args.scenario, resource, seed=seed, minutes=args.minutes), with_sweep=not args.no_sweep)
+            for seed in seeds
+        ]
+        multi = {
+            "scenario": args.scenario,
+            "runs": [{k: r[k] for k in ("seed", "policies", "comparison") if k in r} for r in reports],
+            "summary": summarize(reports),
+        }
+        sys.stdout.write(json.dumps(multi, indent=2) + "\n" if args.output == "json" else format_seeds(multi))
+        return EXIT_OK
     setup = prepare(args.scenario, resource, seed=args.seed, minutes=args.minutes)
     report = benchmark(setup, with_sweep=not args.no_sweep)
     if args.output == "json":
@@ -84,6 +107,19 @@ def _run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_text(report))
     return EXIT_OK
+
+
+def parse_seeds(text: str) -> list[int] | None:
+    """`A-B` (inclusive) or `A,B,C`; None when it is neither or empty."""
+    try:
+        if "-" in text:
+            low, high = (int(part) for part in text.split("-", 1))
+            seeds = list(range(low, high + 1))
+        else:
+            seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        return None
+    return seeds or None
 
 
 def _pct(x: float | None) -> str:
@@ -130,4 +166,45 @@ def format_text(report: dict[str, Any]) -> str:
                 f"  {name}: {ahead} at our GPU-hours; GPU-hours saved at our attainment {saved}{dominates}; "
                 f"{c['gpuHoursVsOracle']}x the oracle's GPU-hours; aim met: {'yes' if c['aimMet'] else 'no'}"
             )
+    return "\n".join(lines) + "\n"
+
+
+def _range(spread: dict[str, float] | None, scale: float = 1.0, unit: str = "", digits: int = 1) -> str:
+    if spread is None:
+        return "n/a"
+    low, mean, high = (f"{scale * spread[k]:.{digits}f}" for k in ("min", "mean", "max"))
+    return f"{mean}{unit} (range {low} to {high}{unit}, {spread['seeds']} seeds)"
+
+
+def format_seeds(multi: dict[str, Any]) -> str:
+    summary = multi["summary"]
+    lines = [f"scenario {multi['scenario']}, seeds {', '.join(str(s) for s in summary['seeds'])}", ""]
+    for run in multi["runs"]:
+        cells = [
+            f"{name} {_pct(r['sloAttainment'])}/{r['gpuHours']:.1f} (peak {r['peakReplicas']})"
+            for name, r in run["policies"].items()
+        ]
+        line = f"seed {run['seed']:>3}: " + ", ".join(cells)
+        c = run.get("comparison", {}).get("context-aware vs request-count")
+        if c is not None:
+            ahead = "n/a" if c["attainmentPointsAhead"] is None else f"{c['attainmentPointsAhead']:+.1f}"
+            saved = "n/a" if c["gpuHoursSaved"] is None else f"{100 * c['gpuHoursSaved']:.1f}%"
+            line += (
+                f"; vs request-count's frontier: {ahead} points, {saved} GPU-hours saved, "
+                f"{c['gpuHoursVsOracle']}x oracle, aim {'met' if c['aimMet'] else 'not met'}"
+            )
+        lines.append(line)
+    lines += ["", "means (SLO attainment / GPU-hours):"]
+    for name, p in summary["policies"].items():
+        lines.append(f"  {name}: {_range(p['sloAttainment'], 100, '%')} / {_range(p['gpuHours'])}")
+    for name, c in summary.get("comparison", {}).items():
+        met = c["aimMetOnSeeds"]
+        lines += [
+            f"{name}:",
+            f"  points ahead at our GPU-hours: {_range(c['attainmentPointsAhead'])}",
+            f"  GPU-hours saved at our attainment: {_range(c['gpuHoursSaved'], 100, '%')}",
+            f"  GPU-hours vs the oracle: {_range(c['gpuHoursVsOracle'], 1, 'x', 2)}",
+            f"  aim met on {len(met)} of {len(summary['seeds'])} seeds"
+            + (f" ({', '.join(map(str, met))})" if met else ""),
+        ]
     return "\n".join(lines) + "\n"

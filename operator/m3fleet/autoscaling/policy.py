@@ -14,20 +14,27 @@ in (fractional) replicas, is the largest of three terms:
   them, from the queued requests themselves. A request larger than any rank can hold is reported
   and never scaled on: more replicas of the same shape cannot serve it.
 * **prefill** — arriving prompt tokens against the replicas' prefill throughput at a utilisation
-  derived from the TTFT objective (processor-sharing prefill: TTFT ~ t/(1-u)), plus the queue
-  drained within the horizon, plus the backlog that piles up until replicas ordered now (or
-  already starting) are ready — the cold-start horizon look-ahead. Arrivals come from
-  conservation (requests finishing + growth of those in flight over the rate window) times the
-  arrival-side prompt length (prompt tokens per first token), smoothed over two minutes; a
-  doubling of the rate, or resident requests suddenly far longer than the estimate, is taken at
-  once.
+  derived from the TTFT objective (processor-sharing prefill: TTFT ~ t/(1-u)), plus the replicas
+  kept busy by backlogs. A request queued in an engine waits for that engine (routers dispatch at
+  arrival and never move it), so each engine's queue — and the pile-up it gathers until replicas
+  ordered now or already starting are ready, the cold-start look-ahead — occupies at most its own
+  replica; new replicas only serve what arrives after they are ready. Only a gateway that holds
+  requests (`gateway_holds_requests`, or its exported queue) has a backlog any replica can drain.
+  Arrivals come from conservation (requests finishing + growth of those in flight over the rate
+  window) times the arrival-side prompt length: prompt tokens per first token on replicas without
+  a queue (the router sends new requests there; a queued replica prefills the past), smoothed over
+  two minutes. A doubling of the rate, or resident requests suddenly far longer than anything seen
+  recently, is a burst, taken at once; long prompts no longer arriving are taken at once too, so
+  the estimate adds no lag of its own to a scale-down.
 
 Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
 scale-down window wins), at most `maxReplicasPerStep` removed per step, scale-up limited to
 max(+4, +100%) per step except in panic (need >= panicThreshold x ready: jump, and no scale-down
 until the panic has been quiet for `panic_hold_seconds`). Replicas still starting count as supply,
 so a tick never re-orders what is already on its way. Missing, stale or unreachable metrics hold;
-partial metrics can scale up but never down.
+partial metrics can scale up but never down. A cold-start-aware hold (`burst_hold`) keeps the
+capacity of bursts that recur within max(scale-down window, 3 x time-to-ready) of each other:
+shorter than a cold start, such bursts are served only by replicas already there.
 """
 
 from __future__ import annotations
@@ -48,8 +55,9 @@ PREFILL_TOKENS_PER_GPU_SECOND: Final[Mapping[str, float]] = {"h200": 5000.0, "gb
 MULTI_NODE_EFFICIENCY: Final = 0.85
 HPA_SCALE_UP_PODS: Final = 4  # HPA default scale-up policy: max(+4 pods, +100%) per period
 SMOOTHING_SECONDS: Final = 120.0  # EWMA time constant of the arrival estimates
-LEVEL_JUMP: Final = 2.0  # an arrival rate this many times the smoothed one is a burst: taken at once
+LEVEL_JUMP: Final = 2.0  # a rate this many times the estimate is a burst, a prompt length this many times less its end
 SHIFT: Final = 4.0  # resident tokens per request this many times the prompt estimate: long prompts arrived
+SHIFT_EVIDENCE: Final = 3  # running requests needed before their resident tokens can signal a shift
 
 
 class Action(StrEnum):
@@ -90,6 +98,16 @@ class PolicyConfig:
     stale_after_seconds: float = 60.0
     default_prompt_tokens: float = 2048.0
     default_output_tokens: float = 256.0
+    # Whether a gateway in front of the engines holds requests until a replica has room (then any
+    # replica, a new one included, can take a backlog). Without one, requests are dispatched at
+    # arrival and wait in the engine they were sent to. The CRD has no gateway yet: off.
+    gateway_holds_requests: bool = False
+    # Cold-start-aware hold: once demand has come back at once (a burst) within the hold window of an
+    # earlier one, keep the capacity the smaller of the two bursts needed until a hold window passes
+    # without another. Window = max(scale-down window, burst_hold_cold_starts x time-to-ready): a
+    # replica removed and needed again within it costs a whole cold start of misses.
+    burst_hold: bool = True
+    burst_hold_cold_starts: float = 3.0
 
     @classmethod
     def from_spec(cls, autoscaling: AutoscalingSpec, plan: Plan, **overrides: Any) -> PolicyConfig:
@@ -135,7 +153,7 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class PolicyState:
-    """Stabilization history, panic deadline, the arrival-rate estimate; small and JSON-serializable."""
+    """Stabilization history, panic deadline, the arrival estimates, recent bursts; small and JSON-serializable."""
 
     history: tuple[tuple[float, int], ...] = ()  # (time, recommendation), only entries a window can use
     panic_until: float | None = None
@@ -143,6 +161,7 @@ class PolicyState:
     in_flight: tuple[tuple[float, float], ...] = ()  # (time, running + waiting) over the last rate window
     request_rate: float | None = None  # arriving requests/s, smoothed
     prompt_tokens: float | None = None  # mean prompt length of arriving requests, smoothed
+    bursts: tuple[tuple[float, int], ...] = ()  # (start, replicas it needed) of the last two bursts
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +171,7 @@ class PolicyState:
             "inFlight": [[t, n] for t, n in self.in_flight],
             "requestRate": self.request_rate,
             "promptTokens": self.prompt_tokens,
+            "bursts": [[t, n] for t, n in self.bursts],
         }
 
     @classmethod
@@ -161,6 +181,7 @@ class PolicyState:
             return cls()
         try:
             history = tuple((float(t), int(n)) for t, n in data.get("history") or ())
+            bursts = tuple((float(t), int(n)) for t, n in data.get("bursts") or ())
             return cls(
                 history=history,
                 panic_until=_opt_float(data.get("panicUntil")),
@@ -168,6 +189,7 @@ class PolicyState:
                 in_flight=tuple((float(t), float(n)) for t, n in data.get("inFlight") or ()),
                 request_rate=_opt_float(data.get("requestRate")),
                 prompt_tokens=_opt_float(data.get("promptTokens")),
+                bursts=bursts,
             )
         except (TypeError, ValueError):
             return cls()
@@ -330,6 +352,7 @@ class _Terms:
     prompt_tokens: float
     in_flight: tuple[tuple[float, float], ...]
     unservable: int
+    burst: bool  # demand arrived at a new level at once this tick (see _rate_estimate, _prompt_estimate)
 
 
 def _pairing_bins(items: Sequence[float], bin_size: float) -> float:
@@ -359,32 +382,45 @@ def _terms(
     running = _sum([r.running for r in fresh])
     waiting = _sum([r.waiting for r in fresh])
     prompt_rate = _sum([r.prompt_tokens_rate for r in fresh])
-    first_rate = _sum([r.first_token_rate for r in fresh])
     gen_rate = _sum([r.generation_tokens_rate for r in fresh])
     finished_rate = _sum([r.finished_rate for r in fresh])
     hist = Histogram.merge(r.prompt_tokens for r in fresh)
 
-    # Prompt length of arriving requests: prompt tokens per first token (recent prefills) is the
-    # arrival-side mean; it is smoothed because a few long prompts swing it. Resident tokens per
-    # running request is length-biased (long requests stay longer), so it only signals a regime
-    # shift (long prompts arriving) and is a fallback, as is the finished-request histogram.
+    # Prompt length of arriving requests: prompt tokens per first token (recent prefills). The router
+    # sends new requests to replicas without a queue, so theirs describe what arrives now; a replica
+    # with a queue prefills what arrived before (its ratio describes its own queue, below). Within a
+    # rate window of a burst the ratio still mixes in the old regime. See `_prompt_estimate`.
     elapsed = now - state.last_time if state.last_time is not None and now > state.last_time else None
     per_running = _ratio(resident, running)
+    unqueued = [r for r in fresh if not r.waiting and r.first_token_rate]
+    side = unqueued or fresh
     observed = (
-        _ratio(prompt_rate, first_rate)
+        _ratio(_sum([r.prompt_tokens_rate for r in side]), _sum([r.first_token_rate for r in side]))
         or per_running
         or (hist.mean() if hist else None)
         or config.default_prompt_tokens
     )
-    isl = _smooth(state.prompt_tokens, observed, elapsed)
-    if per_running is not None and state.prompt_tokens is not None and per_running > SHIFT * state.prompt_tokens:
-        isl = max(isl, per_running)
+    isl, prompt_burst = _prompt_estimate(
+        state.prompt_tokens,
+        observed,
+        bool(unqueued) and not (state.bursts and now - state.bursts[-1][0] < snapshot.window_seconds),
+        per_running,
+        running,
+        hist.quantile(0.9) if hist else None,
+        elapsed,
+    )
     output = _ratio(gen_rate, finished_rate) or config.default_output_tokens
 
     gateway = [float(t) for t in snapshot.queued_request_tokens]
     unservable = sum(1 for t in gateway if t > rank_capacity)
     servable_gateway = [t for t in gateway if t <= rank_capacity]
-    queued = waiting * isl + sum(servable_gateway)
+    # An engine's queue (FCFS) holds requests from the era it is prefilling now, or newer ones.
+    local = [
+        (r.waiting or 0.0) * max(isl, _ratio(r.prompt_tokens_rate or 0.0, r.first_token_rate or 0.0) or 0.0)
+        for r in fresh
+    ]
+    at_gateway = sum(servable_gateway)
+    queued = sum(local) + at_gateway
 
     # kv: queued tokens weighted by KV turnover within the horizon (Little's law).
     growth = running * output / 2.0
@@ -394,41 +430,51 @@ def _terms(
     kv_replicas = kv_demand / (config.kv_target * capacity)
 
     # bin: long requests resident at once (running, plus the queue weighted as above), their sizes
-    # from the prompt-length mix (a bucket's geometric middle), plus the gateway's own requests.
+    # from the prompt-length mix (a bucket's geometric middle), plus the gateway's own requests. The
+    # mix is of finished requests (it lags by their lifetime): it can say which sizes run, not that
+    # more long requests run than the resident and weighted queued tokens can hold.
     items = list(servable_gateway)
     if hist is not None and hist.observations() > 0:
         concurrent = running + weight * waiting
+        mix: list[float] = []
         for lower, upper, n in hist.buckets():
             top = min(upper, float(config.max_model_len))
             size = math.sqrt(lower * top) if lower > 0 else top
             if n > 0 and size > bin_size / 3:
-                items.extend([size] * math.floor(concurrent * n / hist.observations() + 0.5))
+                mix.extend([size] * math.floor(concurrent * n / hist.observations() + 0.5))
+        fits = math.floor((resident + weight * sum(local)) / (bin_size / 3))
+        items.extend(sorted(mix, reverse=True)[:fits])
     large = sum(1 for s in items if s > bin_size / 3)
     bin_replicas = _pairing_bins(items, bin_size) / config.ranks_per_replica
 
-    # prefill: arriving prompt tokens at the target utilisation, the queue drained within the horizon,
-    # and the backlog that builds until replicas ordered now are ready. Arrivals: requests finishing
-    # plus the growth of those in flight (conservation) times the prompt length, smoothed over two
-    # minutes (one tick's delta is noise). Not the prefilled rate: a backlog drains faster than
-    # requests arrive.
+    # prefill: arriving prompt tokens at the target utilisation, plus the replicas kept busy by
+    # backlogs. Arrivals: requests finishing plus the growth of those in flight (conservation) times
+    # the prompt length, smoothed over two minutes (one tick's delta is noise). Not the prefilled
+    # rate: a backlog drains faster than requests arrive.
     per_replica = config.prefill_tokens_per_second
     in_flight = _window(state.in_flight, now, running + waiting, snapshot.window_seconds)
     leaving = [r.finished_rate if r.finished_rate is not None else r.first_token_rate for r in fresh]
     if any(v is not None for v in leaving):
-        rate = _smooth(state.request_rate, _request_rate(_sum(leaving), in_flight), elapsed, jump=True)
+        rate, rate_burst = _rate_estimate(state.request_rate, _request_rate(_sum(leaving), in_flight), elapsed)
     else:  # no rate yet (a replica's first scrape): keep what we had, do not learn "zero"
-        rate = state.request_rate or 0.0
+        rate, rate_burst = state.request_rate or 0.0, False
     arrivals = rate * isl
-    # The backlog piles up only until the replicas already starting are ready (they count as supply).
+    # Until the replicas already starting are ready (they count as supply), arrivals beyond what the
+    # ready ones prefill pile up: at the gateway when it holds requests (any replica drains it), else
+    # in the ready engines' queues. A request queued in an engine waits for that engine (no router
+    # moves it), so a queue keeps its replica busy for up to the horizon and never needs more than
+    # that one replica: new replicas only help with what arrives after they are ready.
     pileup = horizon
     if fleet.starting_ages:
         pileup = min(horizon, max(0.0, horizon - config.interval_seconds - min(fleet.starting_ages)))
+    excess = max(0.0, arrivals - fleet.ready_replicas * per_replica) * pileup
+    drain = per_replica * horizon  # prompt tokens one replica prefills within the horizon
+    if config.gateway_holds_requests:
+        at_gateway += excess
+        excess = 0.0
+    busy = sum(min(1.0, (tokens + excess / len(fresh)) / drain) for tokens in local) if fresh else 0.0
     utilisation = config.prefill_utilisation(isl)
-    prefill_replicas = (
-        arrivals / (utilisation * per_replica)
-        + queued / (per_replica * horizon)
-        + max(0.0, arrivals / per_replica - fleet.ready_replicas) * pileup / horizon
-    )
+    prefill_replicas = arrivals / (utilisation * per_replica) + busy + at_gateway / drain
 
     candidates = {"kv": kv_replicas, "bin": bin_replicas, "prefill": prefill_replicas}
     dominant = max(candidates, key=lambda k: candidates[k])
@@ -450,6 +496,8 @@ def _terms(
         "arrivingPromptTokensPerSecond": arrivals,
         "prefillTokensPerSecondPerReplica": per_replica,
         "prefillUtilisationTarget": utilisation,
+        "prefillArrivalReplicas": arrivals / (utilisation * per_replica),
+        "prefillBacklogReplicas": busy + at_gateway / drain,
         "runningRequests": running,
         "waitingRequests": waiting,
         "horizonSeconds": horizon,
@@ -463,16 +511,61 @@ def _terms(
         prompt_tokens=isl,
         in_flight=in_flight,
         unservable=unservable,
+        burst=rate_burst or prompt_burst,
     )
 
 
-def _smooth(previous: float | None, observed: float, elapsed: float | None, jump: bool = False) -> float:
-    """EWMA over SMOOTHING_SECONDS; with `jump`, a rise by LEVEL_JUMP or more is taken at once (a burst)."""
+def _smooth(previous: float | None, observed: float, elapsed: float | None) -> float:
+    """EWMA over SMOOTHING_SECONDS (the first observation is taken as it is)."""
     if previous is None or elapsed is None:
         return observed
-    if jump and observed >= LEVEL_JUMP * previous:
-        return observed
     return previous + min(1.0, elapsed / SMOOTHING_SECONDS) * (observed - previous)
+
+
+def _rate_estimate(previous: float | None, observed: float, elapsed: float | None) -> tuple[float, bool]:
+    """(requests/s, burst): smoothed, but a rise by LEVEL_JUMP or more is a burst, taken at once."""
+    if previous is not None and elapsed is not None and observed >= LEVEL_JUMP * previous:
+        return observed, True
+    return _smooth(previous, observed, elapsed), False
+
+
+def _prompt_estimate(
+    previous: float | None,
+    observed: float,
+    arrival_side: bool,
+    per_running: float | None,
+    running: float,
+    recent: float | None,
+    elapsed: float | None,
+) -> tuple[float, bool]:
+    """(mean prompt tokens of arriving requests, burst).
+
+    `observed` is prompt tokens per first token, measured on replicas without a queue when
+    `arrival_side`; `per_running` is resident tokens per running request; `recent` is a high
+    quantile of the prompts finished in the histogram window. Smoothed, except:
+
+    * a fall by LEVEL_JUMP or more is taken at once when measured on the arrival side and no
+      long requests are resident any more (long prompts stopped arriving; the stabilization window,
+      not the estimate, delays the scale-down);
+    * resident tokens per running request SHIFT times above both the estimate and what finished
+      recently means long prompts started arriving: taken at once (a burst). It is length-biased and,
+      with a full KV cache, one or two requests decide it, so it needs SHIFT_EVIDENCE of them.
+    """
+    if previous is None or elapsed is None:
+        return observed, False
+    long_resident = per_running is not None and per_running > SHIFT * observed
+    if LEVEL_JUMP * observed <= previous and arrival_side and not long_resident:
+        estimate = observed
+    else:
+        estimate = _smooth(previous, observed, elapsed)
+    if (
+        per_running is not None
+        and running >= SHIFT_EVIDENCE
+        and per_running > SHIFT * max(previous, recent or 0.0)
+        and per_running > estimate
+    ):
+        return per_running, True
+    return estimate, False
 
 
 def _window(
@@ -531,7 +624,8 @@ def decide(
 ) -> tuple[Decision, PolicyState]:
     """One tick: the decision and the state to keep for the next tick."""
     now, current = fleet.now, fleet.current_replicas
-    horizon = (fleet.time_to_ready_seconds or config.cold_start_seconds) + config.interval_seconds
+    time_to_ready = fleet.time_to_ready_seconds or config.cold_start_seconds
+    horizon = time_to_ready + config.interval_seconds
     panic_active = state.panic_until is not None and now < state.panic_until
     health = _health(config, snapshot, fleet)
 
@@ -556,9 +650,17 @@ def decide(
     terms = _terms(config, state, health, snapshot, fleet, horizon)
     recommendation = config.clamp(recommend(terms.need, current, config.tolerance))
     notes: list[str] = []
+    hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
+    bursts = _record_burst(state.bursts, now, terms.burst, recommendation, horizon, hold_window)
+    floor = _burst_floor(bursts, now, hold_window) if config.burst_hold else 0
+    terms.values["burstHoldReplicas"] = float(floor)
+    if floor > recommendation:
+        recommendation = config.clamp(floor)
+        notes.append(f"holding {recommendation} replicas: bursts recurred within {hold_window:.0f}s (cold-start hold)")
     if health.missing:
+        # Held, not recommended: a replica that just became ready has no scrape yet, and recording
+        # `current` would keep the whole scale-down window at today's count.
         notes.append(f"{health.missing} ready replicas have no fresh metrics: no scale-down")
-        recommendation = max(recommendation, config.clamp(current))
 
     panic_until = state.panic_until if panic_active else None
     if terms.need >= config.panic_threshold * max(1, fleet.ready_replicas):
@@ -576,7 +678,8 @@ def decide(
         # A first tick (or a restart without saved state): as if `current` had just been recommended,
         # so nothing is removed before a whole scale-down window of evidence exists.
         history_in = ((now - config.scale_up_window_seconds - 1e-6, current),)
-    desired, history = stabilize(history_in, now, recommendation, current, behavior, hold_down=panic)
+    hold_down = panic or health.missing > 0
+    desired, history = stabilize(history_in, now, recommendation, current, behavior, hold_down=hold_down)
     desired = config.clamp(desired)  # the bounds are hard, whatever the step limits say
 
     if desired > current:
@@ -586,9 +689,9 @@ def decide(
     elif recommendation == current:
         verb = f"hold at {current}" + (" (within tolerance)" if round(terms.need) != current else "")
     elif recommendation < current:
-        verb = f"hold at {current}: scale-down to {recommendation} held by " + (
-            "panic" if panic else f"the {config.scale_down_window_seconds:.0f}s stabilization window"
-        )
+        window = f"the {config.scale_down_window_seconds:.0f}s stabilization window"
+        by = "panic" if panic else "missing metrics" if health.missing else window
+        verb = f"hold at {current}: scale-down to {recommendation} held by {by}"
     else:
         verb = f"hold at {current}: scale-up to {recommendation} held by the scale-up window"
     if panic:
@@ -614,8 +717,33 @@ def decide(
         in_flight=terms.in_flight,
         request_rate=terms.request_rate,
         prompt_tokens=terms.prompt_tokens,
+        bursts=bursts,
     )
     return decision, new_state
+
+
+def _record_burst(
+    bursts: tuple[tuple[float, int], ...], now: float, burst: bool, recommendation: int, horizon: float, window: float
+) -> tuple[tuple[float, int], ...]:
+    """The last two bursts as (start, replicas recommended within one horizon of it); a burst
+    detected within the horizon of the previous one is the same burst. Dropped once two windows old
+    (too old to pair with a new one)."""
+    kept = [(t, n) for t, n in bursts if now - t <= 2 * window]
+    if kept and now - kept[-1][0] <= horizon:
+        kept[-1] = (kept[-1][0], max(kept[-1][1], recommendation))
+    elif burst:
+        kept.append((now, recommendation))
+    return tuple(kept[-2:])
+
+
+def _burst_floor(bursts: tuple[tuple[float, int], ...], now: float, window: float) -> int:
+    """Replicas to hold: what both of the last two bursts needed, when they came within `window` of
+    each other and the last is within `window` of now (demand that recurs faster than it pays to
+    release and cold-start again)."""
+    if len(bursts) < 2:
+        return 0
+    (t0, n0), (t1, n1) = bursts
+    return min(n0, n1) if t1 - t0 <= window and now - t1 <= window else 0
 
 
 def _action(desired: int, current: int) -> Action:

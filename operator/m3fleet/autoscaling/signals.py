@@ -85,6 +85,17 @@ class Histogram:
     def observations(self) -> float:
         return max(self.cumulative[-1], self.count) if self.cumulative else self.count
 
+    def quantile(self, q: float) -> float | None:
+        """Upper bound of the bucket holding the q-quantile (the last finite bound for +inf); None if empty."""
+        total = self.cumulative[-1] if self.cumulative else 0.0
+        if total <= 0:
+            return None
+        finite = [b for b in self.bounds if math.isfinite(b)]
+        for bound, cum in zip(self.bounds, self.cumulative, strict=True):
+            if cum >= q * total:
+                return bound if math.isfinite(bound) else (finite[-1] if finite else None)
+        return finite[-1] if finite else None
+
     @staticmethod
     def merge(histograms: Iterable[Histogram | None]) -> Histogram | None:
         """Sum histograms with the same bounds (one per replica); others are skipped, not guessed."""
