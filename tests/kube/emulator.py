@@ -208,7 +208,7 @@ def _qualified(resource: kmock.resource) -> str:
     return f"{resource.plural}.{resource.group}" if resource.group else str(resource.plural)
 
 
-def _merge_patch(target: Any, patch: Any) -> Any:
+def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge-patch: maps merge recursively, ``null`` deletes, everything else replaces."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -217,7 +217,7 @@ def _merge_patch(target: Any, patch: Any) -> Any:
         if value is None:
             result.pop(key, None)
         else:
-            result[key] = _merge_patch(result.get(key), value)
+            result[key] = merge_patch(result.get(key), value)
     return result
 
 
@@ -1218,7 +1218,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     def _apply_patch(self, content_type: str, base: Body, request: kmock.Request) -> Body:
         if content_type in (MERGE_PATCH, STRATEGIC_PATCH, APPLY_PATCH):
             patch = self._require_dict(self._body_data(request))
-            result = _merge_patch(base, patch)
+            result = merge_patch(base, patch)
             assert isinstance(result, dict)
             return result
         if content_type == JSON_PATCH:
@@ -1320,7 +1320,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             entry.paths.discard(owned)
 
         # Merge the intent, then drop what this manager applied before but no longer applies.
-        new = _merge_patch(current, scoped_intent)
+        new = merge_patch(current, scoped_intent)
         assert isinstance(new, dict)
         mine = next((e for e in entries if e.same_actor(manager, "Apply", target.subresource)), None)
         if mine is None:

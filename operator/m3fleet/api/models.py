@@ -455,6 +455,12 @@ class MiniMaxM3DeploymentStatus(CamelModel):
     replicas: int = Field(default=0, description="Replicas that exist (scale subresource).")
     ready_replicas: int = Field(default=0, description="Replicas whose every pod is ready.")
     selector: str = Field(default="", description="Label selector of the serving pods (scale subresource / HPA).")
+    generated_secrets: list[Annotated[str, Field(max_length=253)]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Secrets the operator generated for this resource (the TensorRT-LLM SSH key), so it can "
+        "delete them when no longer needed without listing Secrets.",
+    )
     autoscaling: dict[str, Any] | None = Field(
         default=None,
         description="The autoscaler's last decision: desired replicas, every term, the reason, the time.",

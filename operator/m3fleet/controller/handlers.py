@@ -1,18 +1,24 @@
 """kopf wiring: which events call the reconciler, and the operator's settings, made explicit.
 
 Handlers only read, call the core (through `Reconciler`), apply and report; they return nothing, so
-kopf's bookkeeping never leaks into `status`. There is no delete handler, so kopf adds no finalizer:
-children go by garbage collection and deletion never waits for the operator.
+kopf's bookkeeping never leaks into `status`. There is no delete handler and no kopf timer or daemon
+(kopf puts its finalizer on every object a timer serves), so kopf adds no finalizer: children go by
+garbage collection and deletion never waits for the operator. The periodic resync and the autoscaler
+are operator-wide tasks instead, over the resources the watch has seen.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import kopf
 
 from m3fleet.api.models import GROUP, PLURAL, VERSION
 from m3fleet.controller import kube
+from m3fleet.controller.autoscaler import AdapterFactory, Autoscaler, prometheus_adapter
+from m3fleet.controller.autoscaler import run_forever as run_autoscaler
 from m3fleet.controller.kube import KubeApi
 from m3fleet.controller.reconcile import Reconciler
 from m3fleet.render.labels import MANAGED_BY, MANAGER
@@ -46,12 +52,41 @@ def _controller_owner(body: kopf.Body) -> str | None:
     return None
 
 
-def register(registry: kopf.OperatorRegistry, api: KubeApi, *, resync_seconds: float = RESYNC_SECONDS) -> Reconciler:
+async def _resync_forever(
+    reconciler: Reconciler, known: set[tuple[str, str]], interval: float, logger: logging.Logger
+) -> None:
+    """Reconcile every known resource every `interval` seconds (writes nothing when nothing changed)."""
+    while True:
+        await asyncio.sleep(interval)
+        for namespace, name in sorted(known):
+            try:
+                await reconciler.reconcile_by_name(namespace, name, logger)
+            except Exception as exc:  # one failing resource must not stop the resync of the others
+                logger.warning("Resync of %s/%s failed: %s", namespace, name, exc)
+
+
+def register(
+    registry: kopf.OperatorRegistry,
+    api: KubeApi,
+    *,
+    resync_seconds: float = RESYNC_SECONDS,
+    adapters: AdapterFactory = prometheus_adapter,
+) -> Reconciler:
     reconciler = Reconciler(api)
+    autoscaler = Autoscaler(api, reconciler, adapters=adapters)
+    known: set[tuple[str, str]] = set()  # (namespace, name) of every resource the watch shows
+    background: list[asyncio.Task[None]] = []
 
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings, peering_name=settings.peering.name or "m3fleet")
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        background.clear()
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry)
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
@@ -59,9 +94,19 @@ def register(registry: kopf.OperatorRegistry, api: KubeApi, *, resync_seconds: f
     async def reconcile(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
         await reconciler.reconcile(body, logger)
 
-    @kopf.timer(GROUP, VERSION, PLURAL, interval=resync_seconds, initial_delay=resync_seconds, registry=registry)
-    async def resync(body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
-        await reconciler.reconcile(body, logger)
+    # The resync's index; an event handler, unlike a kopf timer, needs no finalizer.
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def track(type: str | None, body: kopf.Body, **_: Any) -> None:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        if type == "DELETED":
+            known.discard(key)
+        else:
+            known.add(key)
+        if not background:  # started from a handler: they inherit kopf's event-posting context (kopf.info)
+            resync = _resync_forever(reconciler, known, resync_seconds, logging.getLogger("m3fleet.resync"))
+            background.append(asyncio.create_task(resync, name="m3fleet resync"))
+            scaling = run_autoscaler(autoscaler, known, logging.getLogger("m3fleet.autoscaler"))
+            background.append(asyncio.create_task(scaling, name="m3fleet autoscaler"))
 
     # A child's readiness changes the parent's status: re-reconcile the parent on workload events.
     @kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY: MANAGER}, registry=registry)

@@ -40,9 +40,12 @@ SERVICE = Kind("v1", "Service", "services")
 CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
 SECRET = Kind("v1", "Secret", "secrets")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
+POD = Kind("v1", "Pod", "pods")  # read only: the autoscaler measures serving pods' time to ready
 
-CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, SERVICE, SECRET)
-BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, M3D)}
+# Children found by listing with the owned-label selector. Secrets are never listed (that would read every
+# Secret in scope): the one generated Secret is addressed by its deterministic name.
+CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, SERVICE)
+BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D)}
 
 # Every (group, resource, verbs) the operator uses: this module's calls plus kopf's own watches, event
 # posting and peering. charts/ renders its ClusterRole/Role from this list; tests check both directions.
@@ -54,9 +57,11 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("resource.nvidia.com", "computedomains", ("get", "list", "create", "patch", "delete")),
     ("", "services", ("get", "list", "create", "patch", "delete")),
     ("", "configmaps", ("get", "list", "create", "patch", "delete")),
-    # Only the generated TensorRT-LLM SSH key Secrets: created once, pruned when no longer rendered.
-    ("", "secrets", ("get", "list", "create", "delete")),
+    # Only the generated TensorRT-LLM SSH key Secret, by its name: created once, deleted when no longer needed.
+    # No list or watch: the operator never enumerates (and so never reads) other Secrets.
+    ("", "secrets", ("get", "create", "delete")),
     ("", "events", ("create",)),
+    ("", "pods", ("list",)),
     # kopf's scanning: notices CRDs (e.g. LeaderWorkerSet) installed after the operator started.
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     ("", "namespaces", ("list", "watch")),

@@ -1,6 +1,6 @@
 """One level-triggered reconcile: validate -> plan -> render -> apply -> prune -> status.
 
-Called for create, update, resume, the resync timer and child events; it computes from the world as it
+Called for create, update, resume, the periodic resync and child events; it computes from the world as it
 is, so calling it twice is harmless. Quiet at rest: a child is re-applied only when the hash of our
 intent (recorded on the child) differs, status is written only when it changes, and nothing at all is
 written for an unchanged resource. Bad input never tears anything down: an invalid spec or a missing
@@ -17,13 +17,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
 from m3fleet.api import parse_resource
 from m3fleet.api.models import AutoscalingMode, MiniMaxM3Deployment, Plan
 from m3fleet.controller import kube, metrics
+from m3fleet.controller.events import Events, KopfEvents
 from m3fleet.controller.kube import ApiError, Kind, KubeApi
 from m3fleet.controller.secrets import ssh_key_secret
 from m3fleet.controller.status import Blocked, Workload, conditions
@@ -57,6 +58,11 @@ def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
 
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def retry_later(exc: ApiError) -> kopf.TemporaryError:
+    """A transient API failure (409/429/5xx, or any read): let kopf retry soon, honouring Retry-After."""
+    return kopf.TemporaryError(str(exc), delay=exc.retry_after or 5)
 
 
 @dataclass
@@ -95,10 +101,12 @@ MISSING_API = {
 
 
 class Reconciler:
-    def __init__(self, api: KubeApi, clock: Callable[[], str] = utc_now) -> None:
+    def __init__(self, api: KubeApi, clock: Callable[[], str] = utc_now, events: Events | None = None) -> None:
         self.api = api
         self.clock = clock
+        self.events: Events = events or KopfEvents()
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._applied_generation: dict[tuple[str, str, str, str], int] = {}
 
     def _lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((namespace, name), asyncio.Lock())
@@ -106,12 +114,18 @@ class Reconciler:
     async def reconcile_by_name(self, namespace: str, name: str, logger: logging.Logger | Any) -> Outcome | None:
         async with self._lock(namespace, name):
             # Always the freshest body: another reconcile of the same resource may just have written status.
-            body = await self.api.get(kube.M3D, namespace, name)
+            try:
+                body = await self.api.get(kube.M3D, namespace, name)
+            except ApiError as exc:
+                raise retry_later(exc) from exc
             if body is None:
                 return None
             started = time.monotonic()
             try:
                 outcome = await self._reconcile(body, logger)
+            except ApiError as exc:  # a read or the status write failed (child writes are mapped inside)
+                metrics.RECONCILES.labels("error").inc()
+                raise retry_later(exc) from exc
             except Exception:
                 metrics.RECONCILES.labels("error").inc()
                 raise
@@ -154,13 +168,7 @@ class Reconciler:
         live = await self._live_children(namespace, name, served)
         wanted: set[Key] = set()
         try:
-            for secret_name in required_secrets(resource, plan):
-                key: Key = ("v1", "Secret", secret_name)
-                wanted.add(key)
-                if key not in live:
-                    secret = set_owner(ssh_key_secret(namespace, secret_name, labels.object_labels_for(name)), owner)
-                    live[key] = await self._create_once(secret)
-                    outcome.created_secrets.append(secret_name)
+            secrets = await self._generated_secrets(resource, plan, owner, status, outcome)
             for obj in objects:
                 desired = stamped(obj, owner)
                 key = key_of(desired)
@@ -171,9 +179,11 @@ class Reconciler:
                     current
                     and controlled_by(current, uid)
                     and annotations.get(INTENT_ANNOTATION) == intent_hash_of(desired)
+                    and not self._edited_since_applied(namespace, key, current)
                 ):
                     continue
                 live[key] = await self.api.apply(desired)
+                self._remember_generation(namespace, key, live[key])
                 outcome.applied.append(f"{desired['kind']}/{desired['metadata']['name']}")
             for key, obj in sorted(live.items()):
                 if key not in wanted and controlled_by(obj, uid):
@@ -185,20 +195,59 @@ class Reconciler:
                 blocked = Blocked("ApplyFailed", f"the API server rejected a child: {exc}")
                 await self._blocked(body, outcome, blocked, plan, logger)
                 raise kopf.TemporaryError(str(exc), delay=300) from exc
-            raise kopf.TemporaryError(str(exc), delay=exc.retry_after or 5) from exc
+            raise retry_later(exc) from exc
 
         if outcome.applied:
-            kopf.info(cast(kopf.Body, body), reason="Applied", message=", ".join(outcome.applied))
+            self.events.info(body, "Applied", ", ".join(outcome.applied))
             logger.info("Applied %s", ", ".join(outcome.applied))
         if outcome.pruned:
-            kopf.info(cast(kopf.Body, body), reason="Pruned", message=", ".join(outcome.pruned))
+            self.events.info(body, "Pruned", ", ".join(outcome.pruned))
             logger.info("Pruned %s", ", ".join(outcome.pruned))
         workload = next(o for o in objects if o["kind"] in (kube.DEPLOYMENT.kind, kube.LEADER_WORKER_SET.kind))
         report = Workload.from_live(workload["spec"]["replicas"], live.get(key_of(workload)))
         metrics.DESIRED_REPLICAS.labels(namespace, name).set(report.desired)
         metrics.READY_REPLICAS.labels(namespace, name).set(report.ready)
-        outcome.status_written = await self._write_status(body, report, None, plan)
+        outcome.status_written = await self._write_status(body, report, None, plan, secrets)
         return outcome
+
+    def _remember_generation(self, namespace: str, key: Key, applied: Mapping[str, Any]) -> None:
+        generation = (applied.get("metadata") or {}).get("generation")
+        if generation is not None:
+            self._applied_generation[(namespace, *key)] = int(generation)
+
+    def _edited_since_applied(self, namespace: str, key: Key, live: Mapping[str, Any]) -> bool:
+        """Someone changed the child's spec after our last apply (its generation moved), though our intent
+        did not change: apply again. Known only for children this process applied; status updates by the
+        child's own controller do not move the generation."""
+        recorded = self._applied_generation.get((namespace, *key))
+        generation = (live.get("metadata") or {}).get("generation")
+        return recorded is not None and generation is not None and int(generation) != recorded
+
+    async def _generated_secrets(
+        self,
+        resource: MiniMaxM3Deployment,
+        plan: Plan,
+        owner: Mapping[str, Any],
+        status: Mapping[str, Any],
+        outcome: Outcome,
+    ) -> list[str]:
+        """Create the Secrets the plan needs (once), delete the ones it no longer needs; by name, never listed.
+        Returns the names now generated, for status.generatedSecrets."""
+        namespace, name, uid = resource.metadata.namespace, resource.metadata.name, owner["metadata"]["uid"]
+        needed = required_secrets(resource, plan)
+        for secret_name in needed:
+            if await self.api.get(kube.SECRET, namespace, secret_name) is None:
+                secret = ssh_key_secret(namespace, secret_name, labels.object_labels_for(name))
+                await self._create_once(set_owner(secret, dict(owner)))
+                outcome.created_secrets.append(secret_name)
+        for secret_name in status.get("generatedSecrets") or []:
+            if secret_name in needed:
+                continue
+            existing = await self.api.get(kube.SECRET, namespace, secret_name)
+            if existing is not None and controlled_by(existing, uid):
+                await self.api.delete(kube.SECRET, namespace, secret_name, existing["metadata"]["uid"])
+                outcome.pruned.append(f"Secret/{secret_name}")
+        return sorted(needed)
 
     async def _served_kinds(self) -> set[str]:
         optional = (kube.LEADER_WORKER_SET, kube.COMPUTE_DOMAIN)
@@ -240,12 +289,17 @@ class Reconciler:
         report = Workload.from_live(desired, workload_obj)
         outcome.status_written = await self._write_status(body, report, blocked, plan)
         if outcome.status_written:
-            kopf.warn(cast(kopf.Body, body), reason=blocked.reason, message=blocked.message)
+            self.events.warn(body, blocked.reason, blocked.message)
             logger.warning("%s: %s", blocked.reason, blocked.message)
         return outcome
 
     async def _write_status(
-        self, body: Mapping[str, Any], workload: Workload, blocked: Blocked | None, plan: Plan | None
+        self,
+        body: Mapping[str, Any],
+        workload: Workload,
+        blocked: Blocked | None,
+        plan: Plan | None,
+        secrets: list[str] | None = None,
     ) -> bool:
         meta = body["metadata"]
         current = dict(body.get("status") or {})
@@ -258,6 +312,8 @@ class Reconciler:
             "readyReplicas": workload.ready,
             "selector": labels.serving_selector_string(meta["name"]),
         }
+        if secrets is not None and (secrets or current.get("generatedSecrets")):
+            new["generatedSecrets"] = secrets  # None (blocked): leave the record as it is
         if all(current.get(k) == v for k, v in new.items()):
             return False
         await self.api.patch_status(meta["namespace"], meta["name"], new)

@@ -1,0 +1,14 @@
+"""The benchmark's code path in CI: a few resources, a short quiet period with resyncs in it."""
+
+from __future__ import annotations
+
+from tests.bench.bench_operator import run_benchmark
+
+
+async def test_benchmark_smoke() -> None:
+    result = await run_benchmark(20, per_namespace=10, quiet=1.0, resync=0.25)
+    print(result.table())
+    assert result.children_per_resource == 2  # the one-node vLLM sample: Deployment + Service
+    assert result.ratio == 1.0  # one apply per child and one status write per resource, nothing more
+    assert result.quiet_reconciles >= result.resources and sum(result.quiet_writes.values()) == 0
+    assert result.rbac_violations == []
