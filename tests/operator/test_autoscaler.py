@@ -186,4 +186,4 @@ async def test_the_running_operator_scales_a_loaded_fleet(cluster: Cluster) -> N
         recorded = cluster.status(name)["autoscaling"]
         assert recorded["action"] == "scale-up" and recorded["desiredReplicas"] == replicas()
         assert cluster.m3d(name)["spec"]["replicas"] == 1
-        assert any(reason == "Scaled" for reason, _ in cluster.events(name))
+        await eventually(lambda: any(reason == "Scaled" for reason, _ in cluster.events(name)))  # a queued post

@@ -362,7 +362,12 @@ async def test_generated_secret_is_deleted_when_no_longer_needed(operator: Clust
     await eventually(lambda: operator.get(SECRETS, secret_name) is None)
     await eventually(lambda: operator.converged(name))
     assert operator.status(name)["generatedSecrets"] == []
-    assert any(reason == "Pruned" and f"Secret/{secret_name}" in message for reason, message in operator.events(name))
+    # kopf posts Events from a queue: wait for it rather than racing it.
+    await eventually(
+        lambda: any(
+            reason == "Pruned" and f"Secret/{secret_name}" in message for reason, message in operator.events(name)
+        )
+    )
 
 
 async def test_a_manual_edit_of_the_workload_is_undone(operator: Cluster) -> None:
