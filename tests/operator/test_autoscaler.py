@@ -122,6 +122,9 @@ async def test_advisory_mode_records_but_does_not_scale(kmock: ApiServerEmulator
     decision = await autoscaler.tick(NS, NAME, LOG)
     assert decision is not None and decision.desired_replicas > 1 and not decision.applied
     assert status_of(kmock)["autoscaling"]["mode"] == "advisory"
+    events = autoscaler.reconciler.events
+    assert isinstance(events, Recorded)
+    assert [r for _, r, _ in events.posted if r != "Applied"] == ["ScaleRecommended"]  # recommended, not scaled
     deployment = kmock.get_object(DEPLOYMENTS, NS, NAME)
     assert deployment is not None and deployment["spec"]["replicas"] == 1
 

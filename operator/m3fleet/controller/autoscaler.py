@@ -168,10 +168,16 @@ class Autoscaler:
             return decision
         metrics.AUTOSCALER_DECISIONS.labels(namespace, name, str(record.get("action", "hold"))).inc()
         await self.api.patch_status(namespace, name, {"autoscaling": {**record, "state": state.to_dict()}})
+        reason = str(record.get("reason", ""))
         if decision.applied:
-            self.reconciler.events.info(body, "Scaled", str(record.get("reason", "")))
-            logger.info("Autoscaler: %s", record.get("reason"))
+            self.reconciler.events.info(body, "Scaled", reason)
+            logger.info("Autoscaler: %s", reason)
             await self.reconciler.reconcile_by_name(namespace, name, logger)
+        elif previous.get("desiredReplicas") != record.get("desiredReplicas"):
+            # Advisory mode (or a change held back): the recommendation changed, say so where people look.
+            self.reconciler.events.info(body, "ScaleRecommended", reason)
+        if decision.unservable_requests and not previous.get("unservableRequests"):
+            self.reconciler.events.warn(body, "UnservableRequests", reason)
         return decision
 
 
