@@ -178,7 +178,7 @@ class Reconciler:
                 if (
                     current
                     and controlled_by(current, uid)
-                    and annotations.get(INTENT_ANNOTATION) == intent_hash_of(desired)
+                    and annotations.get(INTENT_ANNOTATION) == desired["metadata"]["annotations"][INTENT_ANNOTATION]
                     and not self._edited_since_applied(namespace, key, current)
                 ):
                     continue
@@ -238,7 +238,7 @@ class Reconciler:
         for secret_name in needed:
             if await self.api.get(kube.SECRET, namespace, secret_name) is None:
                 secret = ssh_key_secret(namespace, secret_name, labels.object_labels_for(name))
-                await self._create_once(set_owner(secret, dict(owner)))
+                await self._create_if_absent(set_owner(secret, dict(owner)))
                 outcome.created_secrets.append(secret_name)
         for secret_name in status.get("generatedSecrets") or []:
             if secret_name in needed:
@@ -262,16 +262,13 @@ class Reconciler:
         found = await asyncio.gather(*(self.api.list(k, namespace, selector) for k in kinds))
         return {key_of(obj): obj for items in found for obj in items}
 
-    async def _create_once(self, obj: dict[str, Any]) -> dict[str, Any]:
+    async def _create_if_absent(self, obj: dict[str, Any]) -> None:
         """Create a generated object; if it already exists (a lost response, a restart), keep the existing one."""
         try:
-            return await self.api.create(obj)
+            await self.api.create(obj)
         except ApiError as exc:
             if exc.status != 409:
                 raise
-        kind = kube.BY_KIND[(obj["apiVersion"], obj["kind"])]
-        existing = await self.api.get(kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
-        return existing if existing is not None else obj
 
     async def _blocked(
         self, body: Mapping[str, Any], outcome: Outcome, blocked: Blocked, plan: Plan | None, logger: Any
@@ -279,12 +276,11 @@ class Reconciler:
         """Report and stop: children are read (for Available) but never touched."""
         meta = body["metadata"]
         outcome.blocked = blocked.reason
-        live = await self._live_children(meta["namespace"], meta["name"], {kube.DEPLOYMENT.kind})
-        workload_obj = next((o for o in live.values() if o["kind"] == kube.DEPLOYMENT.kind), None)
-        lws_served = await self.api.served(kube.LEADER_WORKER_SET)
-        if workload_obj is None and lws_served:
-            found = await self.api.list(kube.LEADER_WORKER_SET, meta["namespace"], labels.owned_selector(meta["name"]))
-            workload_obj = found[0] if found else None
+        workload_kinds = {kube.DEPLOYMENT.kind}
+        if await self.api.served(kube.LEADER_WORKER_SET):
+            workload_kinds.add(kube.LEADER_WORKER_SET.kind)
+        live = await self._live_children(meta["namespace"], meta["name"], workload_kinds)
+        workload_obj = next(iter(live.values()), None)
         desired = int(((workload_obj or {}).get("spec") or {}).get("replicas") or 0)
         report = Workload.from_live(desired, workload_obj)
         outcome.status_written = await self._write_status(body, report, blocked, plan)
@@ -318,7 +314,3 @@ class Reconciler:
             return False
         await self.api.patch_status(meta["namespace"], meta["name"], new)
         return True
-
-
-def intent_hash_of(child: Mapping[str, Any]) -> str:
-    return str(child["metadata"]["annotations"][INTENT_ANNOTATION])
