@@ -31,13 +31,16 @@ def openapi_schema(crd: dict[str, Any] | None = None) -> dict[str, Any]:
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-def strict_jsonschema(node: Any) -> Any:
-    """OpenAPI v3 structural schema -> JSON Schema that rejects unknown fields."""
+def strict_jsonschema(node: Any, root: bool = True) -> Any:
+    """OpenAPI v3 structural schema -> JSON Schema that rejects unknown fields (except in metadata, whose
+    schema may only restrict name and generateName: the rest of ObjectMeta is implied)."""
     if isinstance(node, list):
-        return [strict_jsonschema(n) for n in node]
+        return [strict_jsonschema(n, False) for n in node]
     if not isinstance(node, dict):
         return node
-    out = {k: strict_jsonschema(v) for k, v in node.items() if not k.startswith("x-kubernetes")}
+    out = {k: strict_jsonschema(v, False) for k, v in node.items() if not k.startswith("x-kubernetes")}
+    if root and "metadata" in out.get("properties", {}):
+        out["properties"]["metadata"] = {**node["properties"]["metadata"], "additionalProperties": True}
     if node.get("nullable"):
         out["type"] = [node["type"], "null"]
         out.pop("nullable")
@@ -73,13 +76,37 @@ class Rule:
     path: tuple[str, ...]  # where `self` is, from the resource root
     rule: str
     message: str
+    field_path: str = ""  # `fieldPath`, relative to `path` (".a.b")
+    reason: str = "FieldValueInvalid"
+
+    @property
+    def field(self) -> str:
+        """The field a failing rule names, as the apiserver reports it: "spec.rollout.maxUnavailable"."""
+        return ".".join((*self.path, *self.field_path.split(".")[1:]))
 
 
 def rules(schema: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[Rule]:
     for entry in schema.get("x-kubernetes-validations", []):
-        yield Rule(path, entry["rule"], entry["message"])
+        yield Rule(
+            path,
+            entry["rule"],
+            entry["message"],
+            entry.get("fieldPath", ""),
+            entry.get("reason", "FieldValueInvalid"),
+        )
     for name, sub in schema.get("properties", {}).items():
         yield from rules(sub, (*path, name))
+
+
+def schema_at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any] | None:
+    """The sub-schema at `path` (property names only), or None when a step is not a declared property
+    (what the apiserver's ValidFieldPath checks for a rule's fieldPath)."""
+    node: dict[str, Any] | None = schema
+    for part in path:
+        node = (node or {}).get("properties", {}).get(part)
+        if node is None:
+            return None
+    return node
 
 
 _ENV = celpy.Environment()
@@ -96,12 +123,22 @@ def evaluate(rule: Rule, resource: dict[str, Any]) -> bool | None:
     return bool(program.evaluate({"self": celpy.json_to_cel(node)}))
 
 
-def admit(resource: dict[str, Any]) -> list[str]:
-    """What the apiserver would say: schema errors and failed CEL messages (empty = admitted)."""
+def _check(resource: dict[str, Any]) -> tuple[list[tuple[str, str]], list[Rule]]:
     schema = openapi_schema()
     defaulted = apply_defaults(schema, resource)
     validator = jsonschema.Draft202012Validator(strict_jsonschema(schema))
-    problems = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(defaulted)]
-    if problems:
-        return problems
-    return [r.message for r in rules(schema) if evaluate(r, defaulted) is False]
+    problems = [(".".join(map(str, e.path)), e.message) for e in validator.iter_errors(defaulted)]
+    if problems:  # simplified: the apiserver skips CEL only after type errors, and reports both otherwise
+        return problems, []
+    return [], [r for r in rules(schema) if evaluate(r, defaulted) is False]
+
+
+def failed_rules(resource: dict[str, Any]) -> list[Rule]:
+    """The CEL rules the resource fails (empty when admitted, or when the schema already rejects it)."""
+    return _check(resource)[1]
+
+
+def admit(resource: dict[str, Any]) -> list[str]:
+    """What the apiserver would say: schema errors and failed CEL messages (empty = admitted)."""
+    schema_problems, failed = _check(resource)
+    return [f"{path}: {message}" for path, message in schema_problems] + [r.message for r in failed]

@@ -78,8 +78,24 @@ def test_plan_table_and_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path)
             ["spec.model", "add it"],
         ),
         (GOOD.replace("metadata: {name: good}", "metadata: {}"), ["metadata.name"]),
+        (GOOD.replace("name: good", "name: Good.v2"), ["metadata.name: 'Good.v2'", "DNS-1035", "fix:"]),
+        (GOOD.replace("name: good", "name: " + "g" * 46), ["metadata.name", "controller-revision-hash", "fix:"]),
+        (GOOD.replace("name: good", "name: good, namespace: 7"), ["metadata.namespace", "string"]),
+        (GOOD + "  rollout: {maxSurge: 0, maxUnavailable: 0}\n", ["spec.rollout.maxUnavailable", "at least 1"]),
     ],
-    ids=["yaml", "kind", "schema", "unknown-field", "infeasible", "missing", "no-name"],
+    ids=[
+        "yaml",
+        "kind",
+        "schema",
+        "unknown-field",
+        "infeasible",
+        "missing",
+        "no-name",
+        "bad-name",
+        "long-name",
+        "bad-namespace",
+        "stuck-rollout",
+    ],
 )
 def test_bad_input_exits_2_with_one_message_and_no_stdout(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, fragments: list[str]

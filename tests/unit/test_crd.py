@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from m3fleet.api.crd import crd_yaml
-from tests.crdtools import CRD_PATH, admit, load_crd, openapi_schema, rules
+from m3fleet.api.models import (
+    MAX_NAME_LENGTH,
+    MAX_REPLICAS,
+    MAX_SURGE,
+    NAME_PATTERN,
+    STATEFULSET_NAME_MAX,
+    name_problem,
+)
+from m3fleet.cli import main
+from tests.crdtools import CRD_PATH, admit, failed_rules, load_crd, openapi_schema, rules, schema_at
 
 
 def test_checked_in_crd_matches_the_models() -> None:
@@ -94,45 +107,158 @@ def test_minimal_resource_is_admitted_thanks_to_defaults() -> None:
     assert admit(MINIMAL) == []
 
 
-CEL_CASES = [
-    ({"model__variant": "mxfp4", "accelerator": "h200"}, "mxfp4"),
-    ({"model__variant": "mxfp4", "accelerator": "gb200"}, "mxfp4"),
-    ({"engine__name": "trtllm", "accelerator": "mi355x"}, "NVIDIA"),
-    ({"engine__name": "trtllm", "accelerator": "gb200", "model__variant": "mxfp8"}, "bf16 only"),
-    ({"parallelism__tensorParallelSize": 3}, "tensorParallelSize"),
-    ({"parallelism__tensorParallelSize": 12}, "tensorParallelSize"),
-    ({"parallelism__dataParallelSize": 6}, "dataParallelSize"),
-    ({"autoscaling__minReplicas": 5, "autoscaling__maxReplicas": 2}, "minReplicas"),
-    ({"model__source": {"pvc": {"claimName": "w"}, "huggingFace": {"cacheClaimName": "c"}}}, "exactly one"),
-    ({"model__source": {}}, "exactly one"),
+def with_name(name: str, **changes: Any) -> dict[str, Any]:
+    doc = with_spec(**changes)
+    doc["metadata"]["name"] = name
+    return doc
+
+
+LONGEST_NAME = "m" + "3" * (MAX_NAME_LENGTH - 1)
+
+# (resource, a fragment of the message, the field the apiserver's rejection names)
+CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
+    (with_spec(model__variant="mxfp4", accelerator="h200"), "mxfp4", "spec.model.variant"),
+    (with_spec(model__variant="mxfp4", accelerator="gb200"), "mxfp4", "spec.model.variant"),
+    (with_spec(engine__name="trtllm", accelerator="mi355x"), "NVIDIA", "spec.engine.name"),
+    (with_spec(engine__name="trtllm", accelerator="gb200", model__variant="mxfp8"), "bf16 only", "spec.model.variant"),
+    (with_spec(parallelism__tensorParallelSize=3), "tensorParallelSize", "spec.parallelism.tensorParallelSize"),
+    (with_spec(parallelism__tensorParallelSize=12), "tensorParallelSize", "spec.parallelism.tensorParallelSize"),
+    (with_spec(parallelism__dataParallelSize=6), "dataParallelSize", "spec.parallelism.dataParallelSize"),
+    (with_spec(autoscaling__minReplicas=5, autoscaling__maxReplicas=2), "minReplicas", "spec.autoscaling.minReplicas"),
+    (
+        with_spec(model__source={"pvc": {"claimName": "w"}, "huggingFace": {"cacheClaimName": "c"}}),
+        "exactly one",
+        "spec.model.source",
+    ),
+    (with_spec(model__source={}), "exactly one", "spec.model.source"),
+    (with_spec(rollout={"maxSurge": 0, "maxUnavailable": 0}), "at least 1", "spec.rollout.maxUnavailable"),
+    (with_spec(rollout={"maxUnavailable": 0}), "at least 1", "spec.rollout.maxUnavailable"),  # maxSurge defaults to 0
+    (with_name(LONGEST_NAME + "x"), f"longer than {MAX_NAME_LENGTH}", "metadata.name"),
+    (with_name("Chat"), "lowercase", "metadata.name"),
+    (with_name("chat.v2"), "no dots", "metadata.name"),
+    (with_name("2chat"), "start with a lowercase letter", "metadata.name"),
+    (with_name("chat-"), "end with a letter or digit", "metadata.name"),
+    (with_name("chat_v2"), "DNS-1035", "metadata.name"),
 ]
+CEL_IDS = [f"{field}:{fragment}" for _, fragment, field in CEL_CASES]
 
 
-@pytest.mark.parametrize(("changes", "expected"), CEL_CASES, ids=[e for _, e in CEL_CASES])
-def test_cel_rule_rejects(changes: dict[str, Any], expected: str) -> None:
-    messages = admit(with_spec(**changes))
-    assert len(messages) == 1 and expected in messages[0], messages
+@pytest.mark.parametrize(("resource", "expected", "field"), CEL_CASES, ids=CEL_IDS)
+def test_cel_rule_rejects_and_names_the_field(resource: dict[str, Any], expected: str, field: str) -> None:
+    failed = failed_rules(resource)
+    assert len(failed) == 1 and expected in failed[0].message, [r.message for r in failed]
+    assert failed[0].field == field  # what `kubectl apply` prints before the message
 
 
 VALID_CASES = [
-    {"model__variant": "mxfp4", "accelerator": "mi355x"},
-    {"engine__name": "trtllm", "accelerator": "gb200"},
-    {"engine__name": "trtllm", "accelerator": "h200", "model__variant": "bf16"},
-    {"parallelism__tensorParallelSize": 16, "parallelism__dataParallelSize": 2},
-    {"autoscaling__minReplicas": 2, "autoscaling__maxReplicas": 2},
-    {"model__source": {"huggingFace": {"cacheClaimName": "c", "tokenSecretRef": {"name": "hf"}}}},
+    with_spec(model__variant="mxfp4", accelerator="mi355x"),
+    with_spec(engine__name="trtllm", accelerator="gb200"),
+    with_spec(engine__name="trtllm", accelerator="h200", model__variant="bf16"),
+    with_spec(parallelism__strategy="dp-ep", parallelism__tensorParallelSize=16, parallelism__dataParallelSize=2),
+    with_spec(autoscaling__minReplicas=2, autoscaling__maxReplicas=2),
+    with_spec(model__source={"huggingFace": {"cacheClaimName": "c", "tokenSecretRef": {"name": "hf"}}}),
+    with_spec(rollout={"maxSurge": 1, "maxUnavailable": 0}),
+    with_spec(rollout={"maxSurge": 0, "maxUnavailable": 1}),
+    with_spec(rollout={"maxSurge": 2}),
+    with_name("a"),
+    with_name("m3-chat-2"),
+    with_name(LONGEST_NAME),
 ]
 
 
-@pytest.mark.parametrize("changes", VALID_CASES)
-def test_cel_rule_admits(changes: dict[str, Any]) -> None:
-    assert admit(with_spec(**changes)) == []
+@pytest.mark.parametrize("resource", VALID_CASES)
+def test_cel_rule_admits(resource: dict[str, Any]) -> None:
+    assert admit(resource) == []
 
 
 def test_every_cel_rule_is_exercised_by_a_rejection() -> None:
     messages = {r.message for r in rules(openapi_schema())}
-    rejected = {m for changes, _ in CEL_CASES for m in admit(with_spec(**changes))}
+    rejected = {r.message for resource, _, _ in CEL_CASES for r in failed_rules(resource)}
     assert messages == rejected
+
+
+def test_every_field_path_names_a_declared_field() -> None:
+    # The apiserver rejects the whole CRD when a rule's fieldPath does not resolve in the schema, or its
+    # reason is not one of these.
+    schema = openapi_schema()
+    for rule in rules(schema):
+        if rule.field_path:
+            assert schema_at(schema, tuple(rule.field.split("."))) is not None, rule
+        assert rule.reason in ("FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate")
+
+
+def test_the_root_declares_only_what_a_structural_schema_may_in_metadata() -> None:
+    # Only metadata.name and metadata.generateName may be restricted; both declared as strings keep the
+    # declared bounds in the CEL type (the apiserver substitutes its own otherwise).
+    metadata = openapi_schema()["properties"]["metadata"]
+    assert metadata["type"] == "object" and set(metadata["properties"]) == {"name", "generateName"}
+    assert all(p["type"] == "string" for p in metadata["properties"].values())
+    assert set(metadata) <= {"type", "properties"}
+
+
+# --- metadata.name: the limit, and the same verdict from the CLI ------------------------------
+
+
+def test_the_name_limit_leaves_room_for_every_statefulset_the_lws_controller_names() -> None:
+    # Worker StatefulSets are <name>-<group index>; groups go up to replicas + maxSurge - 1.
+    largest_group = MAX_REPLICAS + MAX_SURGE - 1
+    assert MAX_NAME_LENGTH + len(f"-{largest_group}") <= STATEFULSET_NAME_MAX == 52
+    assert MAX_NAME_LENGTH + len("-api") <= 63  # the Service, a DNS-1035 label
+    assert openapi_schema()["properties"]["spec"]["properties"]["replicas"]["maximum"] == MAX_REPLICAS
+    autoscaling = openapi_schema()["properties"]["spec"]["properties"]["autoscaling"]["properties"]
+    assert autoscaling["maxReplicas"]["maximum"] == MAX_REPLICAS
+    rollout = openapi_schema()["properties"]["spec"]["properties"]["rollout"]["properties"]
+    assert rollout["maxSurge"]["maximum"] == MAX_SURGE
+
+
+def cli_plan(tmp_path: Path, resource: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    path = tmp_path / "in.yaml"
+    path.write_text(yaml.safe_dump(resource))
+    code = main(["plan", "-f", str(path), "-o", "json"])
+    out, err = capsys.readouterr()
+    assert (code == 0) == bool(out) and "Traceback" not in err
+    return code, err
+
+
+@pytest.mark.parametrize(("resource", "expected", "field"), CEL_CASES, ids=CEL_IDS)
+def test_the_cli_rejects_what_admission_rejects(
+    resource: dict[str, Any], expected: str, field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = cli_plan(tmp_path, resource, capsys)
+    assert code == 2 and err.startswith("error: ")
+
+
+# The checks the model shares with the CRD word the verdict alike: the field, then the same reason and fix.
+SHARED = [case for case in CEL_CASES if case[2] in ("metadata.name", "spec.rollout.maxUnavailable")]
+
+
+@pytest.mark.parametrize(("resource", "expected", "field"), SHARED, ids=[f"{f}:{e}" for _, e, f in SHARED])
+def test_the_cli_says_what_admission_says(
+    resource: dict[str, Any], expected: str, field: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, err = cli_plan(tmp_path, resource, capsys)
+    (rule,) = failed_rules(resource)
+    reason, fix = rule.message.split(" ", 1)[1].split("; fix: ")
+    assert f"{field}: " in err and reason in err and f"fix: {fix}" in err, err
+
+
+@pytest.mark.parametrize("resource", VALID_CASES)
+def test_the_cli_admits_what_admission_admits(
+    resource: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, err = cli_plan(tmp_path, resource, capsys)
+    assert code == 0, err
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.one_of(
+        st.text(alphabet="abz09-.A_", min_size=1, max_size=MAX_NAME_LENGTH + 3),
+        st.from_regex(NAME_PATTERN, fullmatch=True).filter(lambda n: len(n) <= MAX_NAME_LENGTH + 3),
+    )
+)
+def test_the_model_and_the_crd_agree_on_every_name(name: str) -> None:
+    assert (name_problem(name) is None) == (admit(with_name(name)) == [])
 
 
 @pytest.mark.parametrize(

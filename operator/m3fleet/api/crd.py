@@ -9,6 +9,7 @@ fields of their own get `default: {}` so the apiserver fills their nested defaul
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import yaml
@@ -18,6 +19,7 @@ from m3fleet.api.models import (
     GROUP,
     KIND,
     PLURAL,
+    RESOURCE_VALIDATIONS,
     SHORT_NAMES,
     SINGULAR,
     VERSION,
@@ -85,8 +87,19 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         for name, prop in out["properties"].items():
             optional_object = prop.get("type") == "object" and "properties" in prop and not prop.get("required")
             if name not in required and optional_object and "default" not in prop:
-                prop["default"] = {}
+                prop["default"] = _filled_default(prop)
     return out
+
+
+def _filled_default(node: dict[str, Any]) -> dict[str, Any]:
+    """An optional object's default, with its nested defaults filled in. The apiserver checks a default
+    against the schema's CEL rules as written, without defaulting inside it first, so `{}` would fail
+    every rule that reads a nested field ("no such key") and the CRD would not install."""
+    filled: dict[str, Any] = {}
+    for name, prop in (node.get("properties") or {}).items():
+        if "default" in prop:
+            filled[name] = copy.deepcopy(prop["default"])  # no shared objects: YAML would alias them
+    return filled
 
 
 def schema_of(model: type[MiniMaxM3DeploymentSpec] | type[MiniMaxM3DeploymentStatus]) -> dict[str, Any]:
@@ -109,10 +122,20 @@ def openapi_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "m3fleet.dev/v1alpha1."},
             "kind": {"type": "string", "description": "MiniMaxM3Deployment."},
-            "metadata": {"type": "object"},
+            # A structural schema may declare only metadata.name and generateName. Declaring both as strings
+            # lets the root CEL rules point `fieldPath: .metadata.name` at the name, and bounds their cost
+            # (253: the apiserver's own limit for names).
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 253},
+                    "generateName": {"type": "string", "maxLength": 253},
+                },
+            },
             "spec": {**spec, "description": "What to serve and how."},
             "status": {**status, "description": "What the operator observed."},
         },
+        "x-kubernetes-validations": RESOURCE_VALIDATIONS,
     }
 
 

@@ -12,11 +12,13 @@ ever sees them; the planner re-checks everything with a fuller explanation.
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 GROUP = "m3fleet.dev"
 VERSION = "v1alpha1"
@@ -29,14 +31,82 @@ CATEGORIES = ("m3fleet",)
 
 MAX_CONTEXT = 1_048_576
 PARALLEL_SIZES = (0, 1, 2, 4, 8, 16, 32)
+MAX_REPLICAS = 1024  # spec.replicas and autoscaling.maxReplicas
+MAX_SURGE = 64
+
+CelReason = Literal["FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate"]
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Any]:
-    """One `x-kubernetes-validations` entry; `fieldPath` points kubectl's error at the field."""
+def cel(rule: str, message: str, field_path: str | None = None, reason: CelReason | None = None) -> dict[str, Any]:
+    """One `x-kubernetes-validations` entry; `fieldPath` points kubectl's error at the field and
+    `reason` sets its type (the apiserver's default is FieldValueInvalid)."""
     entry: dict[str, Any] = {"rule": rule, "message": message}
     if field_path:
         entry["fieldPath"] = field_path
+    if reason:
+        entry["reason"] = reason
     return entry
+
+
+def invalid(problem: str, fix: str, field: str | None = None) -> PydanticCustomError:
+    """A rejection by one of the model's own rules (the CRD's CEL rules, checked again for the CLI and the
+    operator), carrying its fix; `field` names the camelCase field a model-level rule is about.
+    m3fleet.api.parse turns it into `<field>: <problem>; fix: <fix>`."""
+    ctx = {"problem": problem, "fix": fix, **({"field": field} if field else {})}
+    return PydanticCustomError("m3fleet", "{problem}", ctx)
+
+
+# --- metadata.name -------------------------------------------------------------------------
+#
+# Children are named after the resource: the workload `<name>` (Deployment or LeaderWorkerSet), the
+# Service `<name>-api`, `<name>-engine-config`, `<name>-compute-domain(-channel)`, `<name>-mpi-ssh`, and
+# the label value `<name>`. The LeaderWorkerSet controller then names its headless Service `<name>`
+# (a DNS-1035 label, which its webhook enforces), the leader StatefulSet `<name>`, one worker
+# StatefulSet per group `<name>-<group>` and pods `<name>-<group>-<worker>`. A StatefulSet's pods carry
+# `controller-revision-hash: <statefulset>-<hash of up to 10 characters>`, a label value (<= 63), so a
+# StatefulSet name must fit 52: `<name>-<group>` with groups up to MAX_REPLICAS + MAX_SURGE - 1 (4
+# digits) leaves 47 for the name. 45 keeps 2 characters of margin (groups up to 999,999).
+STATEFULSET_NAME_MAX = 63 - len("-") - 10
+MAX_NAME_LENGTH = 45
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"  # DNS-1035 label: the Services <name> and <name>-api
+NAME_LENGTH_PROBLEM = (
+    f"is longer than {MAX_NAME_LENGTH} characters: the LeaderWorkerSet controller names a StatefulSet "
+    "<name>-<replica index> for each multi-node replica, and its controller-revision-hash label "
+    f"(<statefulset>-<10-character hash>) must fit in 63 characters"
+)
+NAME_LENGTH_FIX = f"use a name of at most {MAX_NAME_LENGTH} characters"
+NAME_FORMAT_PROBLEM = (
+    "must start with a lowercase letter, end with a letter or digit and contain only lowercase letters, "
+    "digits and '-' (no dots): the engine's Service <name>-api and the LeaderWorkerSet's headless "
+    "Service <name> must be DNS-1035 labels"
+)
+NAME_FORMAT_FIX = "rename it, e.g. m3-chat"
+_NAME_RE = re.compile(NAME_PATTERN.removeprefix("^").removesuffix("$"))
+
+
+def name_problem(name: str) -> tuple[str, str] | None:
+    """(problem, fix) when `name` cannot name the children m3fleet and the LWS controller create."""
+    if not _NAME_RE.fullmatch(name):
+        return NAME_FORMAT_PROBLEM, NAME_FORMAT_FIX
+    if len(name) > MAX_NAME_LENGTH:
+        return NAME_LENGTH_PROBLEM, NAME_LENGTH_FIX
+    return None
+
+
+# Rules on the whole resource, at the CRD's root (m3fleet.api.crd builds it), where CEL may read
+# metadata.name; ObjectMeta below checks the same for the CLI and the operator.
+RESOURCE_VALIDATIONS: list[dict[str, Any]] = [
+    cel(
+        f"self.metadata.name.matches('{NAME_PATTERN}')",
+        f"metadata.name {NAME_FORMAT_PROBLEM}; fix: {NAME_FORMAT_FIX}",
+        ".metadata.name",
+    ),
+    cel(
+        f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        f"metadata.name {NAME_LENGTH_PROBLEM}; fix: {NAME_LENGTH_FIX}",
+        ".metadata.name",
+    ),
+]
 
 
 class CamelModel(BaseModel):
@@ -141,6 +211,13 @@ class ModelSource(CamelModel):
         default=None, description="Download the checkpoint from Hugging Face into a cache claim."
     )
 
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        if (self.pvc is None) == (self.hugging_face is None):
+            has = "has both pvc and huggingFace" if self.pvc else "has neither pvc nor huggingFace"
+            raise invalid(has, "set exactly one of spec.model.source.pvc or spec.model.source.huggingFace")
+        return self
+
 
 class ModelSpec(CamelModel):
     variant: Variant = Field(default=Variant.BF16, description="Checkpoint precision: bf16, mxfp8 or mxfp4.")
@@ -243,6 +320,16 @@ class ParallelismSpec(CamelModel):
         default=0, ge=0, le=32, description="DP size (dp-ep only); 0 lets the planner decide."
     )
 
+    @field_validator("tensor_parallel_size", "data_parallel_size")
+    @classmethod
+    def _a_published_size(cls, value: int) -> int:
+        if value not in PARALLEL_SIZES:
+            raise invalid(
+                "must be one of 0 (planner decides), 1, 2, 4, 8, 16, 32",
+                "use one of those, or 0 to let the planner decide",
+            )
+        return value
+
 
 class ContextSpec(CamelModel):
     max_model_len: int = Field(
@@ -261,16 +348,44 @@ class ContextSpec(CamelModel):
     )
 
 
+ROLLOUT_STUCK_PROBLEM = (
+    "must be at least 1 when rollout.maxSurge is 0: otherwise a rollout can neither add a replica nor take "
+    "one down (the apiserver rejects such a Deployment or LeaderWorkerSet)"
+)
+ROLLOUT_STUCK_FIX = "set maxUnavailable to 1 (replace replicas in place) or maxSurge to 1 (needs a spare GPU node)"
+
+
 class RolloutSpec(CamelModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.maxSurge > 0 || self.maxUnavailable > 0",
+                    f"rollout.maxUnavailable {ROLLOUT_STUCK_PROBLEM}; fix: {ROLLOUT_STUCK_FIX}",
+                    ".maxUnavailable",
+                )
+            ]
+        }
+    )
     max_surge: int = Field(
         default=0,
         ge=0,
-        le=64,
+        le=MAX_SURGE,
         description="Extra replicas during a rollout; 0 needs no spare GPU nodes (a replica is replaced in place).",
     )
     max_unavailable: int = Field(
-        default=1, ge=0, le=64, description="Replicas that may be unavailable during a rollout."
+        default=1,
+        ge=0,
+        le=64,
+        description="Replicas that may be unavailable during a rollout; at least 1 when maxSurge is 0.",
     )
+
+    @field_validator("max_unavailable")
+    @classmethod
+    def _rollout_can_progress(cls, value: int, info: ValidationInfo) -> int:
+        if value == 0 and info.data.get("max_surge") == 0:
+            raise invalid(ROLLOUT_STUCK_PROBLEM, ROLLOUT_STUCK_FIX)
+        return value
 
 
 # --- autoscaling -----------------------------------------------------------------------------
@@ -333,8 +448,8 @@ class AutoscalingSpec(CamelModel):
     mode: AutoscalingMode = Field(
         default=AutoscalingMode.ACT, description="act (apply decisions) or advisory (decide and report only)."
     )
-    min_replicas: int = Field(default=1, ge=0, le=1024, description="Fewest replicas.")
-    max_replicas: int = Field(default=4, ge=1, le=1024, description="Most replicas.")
+    min_replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS, description="Fewest replicas.")
+    max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS, description="Most replicas.")
     interval_seconds: int = Field(default=15, ge=5, le=3600, description="Seconds between decisions.")
     prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="Where engine metrics are read.")
     target: AutoscalingTarget = Field(default_factory=AutoscalingTarget, description="Utilisation targets.")
@@ -357,11 +472,22 @@ class AutoscalingSpec(CamelModel):
         description="Expected pod-create-to-ready time; measured values take over.",
     )
 
+    @model_validator(mode="after")
+    def _min_within_max(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise invalid(
+                f"{self.min_replicas} exceeds autoscaling.maxReplicas {self.max_replicas}",
+                "lower minReplicas or raise maxReplicas",
+                "minReplicas",
+            )
+        return self
+
 
 # --- the resource ----------------------------------------------------------------------------
 
 
 class MiniMaxM3DeploymentSpec(CamelModel):
+    # Combinations the engines do not serve: Forbidden (kubectl prints "spec.<field>: Forbidden: <message>").
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -369,16 +495,19 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                     "self.model.variant != 'mxfp4' || self.accelerator == 'mi355x'",
                     "model.variant mxfp4 (amd/MiniMax-M3-MXFP4) runs only on accelerator mi355x",
                     ".model.variant",
+                    "FieldValueForbidden",
                 ),
                 cel(
                     "self.engine.name != 'trtllm' || self.accelerator in ['h200', 'gb200']",
                     "engine trtllm runs only on NVIDIA accelerators (h200, gb200)",
                     ".engine.name",
+                    "FieldValueForbidden",
                 ),
                 cel(
                     "self.engine.name != 'trtllm' || self.model.variant == 'bf16'",
                     "the pinned TensorRT-LLM release serves MiniMax-M3 in bf16 only",
                     ".model.variant",
+                    "FieldValueForbidden",
                 ),
             ]
         }
@@ -392,7 +521,7 @@ class MiniMaxM3DeploymentSpec(CamelModel):
     )
     context: ContextSpec = Field(default_factory=ContextSpec, description="Context length and KV cache.")
     replicas: int = Field(
-        default=1, ge=0, le=1024, description="Engine replicas (each may span nodes); the scale subresource."
+        default=1, ge=0, le=MAX_REPLICAS, description="Engine replicas (each may span nodes); the scale subresource."
     )
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="How replicas are replaced on change.")
     autoscaling: AutoscalingSpec = Field(
@@ -472,8 +601,16 @@ class ObjectMeta(BaseModel):
     """The part of metadata m3fleet reads; everything else is kept as given."""
 
     model_config = ConfigDict(extra="allow")
-    name: str = Field(default="", description="Name.")
+    name: str = Field(default="", description="Name; children are named after it (see name_problem).")
     namespace: str = Field(default="default", description="Namespace.")
+
+    @field_validator("name")
+    @classmethod
+    def _name_fits_the_children(cls, value: str) -> str:
+        problem = name_problem(value) if value else None  # "" is unset: parse_resource says it is missing
+        if problem:
+            raise invalid(*problem)
+        return value
 
 
 class MiniMaxM3Deployment(CamelModel):

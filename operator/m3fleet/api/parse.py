@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from m3fleet.api.models import API_VERSION, KIND, MiniMaxM3Deployment, MiniMaxM3DeploymentSpec
+from m3fleet.api.models import API_VERSION, KIND, MiniMaxM3Deployment, MiniMaxM3DeploymentSpec, ObjectMeta
 from m3fleet.errors import SpecError, SpecErrors
 
 
@@ -24,6 +24,8 @@ def _path(prefix: str, loc: tuple[int | str, ...]) -> str:
 def _fix_for(error: Mapping[str, Any]) -> str:
     kind = error["type"]
     ctx = error.get("ctx") or {}
+    if "fix" in ctx:  # the model's own rules (m3fleet.api.models.invalid) carry their fix
+        return str(ctx["fix"])
     if kind == "extra_forbidden":
         return "remove it or correct its spelling (kubectl explain minimaxm3deployment.spec lists the fields)"
     if kind == "missing":
@@ -46,10 +48,12 @@ def _fix_for(error: Mapping[str, Any]) -> str:
 def spec_errors(exc: ValidationError, prefix: str) -> SpecErrors:
     errors = []
     for err in exc.errors(include_url=False):
-        field = _path(prefix, tuple(err["loc"]))
+        named = (err.get("ctx") or {}).get("field")  # a model-level rule about one of the model's fields
+        field = _path(prefix, (*err["loc"], *([named] if named else [])))
         value = err.get("input")
         shown = "" if err["type"] == "missing" or isinstance(value, dict | list) else f"{value!r} "
-        errors.append(SpecError(field, f"{shown}{err['msg'][0].lower()}{err['msg'][1:]}", _fix_for(err)))
+        message = err["msg"] if err["type"] == "m3fleet" else f"{err['msg'][0].lower()}{err['msg'][1:]}"
+        errors.append(SpecError(field, f"{shown}{message}", _fix_for(err)))
     return SpecErrors(errors)
 
 
@@ -78,15 +82,29 @@ def parse_resource(doc: Any) -> MiniMaxM3Deployment:
                 )
             ]
         )
-    spec = parse_spec(doc.get("spec"))
+    errors: list[SpecError] = []
+    try:
+        spec = parse_spec(doc.get("spec"))
+    except SpecErrors as exc:
+        errors.extend(exc.errors)
     meta = doc.get("metadata") or {}
     if not isinstance(meta, Mapping) or not meta.get("name"):
-        raise SpecErrors([SpecError("metadata.name", "is missing", "give the resource a name")])
-    return MiniMaxM3Deployment.model_validate(
-        {
-            "apiVersion": api_version,
-            "kind": kind,
-            "metadata": dict(meta),
-            "spec": spec.model_dump(by_alias=True),
-        }
-    )
+        errors.append(SpecError("metadata.name", "is missing", "give the resource a name"))
+    else:
+        try:
+            ObjectMeta.model_validate(dict(meta))
+        except ValidationError as exc:
+            errors.extend(spec_errors(exc, "metadata").errors)
+    if errors:
+        raise SpecErrors(errors)
+    try:
+        return MiniMaxM3Deployment.model_validate(
+            {
+                "apiVersion": api_version,
+                "kind": kind,
+                "metadata": dict(meta),
+                "spec": spec.model_dump(by_alias=True),
+            }
+        )
+    except ValidationError as exc:
+        raise spec_errors(exc, "") from None
