@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build (or reuse) the two offline venvs the engine-parser test tier (tests/engine_parsers/) runs
-# vLLM's and SGLang's own argument parsers in. Recipe and reasoning: shared/docs/engine-argparse.md §1.
+# vLLM's and SGLang's own argument parsers in. Recipe and reasoning: shared/docs/engine-argparse.md §1,
+# except torch, which now comes from PyPI with its CUDA libraries (see below; the doc's CPU wheel is gone).
+# Cold: 5.5 GB per venv, about 4 GB of downloads, 3 min (idle 2 cores) to 6 min (busy) for both.
 #
 # Output contract (stdout carries ONLY these two lines; every log line goes to stderr):
 #   VLLM_PY=/abs/path/to/vllm-venv/bin/python
@@ -21,36 +23,52 @@ pinned() { "$PY" -c 'import runpy, sys; print(runpy.run_path("operator/m3fleet/c
 VLLM_VERSION=$(pinned VLLM_VERSION)
 SGLANG_VERSION=$(pinned SGLANG_VERSION)
 PYVER=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-# The +cpu local wheel comes from pip's find-links (/opt/wheels). PyPI only has the CUDA build, which
-# would not import without the nvidia-* wheels, so fail loudly instead of falling back to it.
-TORCH='torch==2.13.0+cpu'
+# Everything comes from PyPI: a find-links directory (a machine's local wheels) could hand pip a different
+# build of the same version, e.g. torch 2.14.0+cpu for torch==2.14.0, behind the content hash's back.
+unset PIP_FIND_LINKS
 
-# --no-deps on the engines: their Requires-Dist pulls CUDA torch, flashinfer, etc. The second lists are
-# what the parse path really imports (found by iterating on ModuleNotFoundError, per the doc).
-VLLM_NODEPS=("$TORCH" "vllm==$VLLM_VERSION" xgrammar==0.2.8 apache-tvm-ffi==0.1.11)
-VLLM_DEPS=(filelock typing-extensions 'setuptools>=77.0.3,<81' sympy networkx jinja2 fsspec
+# torch: the exact version each engine's wheel pins (Requires-Dist; the smoke import checks it). PyPI's
+# Linux torch is the CUDA build. It runs on a CPU, but `import torch` loads libtorch_cuda.so, which links
+# cuBLAS, cuDNN, NCCL & co.: torch alone (--no-deps) fails with "libcublasLt.so.*[0-9] not found". So the
+# CUDA library wheels torch pins are installed too (3 GB per venv), minus what importing torch does not
+# load: cuSOLVER (libtorch_cuda_linalg.so, loaded on first use), NVTX (optional), cuda-bindings, triton.
+VLLM_TORCH=2.14.0  # vllm 0.33.0
+SGL_TORCH=2.14.1   # sglang 0.5.23
+# From torch 2.14.x's Requires-Dist (the same for both): cuda-toolkit[...]==13.0.3, nvidia-*-cu13.
+TORCH_CUDA=('cuda-toolkit[cudart,cupti,cublas,nvrtc,cufft,curand,cusparse,nvjitlink,cufile]==13.0.3'
+  nvidia-cudnn-cu13==9.24.0.43 nvidia-cusparselt-cu13==0.8.1 nvidia-nccl-cu13==2.30.7 nvidia-nvshmem-cu13==3.4.5)
+# The smoke import also fails loudly when a version bump in versions.py leaves the torch pin behind.
+torch_pin_check() {  # ENGINE VARIABLE
+  printf '%s' "import importlib.metadata as md; t = 'torch==' + md.version('torch'); pins = [r.split(';')[0].replace(' ', '') for r in md.requires('$1')]; assert t in pins, f'$1 pins {[p for p in pins if p.startswith(\"torch\")]}, not {t}: update $2 in .ci/engine-envs.sh'"
+}
+
+# --no-deps on the engines: their Requires-Dist pulls flashinfer, the CUDA extensions, etc. The second
+# lists are what the parse path really imports (found by iterating on ModuleNotFoundError, per the doc).
+VLLM_NODEPS=("torch==$VLLM_TORCH" "vllm==$VLLM_VERSION" xgrammar==0.2.8 apache-tvm-ffi==0.1.11)
+VLLM_DEPS=("${TORCH_CUDA[@]}" filelock typing-extensions 'setuptools>=77.0.3,<81' sympy networkx jinja2 fsspec
   packaging regex cachetools psutil numpy 'requests>=2.33.0' tqdm 'pydantic>=2.12.0' pyyaml msgspec
   'pyzmq>=25.0.0' cloudpickle cbor2 'transformers>=5.16.1,<5.21.0' 'aiohttp>=3.14.4' 'oss-harmony>=0.0.11'
   'openai>=2.25.0' 'pillow>=13.0.0' pybase64 uvloop py-cpuinfo 'fastapi>=0.133.0,<0.137.0' 'starlette>=1.0.1'
   'prometheus_client>=0.18.0' partial-json-parser 'llguidance>=1.7.0,<1.8.0' uvicorn watchfiles 'orjson>=3.11.6')
-VLLM_SMOKE='import torch, vllm, vllm.entrypoints.cli.main'
-# triton only here: sglang/srt/utils/common.py imports it at top level; vLLM's parse path does not.
-SGL_NODEPS=("$TORCH" "sglang==$SGLANG_VERSION" triton==3.9.0)
-SGL_DEPS=(filelock typing-extensions 'setuptools>=77.0.3' sympy networkx jinja2 fsspec
+VLLM_SMOKE="import torch, vllm, vllm.entrypoints.cli.main; $(torch_pin_check vllm VLLM_TORCH)"
+# triton only here (the version torch pins): sglang/srt/utils/common.py imports it at top level; vLLM's
+# parse path does not.
+SGL_NODEPS=("torch==$SGL_TORCH" "sglang==$SGLANG_VERSION" triton==3.8.0)
+SGL_DEPS=("${TORCH_CUDA[@]}" filelock typing-extensions 'setuptools>=77.0.3' sympy networkx jinja2 fsspec
   numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic 'pyzmq>=25.1.2' tqdm IPython aiohttp)
-SGL_SMOKE='import torch, triton, sglang'
+SGL_SMOKE="import torch, triton, sglang; $(torch_pin_check sglang SGL_TORCH)"
 
 mkdir -p "$ROOT"
 exec 9>"$ROOT/.lock" && flock 9   # two concurrent runs must not build the same env twice
 # A SIGKILLed build cannot run its EXIT trap; sweep its leftovers (we hold the lock, nobody else builds).
 find "$ROOT" -maxdepth 1 -name '.build-*' -exec rm -rf {} +
 
-# pip install into a venv, minus the noise it prints on every run here: the dependency-conflict report (the
-# engines' own Requires-Dist is deliberately not installed) and the local extra-index's misses.
+# pip install into a venv, minus the noise it prints on every run: the dependency-conflict report (the
+# engines' own Requires-Dist is deliberately not installed).
 pip_install() {  # PYTHON ARGS...
   # Always "python -m pip": console-script shebangs hold the temp path and break after the rename.
   "$1" -m pip install --progress-bar off -q "${@:2}" 2>&1 |
-    { grep -vE "^WARNING: Location '.*' is ignored|^ERROR: pip's dependency resolver| which is (not installed|incompatible)\.$" || true; }
+    { grep -vE "^ERROR: pip's dependency resolver| which is (not installed|incompatible)\.$" || true; }
 }
 
 # build_env NAME SMOKE -- NODEPS... -- DEPS...   -> sets BUILT_PY to the env's python

@@ -17,7 +17,7 @@ from typing import Any
 CHECKER = Path(__file__).with_name("checker.py")
 VERSIONS = Path(__file__).resolve().parents[2] / "operator" / "m3fleet" / "catalog" / "versions.py"
 ENGINES = ("vllm", "sglang")
-BUILD_HINT = "build them with `bash .ci/engine-envs.sh` (about 2.5 min cold, seconds when cached)"
+BUILD_HINT = "build them with `bash .ci/engine-envs.sh` (3-6 min and 11 GB cold, seconds when cached)"
 # Importing vLLM takes 7-30 s (cold disk cache); each item a few ms. Generous, for a loaded CI box.
 TIMEOUT_S = 600.0
 
