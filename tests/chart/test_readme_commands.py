@@ -136,6 +136,7 @@ PLAN_STDIN = "m3fleet plan -f - <<'EOF'"
 RENDER_STDIN = "m3fleet render -f - <<'EOF'"
 RUN_LOCAL = "m3fleet run -n llm --standalone"
 GENERATE_CHECK = "python3 charts/generate.py --check"
+PORT_FORWARD = "kubectl -n llm port-forward service/m3-vllm-h200-tp8-api 8000:8000"
 
 EXERCISED = {
     INSTALL,
@@ -164,6 +165,8 @@ NEEDS_CLUSTER = {
     "kubectl get m3d -n llm -o wide",
     "kubectl describe m3d -n llm m3-vllm-h200-tp8",
     "kubectl wait m3d/m3-vllm-h200-tp8 -n llm --for=condition=Ready --timeout=90m",
+    PORT_FORWARD,
+    "curl -s localhost:8000/v1/models",
 }
 
 
@@ -241,6 +244,11 @@ def test_plan_and_render_a_sample() -> None:
     assert (code, err) == (0, "")
     kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
     assert {"Deployment", "Service"} <= kinds
+    # The port-forward line (it needs a cluster) names the Service and port that render prints.
+    (service,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "Service"]
+    port = service["spec"]["ports"][0]["port"]
+    expected = f"kubectl -n {service['metadata']['namespace']} port-forward service/{service['metadata']['name']} "
+    assert f"{expected}{port}:{port}" == PORT_FORWARD
 
 
 def test_amd_sample_shows_its_capabilities_and_env() -> None:

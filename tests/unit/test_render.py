@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from m3fleet.api import parse_resource
-from m3fleet.api.models import MiniMaxM3Deployment
+from m3fleet.api.models import MAX_NAME_LENGTH, MAX_REPLICAS, MAX_SURGE, MiniMaxM3Deployment
 from m3fleet.catalog import ENGINES
 from m3fleet.cli import dump
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
-from m3fleet.render import render, set_owner
+from m3fleet.render import render, required_secrets, service_name, set_owner
 from tests.conftest import ROOT, SAMPLE_FILES, load_sample
 
 GOLDEN_DIR = ROOT / "tests" / "golden"
@@ -135,6 +136,67 @@ def test_set_owner_is_the_only_way_owner_references_appear() -> None:
         "blockOwnerDeletion": True,
     }
     assert "ownerReferences" not in objs[0]["metadata"]  # the hook copies
+
+
+# --- child names --------------------------------------------------------------------------
+
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+@pytest.mark.parametrize("path", SAMPLE_FILES, ids=[p.stem for p in SAMPLE_FILES])
+def test_the_service_is_name_api_and_leaves_name_to_the_lws_controller(path: Path) -> None:
+    doc = load_sample(path)
+    name = doc["metadata"]["name"]
+    objs = rendered(doc)
+    (service,) = [o for o in objs if o["kind"] == "Service"]
+    (workload,) = [o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet")]
+    assert service["metadata"]["name"] == service_name(name) == f"{name}-api"
+    assert workload["metadata"]["name"] == name
+    # The LeaderWorkerSet controller creates its own headless Service <name> (LWS_LEADER_ADDRESS
+    # resolves through it): no child of ours may take that name.
+    assert not [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == name]
+
+
+def _label_values(obj: dict[str, Any]) -> list[str]:
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("labels", "matchLabels", "selector") and isinstance(value, dict):
+                    found.extend(v for v in value.values() if isinstance(v, str))
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(obj)
+    return found
+
+
+@pytest.mark.parametrize("path", SAMPLE_FILES, ids=[p.stem for p in SAMPLE_FILES])
+def test_the_longest_accepted_name_makes_valid_children(path: Path) -> None:
+    doc = load_sample(path)
+    name = doc["metadata"]["name"] = "m" + "3" * (MAX_NAME_LENGTH - 1)
+    resource = parse_resource(doc)
+    objs = render(resource, plan(resource.spec))
+    for obj in objs:
+        child = obj["metadata"]["name"]
+        assert len(child) <= 253 and DNS1123_SUBDOMAIN.fullmatch(child), child
+        if obj["kind"] in ("Service", "LeaderWorkerSet"):  # both become DNS-1035 Service names
+            assert len(child) <= 63 and DNS1035_LABEL.fullmatch(child), child
+        assert all(len(v) <= 63 for v in _label_values(obj)), obj["kind"]
+        validate_object(obj)
+    for secret in required_secrets(resource, plan(resource.spec)):
+        assert len(secret) <= 253 and DNS1123_SUBDOMAIN.fullmatch(secret)
+    for lws in (o for o in objs if o["kind"] == "LeaderWorkerSet"):
+        # What the LWS controller derives: a worker StatefulSet per group, <name>-<group> (groups up to
+        # replicas + maxSurge - 1), whose pods carry controller-revision-hash <statefulset>-<10 chars>,
+        # and pods <statefulset>-<worker>, whose names are also their hostnames.
+        statefulset = f"{name}-{MAX_REPLICAS + MAX_SURGE - 1}"
+        assert len(f"{statefulset}-0123456789") <= 63
+        assert len(f"{statefulset}-{lws['spec']['leaderWorkerTemplate']['size'] - 1}") <= 63
 
 
 # --- a small model of each engine's flags ---------------------------------------------------

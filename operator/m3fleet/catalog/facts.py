@@ -149,7 +149,10 @@ class AcceleratorFacts:
     gpus_per_node: int
     arch: Literal["amd64", "arm64"]
     resource_name: str
-    node_labels: dict[str, str]
+    # Node labels the pool's nodes carry, each with every value known to appear for this product (the
+    # device plugins' spellings differ by version); one value renders a nodeSelector, several a node
+    # affinity `In` term.
+    node_labels: dict[str, tuple[str, ...]]
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -161,10 +164,11 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         gpus_per_node=8,
         arch="amd64",
         resource_name="nvidia.com/gpu",
-        node_labels={"nvidia.com/gpu.product": "NVIDIA-H200"},
+        node_labels={"nvidia.com/gpu.product": ("NVIDIA-H200",)},
         sources={
             "memory_gib": "aiwiki H200 (141 GB); reported MiB UNVERIFIED",
-            "node_labels": "GFD; the H200 product string is UNVERIFIED — override with nodePool.nodeSelector",
+            "node_labels": "NVIDIA GPU feature discovery: gpu.product is the nvidia-smi product name with spaces "
+            "as dashes ('NVIDIA H200' -> NVIDIA-H200); override with nodePool.nodeSelector",
         },
     ),
     Accelerator.GB200: AcceleratorFacts(
@@ -174,8 +178,9 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         gpus_per_node=4,
         arch="arm64",
         resource_name="nvidia.com/gpu",
-        node_labels={"nvidia.com/gpu.product": "NVIDIA-GB200", "kubernetes.io/arch": "arm64"},
+        node_labels={"nvidia.com/gpu.product": ("NVIDIA-GB200",), "kubernetes.io/arch": ("arm64",)},
         sources={
+            "node_labels": "NVIDIA GPU feature discovery ('NVIDIA GB200' -> NVIDIA-GB200); Grace trays are arm64",
             "memory_gib": "aiwiki GB200 NVL72 (186 GB); reported MiB UNVERIFIED",
             "gpus_per_node": "TRT-GUIDE",
         },
@@ -187,10 +192,16 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         gpus_per_node=8,
         arch="amd64",
         resource_name="amd.com/gpu",
-        node_labels={"amd.com/gpu.product-name": "AMD_Instinct_MI355X"},
+        # The AMD node labeller publishes the marketing name with underscores; live MI355X nodes show the
+        # OAM form AMD_Instinct_MI355_OAM, and AMD_Instinct_MI355X(_OAM) appear for other firmware/labeller
+        # versions (MI300X nodes likewise show AMD_Instinct_MI300X_OAM).
+        node_labels={
+            "amd.com/gpu.product-name": ("AMD_Instinct_MI355_OAM", "AMD_Instinct_MI355X", "AMD_Instinct_MI355X_OAM")
+        },
         sources={
             "memory_gib": "rocm.docs.amd.com gpu-specs (288 GB); reported value UNVERIFIED",
-            "node_labels": "AMD-DP; the MI355X product string is UNVERIFIED — override with nodePool.nodeSelector",
+            "node_labels": "AMD-DP (ROCm/k8s-device-plugin docs/advanced/node-labelling.md) and live MI355X nodes; "
+            "override with nodePool.nodeSelector",
         },
     ),
 }

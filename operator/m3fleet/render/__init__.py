@@ -3,6 +3,10 @@
 Order: ConfigMap (engine config), ComputeDomain (GB200 multi-node), the workload (a Deployment
 when a replica fits one node, a LeaderWorkerSet group per replica when it spans nodes), Service.
 Owner references are not set here: the controller adds them with `set_owner` (the one hook).
+
+Names: the workload is `<name>`, the Service `<name>-api` (never `<name>`: the LeaderWorkerSet
+controller creates its own headless Service `<name>`, which LWS_LEADER_ADDRESS resolves through), the
+rest `<name>-<suffix>`. `m3fleet.api.models.name_problem` keeps every one of them valid.
 """
 
 from __future__ import annotations
@@ -19,6 +23,12 @@ from m3fleet.render.pod import pod_template
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
 PROGRESS_DEADLINE_SECONDS = 2 * 60 * 60  # a rollout includes pulling a large image and loading 427B weights
+SERVICE_SUFFIX = "api"
+
+
+def service_name(resource_name: str) -> str:
+    """The engine's ClusterIP Service: `<name>-api` (the LeaderWorkerSet controller owns `<name>`)."""
+    return f"{resource_name}-{SERVICE_SUFFIX}"
 
 
 def context_for(resource: MiniMaxM3Deployment, plan: Plan) -> Context:
@@ -103,7 +113,7 @@ def _service(ctx: Context) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(ctx, ctx.name),
+        "metadata": _meta(ctx, service_name(ctx.name)),
         "spec": {
             "type": "ClusterIP",
             "selector": labels.serving_selector(ctx.name),
@@ -152,4 +162,4 @@ def set_owner(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
     return child
 
 
-__all__ = ["context_for", "labels", "render", "required_secrets", "set_owner"]
+__all__ = ["context_for", "labels", "render", "required_secrets", "service_name", "set_owner"]

@@ -112,12 +112,26 @@ def _resources(ctx: Context) -> dict[str, Any]:
 
 
 def _placement(ctx: Context) -> dict[str, Any]:
-    selector = dict(ctx.accelerator.node_labels)
+    """The pool's labels: one known value as a nodeSelector, several (spellings differ between device
+    plugin versions) as a required node affinity `In` term. A key the user selects on is theirs alone."""
+    user = ctx.spec.node_pool.node_selector
+    selector = {k: v[0] for k, v in ctx.accelerator.node_labels.items() if len(v) == 1 and k not in user}
     selector["kubernetes.io/arch"] = ctx.accelerator.arch
-    selector.update(ctx.spec.node_pool.node_selector)  # the user's labels win (the catalog's may be wrong)
+    selector.update(user)  # the user's labels win (the catalog's may be wrong)
+    choices = [
+        {"key": k, "operator": "In", "values": list(v)}
+        for k, v in sorted(ctx.accelerator.node_labels.items())
+        if len(v) > 1 and k not in user
+    ]
     gpu_taint = {"key": ctx.accelerator.resource_name, "operator": "Exists", "effect": "NoSchedule"}
     tolerations = [gpu_taint, *ctx.spec.node_pool.tolerations]
-    return {"nodeSelector": dict(sorted(selector.items())), "tolerations": tolerations}
+    placement: dict[str, Any] = {"nodeSelector": dict(sorted(selector.items())), "tolerations": tolerations}
+    if choices:
+        terms = [{"matchExpressions": choices}]
+        placement["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
+    return placement
 
 
 def pod_template(
