@@ -22,7 +22,7 @@ from m3fleet.cli import dump
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
 from m3fleet.render import render, required_secrets, service_name, set_owner
-from tests.conftest import ROOT, SAMPLE_FILES, load_sample
+from tests.conftest import ROOT, SAMPLE_FILES, SAMPLES_DIR, load_sample
 
 GOLDEN_DIR = ROOT / "tests" / "golden"
 K8S_VERSION = "1.33"
@@ -428,3 +428,33 @@ def test_harmless_extra_args_and_user_env_pass_through() -> None:
 def test_render_is_deterministic() -> None:
     doc = load_sample(SAMPLE_FILES[0])
     assert dump(rendered(doc), "yaml") == dump(rendered(doc), "yaml")
+
+
+def _engine_pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    workload = next(o for o in rendered(doc) if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+    template = workload["spec"].get("template") or workload["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    spec: dict[str, Any] = template["spec"]
+    return spec
+
+
+def test_mi355x_pods_accept_every_known_product_label_spelling() -> None:
+    spec = _engine_pod_spec(load_sample(SAMPLES_DIR / "vllm-mi355x-bf16-tp8.yaml"))
+    assert "amd.com/gpu.product-name" not in spec["nodeSelector"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    [expression] = terms[0]["matchExpressions"]
+    assert expression["key"] == "amd.com/gpu.product-name" and expression["operator"] == "In"
+    assert "AMD_Instinct_MI355_OAM" in expression["values"]  # what live MI355X nodes carry
+
+
+def test_a_label_the_user_selects_on_replaces_the_catalogs_choice() -> None:
+    doc = load_sample(SAMPLES_DIR / "vllm-mi355x-bf16-tp8.yaml")
+    doc["spec"]["nodePool"] = {"nodeSelector": {"amd.com/gpu.product-name": "My_MI355X"}}
+    spec = _engine_pod_spec(doc)
+    assert spec["nodeSelector"]["amd.com/gpu.product-name"] == "My_MI355X"
+    assert "affinity" not in spec
+
+
+def test_single_valued_pool_labels_stay_a_node_selector() -> None:
+    spec = _engine_pod_spec(load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml"))
+    assert spec["nodeSelector"] == {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert "affinity" not in spec
