@@ -115,15 +115,16 @@ def test_report_shape_and_determinism() -> None:
     for p in report["policies"].values():
         assert {"sloAttainment", "gpuHours", "preemptions", "rejected", "scaleEvents"} <= set(p)
         assert 0.0 <= p["sloAttainment"] <= 1.0
-    assert report["plan"]["kvCacheTokensPerReplica"] == 511_616
+    assert report["plan"]["kvCacheTokensPerReplica"] == 542_464
     assert json.dumps(report) == json.dumps(bench.benchmark(bench.prepare("steady-chat", seed=5, minutes=5)))
 
 
 def test_long_context_burst_default_resource_serves_one_million_tokens() -> None:
     setup = bench.prepare("long-context-burst")
-    assert setup.plan.max_model_len == 1_048_576 and setup.plan.tensor_parallel_size == 16
+    assert setup.plan.max_model_len == 1_048_576 and setup.plan.variant == "mxfp8"
+    assert setup.plan.kv_cache_tokens_per_replica >= 1_048_576 and setup.plan.rope_scaling_factor == 1.0
     assert max(r.prompt + r.output for r in setup.requests) <= setup.plan.max_model_len
-    assert "maxModelLen 1048576" in setup.resource_note
+    assert "maxModelLen 1048576" in setup.resource_note and "variant mxfp8" in setup.resource_note
 
 
 def test_a_smaller_resource_rejects_the_long_prompts() -> None:
@@ -142,8 +143,9 @@ def test_headline_long_context_burst() -> None:
 
     What holds on every one of them: ahead of request-count's default and of its swept frontier at our
     GPU-hours, cheaper than that frontier at our attainment, within 1.25x the oracle's GPU-hours. The
-    aim's GPU-hours alternative (>= 20% saved and <= 1.25x the oracle) is met on seeds 1 and 2 (and on 6
-    of seeds 1-10), not on seed 3, where request-count at target 4 is a strong point (94.6% for 52.9).
+    aim's GPU-hours alternative (>= 20% saved and <= 1.25x the oracle) is met on seed 3 only. The default
+    resource serves 1M tokens with the MXFP8 checkpoint on one H200 node (vLLM's NVIDIA M3 model applies no
+    YaRN, so BF16 past 512K is refused): measured with vLLM 0.33.0's default memory fraction 0.92.
     """
     saved = []
     for seed in (1, 2, 3):
@@ -153,13 +155,13 @@ def test_headline_long_context_burst() -> None:
         oracle = bench.run_oracle(setup).result
         frontier = bench.sweep(bench.REQUEST_COUNT_SWEEP, lambda t, setup=setup: bench.run_request_count(setup, t))
         comparison = bench.compare(ours, frontier, oracle)
-        assert ours.slo_attainment - hpa.slo_attainment >= 0.02, seed  # 87.8/81.3, 87.2/84.9, 91.4/86.3%
-        assert comparison["attainmentPointsAhead"] >= 2, seed  # +6.0, +3.3, +2.1
-        assert comparison["gpuHoursSaved"] >= 0.05, seed  # 26.9%, 27.2%, 6.2%
-        assert comparison["gpuHoursVsOracle"] <= 1.25, seed  # 1.239, 1.092, 0.991
-        assert comparison["aimMet"] is (seed != 3), seed
+        assert ours.slo_attainment - hpa.slo_attainment >= 0.02, seed  # 88.9/80.5, 89.5/84.4, 92.6/83.6%
+        assert comparison["attainmentPointsAhead"] >= 2, seed  # +2.2, +2.7, +3.7
+        assert comparison["gpuHoursSaved"] >= 0.05, seed  # 10.4%, 16.4%, 21.5%
+        assert comparison["gpuHoursVsOracle"] <= 1.25, seed  # 1.026, 1.072, 1.062
+        assert comparison["aimMet"] is (seed == 3), seed
         saved.append(comparison["gpuHoursSaved"])
-    assert sum(saved) / len(saved) >= 0.18  # 20.1%
+    assert sum(saved) / len(saved) >= 0.15  # 16.1%
 
 
 def test_bursty_recurring_bursts_are_held() -> None:
