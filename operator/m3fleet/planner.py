@@ -393,6 +393,19 @@ def _resolve_strategy(spec: MiniMaxM3DeploymentSpec) -> Strategy:
     return strategy
 
 
+def _long_context_engines(accel: AcceleratorFacts, max_len: int) -> str:
+    """Where a context past the bf16 checkpoint's native window can be served on this accelerator: engines
+    that apply YaRN there, or a natively longer variant an engine serves there."""
+    options = [f"engine {e.name.value}" for e in ENGINES.values() if accel.vendor in e.yarn_vendors]
+    for engine in ENGINES.values():
+        if accel.vendor in engine.yarn_vendors:
+            continue  # any variant already works there
+        for variant in VARIANTS.values():
+            if variant.native_max_model_len >= max_len and variant.name in engine.support.get(accel.name, ()):
+                options.append(f"engine {engine.name.value} with model.variant {variant.name.value}")
+    return ", ".join(options[:-1]) + (" or " if len(options) > 1 else "") + options[-1] if options else "none does"
+
+
 def _rope_scaling(
     engine: EngineFacts, accel: AcceleratorFacts, variant: ModelVariant, max_len: int, notes: list[str]
 ) -> float:
@@ -404,7 +417,8 @@ def _rope_scaling(
             "spec.context.maxModelLen",
             f"{max_len} is past the {variant.name.value} checkpoint's native {native} tokens, and the pinned "
             "TensorRT-LLM release documents no YaRN path for MiniMax-M3",
-            f"lower maxModelLen to {native} or less, or use engine vllm",
+            f"lower maxModelLen to {native} or less, or use an engine that serves it on {accel.name.value}: "
+            + _long_context_engines(accel, max_len),
         )
     if accel.vendor not in engine.yarn_vendors:
         longer = [

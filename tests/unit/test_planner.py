@@ -398,3 +398,16 @@ def test_chosen_layout_fits_and_nothing_smaller_does(spec: MiniMaxM3DeploymentSp
 def test_sample_files_parse() -> None:
     for path in Path(SAMPLES_DIR).glob("*.yaml"):
         parse_resource(load_sample(path))
+
+
+@pytest.mark.parametrize(("engine", "accel"), [("trtllm", "gb200"), ("trtllm", "h200"), ("vllm", "h200")])
+def test_every_engine_a_too_long_context_error_suggests_does_plan(engine: str, accel: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        plan(spec_for(engine, accel, "bf16", "auto", None, False, "auto", 1_048_576))
+    suggestions = str(refused.value).split("fix: ", 1)[1]
+    offered = [s for s in ("sglang", "vllm", "trtllm") if f"engine {s}" in suggestions]
+    assert offered, suggestions
+    for other in offered:
+        variant = "mxfp8" if f"engine {other} with model.variant mxfp8" in suggestions else "bf16"
+        planned = plan(spec_for(other, accel, variant, "auto", None, False, "auto", 1_048_576))
+        assert planned.max_model_len == 1_048_576
