@@ -30,6 +30,10 @@ from m3fleet.render import labels, render, service_name
 from tests.conftest import SAMPLE_FILES, SAMPLES_DIR, load_sample
 from tests.unit.test_render import K8S_VERSION
 
+# Real logs of the Job's script running vLLM's and SGLang's clients against the stand-in server, written by
+# tests/engine_parsers/test_bench_clients.py --update-goldens (input 32, output 8, concurrency 1,4, 8 prompts).
+FIXTURES = Path(__file__).resolve().parent.parent / "bench" / "fixtures"
+
 
 def resource(path: Path) -> MiniMaxM3Deployment:
     return parse_resource(load_sample(path))
@@ -224,6 +228,23 @@ def test_extract_survives_progress_bars_and_split_lines() -> None:
     runs, raw = results.runs_from_log(log, bench_job.options_for(EngineName.VLLM))
     assert runs[0].ttft == results.Stat(1.0, 2.0, 3.0) and runs[0].completed == 100
     assert "latencies" not in raw["10"] and raw["10"]["m3fleetDroppedPerRequestFields"] == ["latencies"]
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_real_client_logs_parse(engine: str) -> None:
+    log = (FIXTURES / f"{engine}-standin.log").read_text()
+    options = bench_job.options_for(
+        EngineName(engine), input_len=32, output_len=8, concurrency=(1, 4), prompts=Prompts(8)
+    )
+    runs, raw = results.runs_from_log(log, options)
+    assert raw.keys() == {"1", "4"} and raw["4"]["max_concurrency"] == 4
+    assert [(r.concurrency, r.completed, r.failed, r.input_tokens, r.output_tokens) for r in runs] == [
+        (1, 8, 0, 256, 64),
+        (4, 8, 0, 256, 64),
+    ]
+    assert all(4.0 <= r.tpot.median < 40 for r in runs)  # the stand-in streams a token every 4 ms
+    assert watch.progress(log) == "run 2/2: concurrency 4, 8 prompts: 100% (8/8)"
+    assert "<<<" not in results.without_results(log) and "Serving Benchmark Result" in results.without_results(log)
 
 
 def test_sglang_jsonl_and_its_key_names() -> None:

@@ -203,9 +203,12 @@ def _live(
     log = cluster.log(namespace, pod_name) if pod_name else ""
     runs, raw = results.runs_from_log(log, options)
     finished = dt.datetime.now(dt.UTC)
-    failed = outcome[0] != "Complete" or len(runs) < len(options.concurrency)
     if not runs:
         raise _failure(namespace, job_name, outcome, log, "no run finished")
+    trouble = results.problems(runs)
+    if len(runs) < len(options.concurrency):
+        trouble.append(f"{len(runs)} of {len(options.concurrency)} runs finished")
+    failed = outcome[0] != "Complete" or bool(trouble)
     result = results.BenchResult(
         resource={"name": name, "namespace": namespace, "uid": str(live["metadata"].get("uid", ""))},
         job=job_name,
@@ -240,7 +243,7 @@ def _live(
     kept = f"configmap {namespace}/{job_name} (kubectl get configmap {job_name} -n {namespace} -o jsonpath={jsonpath})"
     if failed:
         print(f"kept the {len(runs)} finished run(s) in {kept}", file=err)
-        raise _failure(namespace, job_name, outcome, log, f"{len(runs)} of {len(options.concurrency)} runs finished")
+        raise _failure(namespace, job_name, outcome, log, "; ".join(trouble))
     cluster.delete_job(namespace, job_name)
     print(f"result kept in {kept}", file=err)
     return EXIT_OK
@@ -249,7 +252,7 @@ def _live(
 def _failure(namespace: str, job_name: str, outcome: tuple[str, str], log: str, what: str) -> Exception:
     from m3fleet.bench.kube import BenchFailure
 
-    tail = "\n".join(log.rstrip().splitlines()[-15:])
+    tail = "\n".join(results.without_results(log).rstrip().splitlines()[-15:])
     shown = f"\n--- last lines of its log ---\n{tail}" if tail else " (its log is empty)"
     return BenchFailure(
         f"Job {namespace}/{job_name} {outcome[0].lower()}{': ' + outcome[1] if outcome[1] else ''}; {what}; "

@@ -136,6 +136,20 @@ def extract(log: str) -> dict[int, dict[str, Any]]:
     return results
 
 
+def without_results(log: str) -> str:
+    """The log minus the encoded result blocks: what a person reads when a run went wrong."""
+    kept, inside = [], False
+    for line in log.split("\n"):
+        shown = line.rsplit("\r", 1)[-1].strip()
+        if _BEGIN_RE.search(shown):
+            inside = True
+        elif inside and shown == END:
+            inside = False
+        elif not inside:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def _decode(text: str, concurrency: int) -> dict[str, Any]:
     try:
         content = base64.b64decode(text, validate=True).decode("utf-8")
@@ -200,6 +214,20 @@ def runs_from_log(log: str, options: BenchOptions) -> tuple[list[RunSummary], di
     runs = [summarize(c, options.prompts.at(c), found[c]) for c in options.concurrency if c in found]
     raw = {str(c): trim_raw(found[c]) for c in options.concurrency if c in found}
     return runs, raw
+
+
+def problems(runs: Sequence[RunSummary]) -> list[str]:
+    """Runs whose requests failed: a client exits 0 even when the endpoint refused every request."""
+    found = []
+    for r in runs:
+        if r.completed == 0:
+            found.append(
+                f"concurrency {r.concurrency}: all {r.requests} requests failed (a missing or wrong API key, "
+                "or an engine error: the client's errors are in the Job's log)"
+            )
+        elif r.failed:
+            found.append(f"concurrency {r.concurrency}: {r.failed} of {r.requests} requests failed")
+    return found
 
 
 def trim_raw(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -330,7 +358,12 @@ def load(text: str, where: str) -> BenchResult:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError(where, f"is neither JSON nor YAML ({exc})", "pass what m3fleet bench -o json wrote") from None
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = f"{getattr(exc, 'problem', None) or 'invalid syntax'}{at}"
+        raise SpecError(
+            where, f"is neither JSON nor YAML ({problem})", "pass what m3fleet bench -o json wrote"
+        ) from None
     if isinstance(doc, Mapping) and doc.get("kind") == "ConfigMap":
         data = doc.get("data") or {}
         if RESULT_KEY not in data:
