@@ -25,6 +25,7 @@ from typing import Any, Final
 from m3fleet.api.models import MiniMaxM3Deployment, Plan, Variant
 from m3fleet.api.parse import parse_resource
 from m3fleet.autoscaling.baselines import ContextAware, Schedule, kv_utilization, request_count
+from m3fleet.autoscaling.calibration import calibrate
 from m3fleet.autoscaling.policy import PolicyConfig
 from m3fleet.autoscaling.scenarios import SCENARIOS, Request, Scenario, describe_phases
 from m3fleet.autoscaling.simulator import (
@@ -41,6 +42,7 @@ from m3fleet.autoscaling.simulator import (
     oracle_need,
     scenario_duration,
 )
+from m3fleet.bench.results import BenchResult
 from m3fleet.catalog import VARIANTS
 from m3fleet.planner import plan as make_plan
 
@@ -82,12 +84,18 @@ class Setup:
     duration: float
     streams: SeedStreams
     settings: SimSettings = field(default_factory=SimSettings)
+    prior: dict[str, Any] | None = None  # how a measured benchmark replaced the model's assumed speed
 
 
 def prepare(
-    scenario_name: str, resource: MiniMaxM3Deployment | None = None, seed: int = 1, minutes: float | None = None
+    scenario_name: str,
+    resource: MiniMaxM3Deployment | None = None,
+    seed: int = 1,
+    minutes: float | None = None,
+    measured: tuple[BenchResult, str] | None = None,
 ) -> Setup:
-    """Resolve the resource and plan, draw the requests and cold starts. Raises KeyError, SpecError(s)."""
+    """Resolve the resource and plan, draw the requests and cold starts; with `measured` (an `m3fleet bench`
+    result and where it came from), its speeds replace the model's. Raises KeyError, SpecError(s)."""
     scenario = SCENARIOS[scenario_name]
     if resource is None:
         body = copy.deepcopy(DEFAULT_RESOURCE)
@@ -113,6 +121,9 @@ def prepare(
             )
     plan = make_plan(resource.spec)
     model = PerfModel.from_plan(plan)
+    prior = None
+    if measured is not None:
+        model, prior = calibrate(model, plan, *measured)
     duration = scenario_duration(scenario, minutes)
     low, high = cold_start_range(plan)
     return Setup(
@@ -125,6 +136,7 @@ def prepare(
         requests=tuple(scenario.requests(seed, duration)),
         duration=duration,
         streams=SeedStreams.draw(seed, low, high, scenario.initial_replicas),
+        prior=prior,
     )
 
 
@@ -317,6 +329,7 @@ def parameters(setup: Setup, oracle: OracleRun) -> dict[str, Any]:
         "coldStartSeconds": {"low": low, "high": high, "distribution": "uniform, seeded per replica serial"},
         "gpuHours": "billed per replica from creation (loading included) to deletion, over the scenario window",
         "perfModel": setup.model.describe(),
+        "throughputPrior": setup.prior or "assumed: per-accelerator speeds from the catalog (not measured)",
         "simulator": setup.settings.describe(),
         "router": "most free KV net of queued prompt tokens; requests wait at the gateway while no replica is ready",
         "policySettings": {

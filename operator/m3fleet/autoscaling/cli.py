@@ -11,9 +11,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from m3fleet.autoscaling.scenarios import SCENARIOS
+
+if TYPE_CHECKING:
+    from m3fleet.api.models import MiniMaxM3Deployment
+    from m3fleet.bench.results import BenchResult
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INVALID = 0, 1, 2
 
@@ -39,6 +44,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--no-sweep", action="store_true", help="skip the target sweeps and the frontier")
     parser.add_argument("--minutes", type=float, help="simulate only the first N minutes of the scenario")
+    parser.add_argument(
+        "--throughput-from",
+        metavar="RESULT",
+        help="an m3fleet bench result (its -o json output, or its ConfigMap): measured decode and prefill speed "
+        "replace the assumed ones; without -f the benchmarked resource is simulated",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -81,6 +92,11 @@ def _run(args: argparse.Namespace) -> int:
             )
             return EXIT_INVALID
         resource = parse_resource(docs[0].body)
+    measured = None
+    if args.throughput_from:
+        measured = (read_result(args.throughput_from), args.throughput_from)
+        if resource is None:
+            resource = benchmarked_resource(measured[0])
     if args.seeds is not None:
         seeds = parse_seeds(args.seeds)
         if seeds is None:
@@ -90,7 +106,10 @@ def _run(args: argparse.Namespace) -> int:
             )
             return EXIT_INVALID
         reports = [
-            benchmark(prepare(args.scenario, resource, seed=seed, minutes=args.minutes), with_sweep=not args.no_sweep)
+            benchmark(
+                prepare(args.scenario, resource, seed=seed, minutes=args.minutes, measured=measured),
+                with_sweep=not args.no_sweep,
+            )
             for seed in seeds
         ]
         multi = {
@@ -100,13 +119,33 @@ def _run(args: argparse.Namespace) -> int:
         }
         sys.stdout.write(json.dumps(multi, indent=2) + "\n" if args.output == "json" else format_seeds(multi))
         return EXIT_OK
-    setup = prepare(args.scenario, resource, seed=args.seed, minutes=args.minutes)
+    setup = prepare(args.scenario, resource, seed=args.seed, minutes=args.minutes, measured=measured)
     report = benchmark(setup, with_sweep=not args.no_sweep)
     if args.output == "json":
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     else:
         sys.stdout.write(format_text(report))
     return EXIT_OK
+
+
+def read_result(path: str) -> BenchResult:
+    """An m3fleet bench result from a file (or - for stdin). Raises InputError, SpecError."""
+    from m3fleet.bench.results import load
+    from m3fleet.cli import InputError
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--throughput-from: {path}: {exc.strerror or exc}") from None
+    return load(text, f"--throughput-from {path}")
+
+
+def benchmarked_resource(result: BenchResult) -> MiniMaxM3Deployment:
+    from m3fleet.api.models import API_VERSION, KIND
+    from m3fleet.api.parse import parse_resource
+
+    meta = {"name": result.resource.get("name") or "benchmarked", "namespace": result.resource.get("namespace")}
+    return parse_resource({"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": result.spec})
 
 
 def parse_seeds(text: str) -> list[int] | None:
@@ -122,6 +161,17 @@ def parse_seeds(text: str) -> list[int] | None:
     return seeds or None
 
 
+def _prior_line(prior: Any) -> str:
+    if not isinstance(prior, dict):
+        return f"throughput: {prior or 'assumed'}"
+    m = prior["measured"]
+    return (
+        f"throughput: measured by m3fleet bench ({prior['source']}: {m['client']} on {m['resource']}, "
+        f"{m['completionTime']}): decode time x{prior['decodeScale']:g}, prefill time x{prior['prefillScale']:g} "
+        "the assumed"
+    )
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -135,6 +185,7 @@ def format_text(report: dict[str, Any]) -> str:
         f"plan: {plan['engine']} on {plan['accelerator']} {plan['variant']}, TP{plan['tensorParallelSize']} x "
         f"DP{plan['dataParallelSize']}, {plan['gpusPerReplica']} GPUs/replica on {plan['nodesPerReplica']} node(s), "
         f"{plan['kvCacheTokensPerReplica']} KV tokens/replica, maxModelLen {plan['maxModelLen']}",
+        _prior_line(params.get("throughputPrior")),
         f"requests: {params['requests']} over {params['durationMinutes']:g} min; cold start "
         f"{params['coldStartSeconds']['low']:.0f}-{params['coldStartSeconds']['high']:.0f} s",
         "",
