@@ -104,13 +104,18 @@ def simulate_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, 
     return code, json.loads(out) if out else None, err
 
 
-def test_simulate_takes_a_result_from_the_real_client(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def measured_from_fixture() -> results.BenchResult:
     """The figures vLLM's client measured against the stand-in server (fixture), as `m3fleet bench` keeps them."""
     log = (FIXTURES / "vllm-standin.log").read_text()
     options = bench_job.options_for(
         EngineName.VLLM, input_len=32, output_len=8, concurrency=(1, 4), prompts=bench_job.Prompts(8)
     )
     runs, _ = results.runs_from_log(log, options)
+    return measured(runs)
+
+
+def test_simulate_takes_a_result_from_the_real_client(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    runs = list(measured_from_fixture().runs)
     document = measured(runs).to_document()
     path = tmp_path / "result.json"
     path.write_text(json.dumps(document))
