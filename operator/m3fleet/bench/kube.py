@@ -13,6 +13,7 @@ and come out as the API's JSON, so the pure modules read them as written. Every 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import kubernetes
@@ -38,9 +39,10 @@ class Cluster:
 
     def __init__(self) -> None:
         config = kubernetes.config
+        files = os.environ.get("KUBECONFIG") or None  # read now: the client reads it once, at import
         try:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
-            _, active = config.list_kube_config_contexts()  # type: ignore[no-untyped-call]
+            config.load_kube_config(config_file=files)  # type: ignore[no-untyped-call]
+            _, active = config.list_kube_config_contexts(config_file=files)  # type: ignore[no-untyped-call]
             self.context = str(active.get("name", ""))
             self.namespace = str((active.get("context") or {}).get("namespace") or "default")
         except config.ConfigException as exc:
