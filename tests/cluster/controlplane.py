@@ -32,7 +32,7 @@ from tests.cluster.pki import Authority, Pair, signing_key
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / ".ci" / "control-plane.sh"
-SERVICE_CIDR = "10.0.0.0/24"
+SERVICE_CIDR = "10.0.0.0/16"  # room for a Service per resource of the 300-resource benchmark
 POD_CIDR = "10.244.0.0/16"  # kwok hands these out; nothing dials them
 LWS_NAMESPACE = "lws-system"
 STARTUP_SECONDS = 120.0  # the apiserver alone takes 20-60 s on 2 busy cores
