@@ -47,6 +47,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, Plan
+from m3fleet.autoscaling.forecast import Bounds, ScheduleWindow, bounds_at, forecast_floor, parse_hhmm
 from m3fleet.autoscaling.signals import FleetState, Histogram, MetricsSnapshot, ReplicaSignals
 
 # Prefill throughput prior, prompt tokens per second per GPU at long context (a stand-in for a
@@ -58,6 +59,10 @@ SMOOTHING_SECONDS: Final = 120.0  # EWMA time constant of the arrival estimates
 LEVEL_JUMP: Final = 2.0  # a rate this many times the estimate is a burst, a prompt length this many times less its end
 SHIFT: Final = 4.0  # resident tokens per request this many times the prompt estimate: long prompts arrived
 SHIFT_EVIDENCE: Final = 3  # running requests needed before their resident tokens can signal a shift
+LEARNING_SECONDS: Final = 300.0  # EWMA time constant of the learned prefill throughput
+LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
+LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prior x 4]
+WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 class Action(StrEnum):
@@ -108,6 +113,14 @@ class PolicyConfig:
     # replica removed and needed again within it costs a whole cold start of misses.
     burst_hold: bool = True
     burst_hold_cold_starts: float = 3.0
+    # An engine-reported KV capacity further than this share from the plan's is reported (status and an
+    # Event) and not trusted: the smaller of the two is used.
+    capacity_margin: float = 0.2
+    # Learn each replica's prefill throughput from its own counters (prompt tokens per second while it
+    # has a queue, i.e. while prefill is the bottleneck); the prior stands until LEARNED_AFTER samples.
+    learn_prefill: bool = True
+    forecast: bool = True
+    schedule: tuple[ScheduleWindow, ...] = ()
 
     @classmethod
     def from_spec(cls, autoscaling: AutoscalingSpec, plan: Plan, **overrides: Any) -> PolicyConfig:
@@ -132,6 +145,18 @@ class PolicyConfig:
             "panic_threshold": autoscaling.panic_threshold,
             "cold_start_seconds": float(autoscaling.cold_start_seconds),
             "stale_after_seconds": max(60.0, 4.0 * autoscaling.interval_seconds),
+            "forecast": autoscaling.forecast.enabled,
+            "schedule": tuple(
+                ScheduleWindow(
+                    name=w.name,
+                    start_minute=parse_hhmm(w.start),
+                    end_minute=parse_hhmm(w.end),
+                    min_replicas=w.min_replicas or None,
+                    max_replicas=w.max_replicas or None,
+                    days=tuple(WEEKDAYS.index(str(d)) for d in w.days),
+                )
+                for w in autoscaling.schedule
+            ),
         }
         values.update(overrides)
         return cls(**values)
@@ -139,11 +164,16 @@ class PolicyConfig:
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
 
-    def prefill_utilisation(self, prompt_tokens: float) -> float:
-        """Target prefill utilisation for prompts of this length (see `prefill_target`)."""
+    def bounds(self, now: float) -> Bounds:
+        """min/max at `now`, with the scheduled windows in force."""
+        return bounds_at(now, self.min_replicas, self.max_replicas, self.schedule)
+
+    def prefill_utilisation(self, prompt_tokens: float, per_replica: float | None = None) -> float:
+        """Target prefill utilisation for prompts of this length (see `prefill_target`), at a replica
+        throughput of `per_replica` prompt tokens/s (the prior when None)."""
         if self.prefill_target is not None:
             return self.prefill_target
-        t = prompt_tokens / self.prefill_tokens_per_second
+        t = prompt_tokens / (per_replica or self.prefill_tokens_per_second)
         allowed = 1.0 - t / (self.ttft_slack_seconds + self.ttft_factor * t)
         return max(0.05, min(self.prefill_target_cap, self.prefill_safety * allowed))
 
@@ -162,6 +192,8 @@ class PolicyState:
     request_rate: float | None = None  # arriving requests/s, smoothed
     prompt_tokens: float | None = None  # mean prompt length of arriving requests, smoothed
     bursts: tuple[tuple[float, int], ...] = ()  # (start, replicas it needed) of the last two bursts
+    prefill_rate: float | None = None  # learned prompt tokens/s one replica prefills (saturated)
+    prefill_samples: int = 0  # saturated observations behind it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +204,8 @@ class PolicyState:
             "requestRate": self.request_rate,
             "promptTokens": self.prompt_tokens,
             "bursts": [[t, n] for t, n in self.bursts],
+            "prefillRate": self.prefill_rate,
+            "prefillSamples": self.prefill_samples,
         }
 
     @classmethod
@@ -190,6 +224,8 @@ class PolicyState:
                 request_rate=_opt_float(data.get("requestRate")),
                 prompt_tokens=_opt_float(data.get("promptTokens")),
                 bursts=bursts,
+                prefill_rate=_opt_float(data.get("prefillRate")),
+                prefill_samples=int(data.get("prefillSamples") or 0),
             )
         except (TypeError, ValueError):
             return cls()
@@ -214,6 +250,13 @@ class Decision:
     terms: dict[str, float] = field(default_factory=dict)
     panic: bool = False
     unservable_requests: int = 0
+    bounds: Bounds | None = None  # min/max in force (the schedule applied)
+    forecast: tuple[int, str] | None = None  # (floor, why) from the resource's own history
+    capacity: dict[str, Any] = field(default_factory=dict)  # KV capacity: plan, reported, used, mismatch
+    prefill: dict[str, Any] = field(default_factory=dict)  # prefill throughput: prior, learned, used
+    # Warnings for Events: (reason, message), e.g. ("KVCapacityMismatch", ...). The operator emits each
+    # when it first appears (compare with the previous status's `warnings`).
+    warnings: tuple[tuple[str, str], ...] = ()
 
     @property
     def applied(self) -> bool:
@@ -234,6 +277,21 @@ class Decision:
             "reason": self.reason,
             "time": datetime.fromtimestamp(self.time, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "terms": {k: _round(v) for k, v in self.terms.items()},
+            **(
+                {
+                    "bounds": {
+                        "minReplicas": self.bounds.min_replicas,
+                        "maxReplicas": self.bounds.max_replicas,
+                        "schedule": list(self.bounds.windows),
+                    }
+                }
+                if self.bounds is not None
+                else {}
+            ),
+            **({"forecast": {"replicas": self.forecast[0], "reason": self.forecast[1]}} if self.forecast else {}),
+            **({"capacity": self.capacity} if self.capacity else {}),
+            **({"prefillThroughput": self.prefill} if self.prefill else {}),
+            "warnings": [{"reason": r, "message": m} for r, m in self.warnings],
         }
 
 
@@ -353,6 +411,80 @@ class _Terms:
     in_flight: tuple[tuple[float, float], ...]
     unservable: int
     burst: bool  # demand arrived at a new level at once this tick (see _rate_estimate, _prompt_estimate)
+    capacity: _Capacity
+    prefill_rate: float | None  # the learned prefill throughput to keep
+    prefill_samples: int
+    prefill: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Capacity:
+    replica: float  # KV tokens per replica the policy plans with
+    rank: float  # KV tokens per KV pool (DP rank, or the TP group)
+    status: dict[str, Any]
+    warning: str | None
+
+
+def _capacity(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> _Capacity:
+    """The engines' reported capacity where it agrees with the plan within `capacity_margin`; otherwise the
+    smaller of the two, and a warning (a mis-combined per-rank series or an engine configured unlike the
+    plan must not silently size the fleet)."""
+    plan_cap, plan_rank = config.kv_tokens_per_replica, config.kv_tokens_per_rank
+    status: dict[str, Any] = {"planTokensPerReplica": round(plan_cap), "planTokensPerRank": round(plan_rank)}
+    reported = [r.kv_capacity_tokens for r in fresh if r.kv_capacity_tokens]
+    if not reported:
+        return _Capacity(plan_cap, plan_rank, {**status, "source": "plan"}, None)
+    seen = _median(reported)
+    ranks = [r.kv_capacity_tokens_per_rank for r in fresh if r.kv_capacity_tokens_per_rank]
+    seen_rank = _median(ranks) if ranks else plan_rank * seen / plan_cap
+    ratio, rank_ratio = seen / plan_cap, seen_rank / plan_rank
+    status.update(reportedTokensPerReplica=round(seen), reportedTokensPerRank=round(seen_rank), ratio=round(ratio, 3))
+    margin = config.capacity_margin
+    if abs(ratio - 1.0) <= margin and abs(rank_ratio - 1.0) <= margin:
+        return _Capacity(seen, seen_rank, {**status, "source": "engines", "mismatch": False}, None)
+    message = (
+        f"engines report {_tok(seen)} KV tokens per replica ({_tok(seen_rank)} per rank), {ratio:.2f}x the plan's "
+        f"{_tok(plan_cap)} ({_tok(plan_rank)} per rank), more than {margin:.0%} apart: planning with the smaller; "
+        "check the engine's memory and KV-dtype flags against the plan, and the metrics' labels"
+    )
+    return _Capacity(
+        min(seen, plan_cap),
+        min(seen_rank, plan_rank),
+        {**status, "source": "smaller of plan and engines", "mismatch": True, "message": message},
+        message,
+    )
+
+
+def _learned_prefill(
+    config: PolicyConfig, state: PolicyState, fresh: Sequence[ReplicaSignals], elapsed: float | None
+) -> tuple[float, float | None, int, dict[str, Any]]:
+    """(throughput to plan with, learned value to keep, samples, status). A replica with a queue and room in
+    its KV is prefill-bound: its prompt-token rate is what one replica prefills. Smoothed over
+    LEARNING_SECONDS, clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP], used after LEARNED_AFTER
+    observations; the prior before that."""
+    prior = config.prefill_tokens_per_second
+    learned, samples = state.prefill_rate, state.prefill_samples
+    if config.learn_prefill:
+        saturated = [
+            r.prompt_tokens_rate
+            for r in fresh
+            if (r.waiting or 0.0) >= 1.0 and r.prompt_tokens_rate and (r.kv_usage is None or r.kv_usage < 0.85)
+        ]
+        if saturated:
+            observed = min(LEARN_CLAMP * prior, max(prior / LEARN_CLAMP, sum(saturated) / len(saturated)))
+            if learned is None or elapsed is None:
+                learned = observed
+            else:
+                learned += min(1.0, elapsed / LEARNING_SECONDS) * (observed - learned)
+            samples += 1
+    used = learned if learned is not None and samples >= LEARNED_AFTER else prior
+    status = {
+        "priorTokensPerSecond": round(prior),
+        "learnedTokensPerSecond": None if learned is None else round(learned),
+        "samples": samples,
+        "source": "learned" if used is not prior else "prior",
+    }
+    return used, learned, samples, status
 
 
 def _pairing_bins(items: Sequence[float], bin_size: float) -> float:
@@ -373,9 +505,8 @@ def _terms(
     now = fleet.now
     fresh = health.fresh
     plan_cap = config.kv_tokens_per_replica
-    reported = [r.kv_capacity_tokens for r in fresh if r.kv_capacity_tokens]
-    capacity = _median(reported) if reported else plan_cap
-    rank_capacity = config.kv_tokens_per_rank * capacity / plan_cap
+    checked = _capacity(config, fresh)
+    capacity, rank_capacity = checked.replica, checked.rank
     bin_size = config.kv_target * rank_capacity
 
     resident = _sum([r.used_tokens(r.kv_capacity_tokens or plan_cap) for r in fresh])
@@ -451,7 +582,7 @@ def _terms(
     # backlogs. Arrivals: requests finishing plus the growth of those in flight (conservation) times
     # the prompt length, smoothed over two minutes (one tick's delta is noise). Not the prefilled
     # rate: a backlog drains faster than requests arrive.
-    per_replica = config.prefill_tokens_per_second
+    per_replica, learned, samples, prefill_status = _learned_prefill(config, state, fresh, elapsed)
     in_flight = _window(state.in_flight, now, running + waiting, snapshot.window_seconds)
     leaving = [r.finished_rate if r.finished_rate is not None else r.first_token_rate for r in fresh]
     if any(v is not None for v in leaving):
@@ -465,7 +596,9 @@ def _terms(
     # moves it), so a queue keeps its replica busy for up to the horizon and never needs more than
     # that one replica: new replicas only help with what arrives after they are ready.
     pileup = horizon
-    if fleet.starting_ages:
+    if fleet.starting_remaining:
+        pileup = min(horizon, max(0.0, min(fleet.starting_remaining)))
+    elif fleet.starting_ages:
         pileup = min(horizon, max(0.0, horizon - config.interval_seconds - min(fleet.starting_ages)))
     excess = max(0.0, arrivals - fleet.ready_replicas * per_replica) * pileup
     drain = per_replica * horizon  # prompt tokens one replica prefills within the horizon
@@ -473,7 +606,7 @@ def _terms(
         at_gateway += excess
         excess = 0.0
     busy = sum(min(1.0, (tokens + excess / len(fresh)) / drain) for tokens in local) if fresh else 0.0
-    utilisation = config.prefill_utilisation(isl)
+    utilisation = config.prefill_utilisation(isl, per_replica)
     prefill_replicas = arrivals / (utilisation * per_replica) + busy + at_gateway / drain
 
     candidates = {"kv": kv_replicas, "bin": bin_replicas, "prefill": prefill_replicas}
@@ -512,6 +645,10 @@ def _terms(
         in_flight=in_flight,
         unservable=unservable,
         burst=rate_burst or prompt_burst,
+        capacity=checked,
+        prefill_rate=learned,
+        prefill_samples=samples,
+        prefill=prefill_status,
     )
 
 
@@ -628,9 +765,13 @@ def decide(
     horizon = time_to_ready + config.interval_seconds
     panic_active = state.panic_until is not None and now < state.panic_until
     health = _health(config, snapshot, fleet)
+    bounds = config.bounds(now)
+
+    def clamp(n: int) -> int:
+        return max(bounds.min_replicas, min(bounds.max_replicas, n))
 
     if health.hold is not None:
-        desired = config.clamp(current)
+        desired = clamp(current)
         reason = f"hold: {health.hold}; never scale down without metrics"
         if desired != current:
             reason = f"{health.hold}; only the min/max bounds apply ({current} -> {desired})"
@@ -644,23 +785,34 @@ def decide(
             reason=_mode_prefix(config, reason),
             terms={"horizonSeconds": horizon, "freshReplicas": float(len(health.fresh))},
             panic=panic_active,
+            bounds=bounds,
         )
         return decision, replace(state, last_time=None, in_flight=())
 
     terms = _terms(config, state, health, snapshot, fleet, horizon)
-    recommendation = config.clamp(recommend(terms.need, current, config.tolerance))
+    recommendation = clamp(recommend(terms.need, current, config.tolerance))
     notes: list[str] = []
+    if bounds.windows:
+        notes.append(f"schedule {', '.join(bounds.windows)} in force: {bounds.min_replicas}-{bounds.max_replicas}")
+    forecast = forecast_floor(snapshot.demand_history, config.tolerance) if config.forecast else None
+    if forecast is not None:
+        terms.values["forecastReplicas"] = float(forecast.replicas)
+        if forecast.replicas > recommendation:
+            recommendation = clamp(forecast.replicas)
+            notes.append(f"forecast floor {recommendation}: {forecast.reason}")
     hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
     bursts = _record_burst(state.bursts, now, terms.burst, recommendation, horizon, hold_window)
     floor = _burst_floor(bursts, now, hold_window) if config.burst_hold else 0
     terms.values["burstHoldReplicas"] = float(floor)
     if floor > recommendation:
-        recommendation = config.clamp(floor)
+        recommendation = clamp(floor)
         notes.append(f"holding {recommendation} replicas: bursts recurred within {hold_window:.0f}s (cold-start hold)")
     if health.missing:
         # Held, not recommended: a replica that just became ready has no scrape yet, and recording
         # `current` would keep the whole scale-down window at today's count.
         notes.append(f"{health.missing} ready replicas have no fresh metrics: no scale-down")
+    if terms.capacity.warning:
+        notes.append("KV capacity reported unlike the plan (see capacity)")
 
     panic_until = state.panic_until if panic_active else None
     if terms.need >= config.panic_threshold * max(1, fleet.ready_replicas):
@@ -680,7 +832,7 @@ def decide(
         history_in = ((now - config.scale_up_window_seconds - 1e-6, current),)
     hold_down = panic or health.missing > 0
     desired, history = stabilize(history_in, now, recommendation, current, behavior, hold_down=hold_down)
-    desired = config.clamp(desired)  # the bounds are hard, whatever the step limits say
+    desired = clamp(desired)  # the bounds are hard, whatever the step limits say
 
     if desired > current:
         verb = f"scale-up {current} -> {desired}"
@@ -698,6 +850,7 @@ def decide(
         notes.append(f"panic (need >= {config.panic_threshold}x ready) until t={panic_until:.0f}")
     reason = f"{verb}: {_explain(terms)}" + "".join(f"; {n}" for n in notes)
 
+    warnings = (("KVCapacityMismatch", terms.capacity.warning),) if terms.capacity.warning else ()
     decision = Decision(
         time=now,
         mode=config.mode,
@@ -709,6 +862,11 @@ def decide(
         terms=terms.values,
         panic=panic,
         unservable_requests=terms.unservable,
+        bounds=bounds,
+        forecast=None if forecast is None else (forecast.replicas, forecast.reason),
+        capacity=terms.capacity.status,
+        prefill=terms.prefill,
+        warnings=warnings,
     )
     new_state = PolicyState(
         history=history,
@@ -718,6 +876,8 @@ def decide(
         request_rate=terms.request_rate,
         prompt_tokens=terms.prompt_tokens,
         bursts=bursts,
+        prefill_rate=terms.prefill_rate,
+        prefill_samples=terms.prefill_samples,
     )
     return decision, new_state
 
