@@ -119,6 +119,7 @@ class PolicyConfig:
     # Learn each replica's prefill throughput from its own counters (prompt tokens per second while it
     # has a queue, i.e. while prefill is the bottleneck); the prior stands until LEARNED_AFTER samples.
     learn_prefill: bool = True
+    learn_kv_ceiling: float = 0.6  # a replica with more KV in use than this may be KV-bound, not prefill-bound
     forecast: bool = True
     schedule: tuple[ScheduleWindow, ...] = ()
 
@@ -468,7 +469,9 @@ def _learned_prefill(
         saturated = [
             r.prompt_tokens_rate
             for r in fresh
-            if (r.waiting or 0.0) >= 1.0 and r.prompt_tokens_rate and (r.kv_usage is None or r.kv_usage < 0.85)
+            if (r.waiting or 0.0) >= 1.0
+            and r.prompt_tokens_rate
+            and (r.kv_usage is None or r.kv_usage < config.learn_kv_ceiling)
         ]
         if saturated:
             observed = min(LEARN_CLAMP * prior, max(prior / LEARN_CLAMP, sum(saturated) / len(saturated)))
