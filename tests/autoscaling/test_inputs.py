@@ -8,13 +8,13 @@ from dataclasses import replace
 import pytest
 
 from m3fleet.api.parse import parse_resource
-from m3fleet.autoscaling.forecast import ScheduleWindow, bounds_at, demand_history, forecast_floor
-from m3fleet.autoscaling.policy import PolicyConfig, PolicyState, decide
+from m3fleet.autoscaling.forecast import ScheduleWindow, bounds_at, demand_history, forecast_floor, sustained
+from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.readiness import measure
-from m3fleet.autoscaling.signals import DemandHistory, MetricsSnapshot
+from m3fleet.autoscaling.signals import DemandHistory, Histogram, MetricsSnapshot
 
 from .plans import sample_plan
-from .snapshots import MILLION, NOW, ROUND, fleet, replica, snapshot
+from .snapshots import MILLION, NOW, ROUND, fleet, replica, replicas, snapshot
 
 # 2027-01-15 08:00 UTC is a Friday.
 FRIDAY_8AM = NOW
@@ -38,30 +38,56 @@ def test_capacity_within_the_margin_is_the_engines() -> None:
     assert decision.terms["kvTokensPerReplica"] == pytest.approx(0.95 * MILLION)
 
 
-def saturated(rate: float, at: float) -> MetricsSnapshot:
-    """One replica with a queue and room in its KV, prefilling `rate` prompt tokens/s."""
-    r = replica(running=2, waiting=3, kv_usage=0.4, prompt_tokens=50_000, request_rate=rate / 50_000, sample_time=at)
+def long_prompts(
+    at: float, *, rate: float, ttft: float, queued: float = 0.0, prompt: float = 50_000, waiting: float = 0.0
+) -> MetricsSnapshot:
+    """One replica serving `prompt`-token requests: it prefilled `rate` prompt tokens/s, its requests took
+    `ttft` s to their first token, `queued` s of it waiting to be scheduled."""
+    n = 30.0
+    base = replica(
+        running=3, waiting=waiting, kv_usage=0.4, prompt_tokens=prompt, request_rate=rate / prompt, sample_time=at
+    )
+    r = replace(
+        base,
+        ttft_seconds=Histogram(bounds=(float("inf"),), cumulative=(n,), total=n * ttft, count=n),
+        queue_seconds=Histogram(bounds=(float("inf"),), cumulative=(n,), total=n * queued, count=n),
+    )
     return snapshot(r, time=at)
 
 
-def test_prefill_throughput_is_learned_from_saturated_replicas() -> None:
-    state = PolicyState()
-    sources = []
-    for i in range(6):  # the truth is half the prior
-        at = NOW + 15 * i
-        decision, state = decide(ROUND, state, saturated(50_000, at), fleet(1, now=at))
-        sources.append(decision.prefill["source"])
-    assert sources[:2] == ["prior", "prior"] and sources[-1] == "learned"
-    assert decision.terms["prefillTokensPerSecondPerReplica"] == pytest.approx(50_000, rel=0.05)
-    assert PolicyState.from_dict(state.to_dict()).prefill_rate == state.prefill_rate
-    unlearned = decide(replace(ROUND, learn_prefill=False), PolicyState(), saturated(50_000, NOW), fleet(1))[0]
-    assert unlearned.terms["prefillTokensPerSecondPerReplica"] == ROUND.prefill_tokens_per_second
+def learn(snapshots: list[MetricsSnapshot], config: PolicyConfig = ROUND) -> list[Decision]:
+    state, out = PolicyState(), []
+    for snap in snapshots:
+        decision, state = decide(config, state, snap, fleet(1, now=snap.time))
+        state = PolicyState.from_dict(state.to_dict())
+        out.append(decision)
+    return out
 
 
-def test_a_replica_without_a_queue_teaches_nothing() -> None:
-    load = snapshot(replica(running=2, waiting=0, kv_usage=0.4, prompt_tokens=50_000, request_rate=0.2))
-    _, state = decide(ROUND, PolicyState(), load, fleet(1))
-    assert state.prefill_rate is None and state.prefill_samples == 0
+def test_an_optimistic_prefill_prior_is_capped_by_what_the_engines_show() -> None:
+    # The prior says 100k tokens/s; the replica is busy at 40k/s and a request's prefill (TTFT less its
+    # queue wait) takes 2 s for 50k tokens: an idle bound of 25k/s. Plan with max(40k, 2 x 25k) = 50k.
+    decisions = learn([long_prompts(NOW + 15 * i, rate=40_000, ttft=2.5, queued=0.5) for i in range(5)])
+    assert [d.prefill["source"] for d in decisions[:2]] == ["prior", "prior"]  # not before 3 observations
+    assert decisions[-1].prefill["source"] == "learned"
+    assert decisions[-1].terms["prefillTokensPerSecondPerReplica"] == pytest.approx(50_000)
+    assert decisions[-1].prefill["learnedTokensPerSecond"] == 40_000
+
+
+def test_a_pessimistic_prefill_prior_is_lifted_to_the_bound() -> None:
+    # A request's prefill takes 0.2 s for 50k tokens: the replica does at least 250k/s, the prior says 100k.
+    ticks = [long_prompts(NOW + 15 * i, rate=20_000, ttft=0.3, queued=0.1) for i in range(4)]
+    assert learn(ticks)[-1].terms["prefillTokensPerSecondPerReplica"] == pytest.approx(250_000)
+    off = learn(ticks, replace(ROUND, learn_prefill=False))
+    assert off[-1].terms["prefillTokensPerSecondPerReplica"] == ROUND.prefill_tokens_per_second
+
+
+def test_chat_prompts_and_unexplained_waits_teach_nothing() -> None:
+    chat = learn([long_prompts(NOW + 15 * i, rate=4_000, ttft=0.5, prompt=3_000) for i in range(4)])
+    assert chat[-1].prefill["samples"] == 0 and chat[-1].prefill["source"] == "prior"
+    busy = long_prompts(NOW, rate=40_000, ttft=9.0, waiting=4).replicas[0]
+    _, state = decide(ROUND, PolicyState(), snapshot(replace(busy, queue_seconds=None)), fleet(1))
+    assert state.prefill_samples == 0  # a queue now and no queue-time histogram: the TTFTs hold its waits
 
 
 def test_time_to_ready_from_the_pods_phases() -> None:
@@ -163,3 +189,23 @@ def test_min_replicas_zero_is_rejected_with_the_reason() -> None:
     with pytest.raises((SpecError, SpecErrors)) as caught:
         parse_resource(body)
     assert "spec.autoscaling.minReplicas" in str(caught.value) and "wait forever" in str(caught.value)
+
+
+def test_a_need_that_did_not_hold_is_not_forecast() -> None:
+    # A 30 s onset spike to 12 inside a burst that held at 5: the floor is the held level.
+    day = NOW - 86400
+    records = [(day + t, 12.0 if 60 <= t < 90 else 5.0 if t >= 0 else 1.0) for t in range(-300, 600, 15)]
+    assert sustained(records, 120)[-1][1] == 5.0
+    history = demand_history(records, NOW, 86400, look_ahead=600, periods=1)
+    assert history.windows == (5.0,)
+
+
+def test_backlog_replicas_are_not_held_for_a_whole_scale_down_window() -> None:
+    # One replica with a deep queue: the backlog keeps it busy (need > demand); the stabilization window
+    # remembers only what the arrivals need, so the extra replicas go once the backlog is gone.
+    backlog = snapshot(*replicas(4, running=2, waiting=1500, kv_usage=0.5, prompt_tokens=50_000, request_rate=2.0))
+    decision, state = decide(ROUND, PolicyState(), backlog, fleet(4))
+    assert decision.terms["needReplicas"] > decision.terms["demandReplicas"]
+    assert state.history[-1][1] < decision.recommended_replicas
+    _, held = decide(replace(ROUND, transient_release=False), PolicyState(), backlog, fleet(4))
+    assert held.history[-1][1] == decision.recommended_replicas

@@ -27,16 +27,38 @@ DAY = 86400.0
 FORECAST_PERIODS = 2  # the pattern must hold in each of the last two recorded periods
 
 
+SUSTAIN_SECONDS = 120.0  # a need counts once it held this long (a burst's onset spikes do not)
+
+
+def sustained(records: Sequence[tuple[float, float]], seconds: float = SUSTAIN_SECONDS) -> list[tuple[float, float]]:
+    """Each record's need replaced by the smallest need recorded in the `seconds` before it (inclusive):
+    the level that held that long. `records` are (time, need) sorted by time."""
+    out: list[tuple[float, float]] = []
+    start = 0
+    for i, (t, _) in enumerate(records):
+        while records[start][0] < t - seconds:
+            start += 1
+        out.append((t, min(n for _, n in records[start : i + 1])))
+    return out
+
+
 def demand_history(
-    records: Sequence[tuple[float, float]], now: float, period: float, look_ahead: float, periods: int = 7
+    records: Sequence[tuple[float, float]],
+    now: float,
+    period: float,
+    look_ahead: float,
+    periods: int = 7,
+    sustain: float = SUSTAIN_SECONDS,
 ) -> DemandHistory:
-    """For k = 1..periods: the largest recorded need in [now - k x period, now - k x period + look_ahead]
-    (None when nothing was recorded there). `records` are (time, need) sorted by time."""
+    """For k = 1..periods: the largest need that held for `sustain` seconds in
+    [now - k x period, now - k x period + look_ahead] (None when nothing was recorded there).
+    `records` are (time, need) sorted by time, e.g. the policy's `demandReplicas` per tick."""
     windows: list[float | None] = []
     for k in range(1, periods + 1):
         lo, hi = now - k * period, now - k * period + look_ahead
-        inside = [need for t, need in records if lo <= t <= hi]
-        windows.append(max(inside) if inside else None)
+        inside = [(t, need) for t, need in records if lo - sustain <= t <= hi]
+        held = [need for t, need in sustained(inside, sustain) if t >= lo]
+        windows.append(max(held) if held else None)
     return DemandHistory(period_seconds=period, look_ahead_seconds=look_ahead, windows=tuple(windows))
 
 

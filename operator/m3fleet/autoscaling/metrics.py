@@ -65,6 +65,7 @@ class EngineMetrics:
     generation_tokens: Names
     finished: Names  # a counter, or a histogram's _count
     ttft: Names  # histogram base names
+    queue_time: Names  # histogram: seconds a request waited before it was scheduled
     prompt_histogram: Names = ()
     preemptions: Names = ()
     kv_used: Names = ()  # resident KV per rank, in tokens (or blocks, see block_size)
@@ -83,6 +84,7 @@ VLLM: Final = EngineMetrics(
     generation_tokens=("vllm:generation_tokens_total",),
     finished=("vllm:request_success_total",),
     ttft=("vllm:time_to_first_token_seconds",),
+    queue_time=("vllm:request_queue_time_seconds",),
     prompt_histogram=("vllm:request_prompt_tokens",),
     preemptions=("vllm:num_preemptions_total",),
     capacity_info="vllm:cache_config_info",
@@ -97,6 +99,7 @@ SGLANG: Final = EngineMetrics(
     generation_tokens=("sglang:generation_tokens_total",),
     finished=("sglang:e2e_request_latency_seconds_count",),
     ttft=("sglang:time_to_first_token_seconds",),
+    queue_time=("sglang:queue_time_seconds",),
     prompt_histogram=("sglang:prompt_tokens_histogram",),
     preemptions=("sglang:num_retracted_requests_total",),
     kv_used=("sglang:num_used_tokens",),
@@ -114,6 +117,7 @@ TRTLLM: Final = EngineMetrics(
     generation_tokens=("trtllm_generation_tokens_total",),
     finished=("trtllm_request_success_total",),
     ttft=("trtllm_time_to_first_token_seconds",),
+    queue_time=("trtllm_request_queue_time_seconds",),
     kv_used=("trtllm_kv_cache_used_blocks",),
     capacity=("trtllm_kv_cache_max_blocks",),
     block_size=("trtllm_kv_cache_tokens_per_block",),
@@ -208,7 +212,7 @@ def build_queries(
 
         return part("bucket", ", le"), part("sum"), part("count")
 
-    histograms = {"ttftSeconds": histogram(metrics.ttft)}
+    histograms = {"ttftSeconds": histogram(metrics.ttft), "queueSeconds": histogram(metrics.queue_time)}
     if metrics.prompt_histogram:
         histograms["promptTokens"] = histogram(metrics.prompt_histogram)
 
@@ -460,6 +464,7 @@ class PrometheusAdapter:
                     preemption_rate=get("preemptionRate"),
                     prompt_tokens=histograms.get("promptTokens", {}).get(name),
                     ttft_seconds=histograms.get("ttftSeconds", {}).get(name),
+                    queue_seconds=histograms.get("queueSeconds", {}).get(name),
                 )
             )
         return replace(base, replicas=tuple(signals))

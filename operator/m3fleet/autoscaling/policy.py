@@ -59,7 +59,7 @@ SMOOTHING_SECONDS: Final = 120.0  # EWMA time constant of the arrival estimates
 LEVEL_JUMP: Final = 2.0  # a rate this many times the estimate is a burst, a prompt length this many times less its end
 SHIFT: Final = 4.0  # resident tokens per request this many times the prompt estimate: long prompts arrived
 SHIFT_EVIDENCE: Final = 3  # running requests needed before their resident tokens can signal a shift
-LEARNING_SECONDS: Final = 300.0  # EWMA time constant of the learned prefill throughput
+LEARNING_SECONDS: Final = 3600.0  # the learned throughput bound decays to nothing over this long
 LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
 LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prior x 4]
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -119,7 +119,10 @@ class PolicyConfig:
     # Learn each replica's prefill throughput from its own counters (prompt tokens per second while it
     # has a queue, i.e. while prefill is the bottleneck); the prior stands until LEARNED_AFTER samples.
     learn_prefill: bool = True
-    learn_kv_ceiling: float = 0.6  # a replica with more KV in use than this may be KV-bound, not prefill-bound
+    fast_rise: bool = True  # just after a burst's start, rises in the estimates are taken at once
+    transient_release: bool = True  # the scale-down window remembers the need without backlogs
+    learn_min_prompt_tokens: float = 20_000.0  # shorter prompts teach nothing (TTFT is mostly not prefill)
+    learn_slack: float = 2.0  # an optimistic prior is capped at this multiple of the idle-replica bound
     forecast: bool = True
     schedule: tuple[ScheduleWindow, ...] = ()
 
@@ -459,33 +462,58 @@ def _capacity(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> _Capacit
 def _learned_prefill(
     config: PolicyConfig, state: PolicyState, fresh: Sequence[ReplicaSignals], elapsed: float | None
 ) -> tuple[float, float | None, int, dict[str, Any]]:
-    """(throughput to plan with, learned value to keep, samples, status). A replica with a queue and room in
-    its KV is prefill-bound: its prompt-token rate is what one replica prefills. Smoothed over
-    LEARNING_SECONDS, clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP], used after LEARNED_AFTER
-    observations; the prior before that."""
+    """(throughput to plan with, learned value to keep, samples, status).
+
+    Learned from the engines' own counters and histograms, on replicas serving long prompts (for chat,
+    the first decode step and scheduling dominate TTFT). Two lower bounds of a replica's prefill
+    throughput: the prompt tokens it prefilled per second (it cannot go faster; tight when it is busy),
+    and mean prompt / mean (TTFT - queue time) (a request's prefill alone is at least its prompt over
+    the throughput; processor sharing only slows it, so this is tight when it is not busy). Their best
+    over replicas is kept (decaying linearly to nothing over LEARNING_SECONDS unless seen again) and
+    lifts a pessimistic prior. It also caps an optimistic one: the prior is used at most up to the
+    busy bound, or `learn_slack` x the idle bound (a loaded replica's TTFT understates its speed).
+    Clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP]; nothing changes before LEARNED_AFTER
+    observations."""
     prior = config.prefill_tokens_per_second
     learned, samples = state.prefill_rate, state.prefill_samples
+    cap: float | None = None
+
+    def clamp(value: float) -> float:
+        return min(LEARN_CLAMP * prior, max(prior / LEARN_CLAMP, value))
+
     if config.learn_prefill:
-        saturated = [
-            r.prompt_tokens_rate
-            for r in fresh
-            if (r.waiting or 0.0) >= 1.0
-            and r.prompt_tokens_rate
-            and (r.kv_usage is None or r.kv_usage < config.learn_kv_ceiling)
-        ]
-        if saturated:
-            observed = min(LEARN_CLAMP * prior, max(prior / LEARN_CLAMP, sum(saturated) / len(saturated)))
+        floors, caps = [], []
+        for r in fresh:
+            p, t, q = r.prompt_tokens, r.ttft_seconds, r.queue_seconds
+            if p is None or t is None or p.count < 3 or t.count < 3:
+                continue
+            if p.total / p.count < config.learn_min_prompt_tokens:
+                continue
+            if q is None and (r.waiting or 0.0) > 0:
+                continue  # no queue-time histogram and a queue now: the window holds the backlog's waits
+            waited = q.total / q.count if q is not None and q.count > 0 else 0.0
+            prefill = t.total / t.count - waited
+            if prefill <= 0:
+                continue
+            idle, busy = (p.total / p.count) / prefill, r.prompt_tokens_rate or 0.0
+            floors.append(max(idle, busy))
+            caps.append(max(config.learn_slack * idle, busy))
+        if floors:
+            observed = clamp(max(floors))
             if learned is None or elapsed is None:
                 learned = observed
-            else:
-                learned += min(1.0, elapsed / LEARNING_SECONDS) * (observed - learned)
+            else:  # the best bound seen, slowly forgotten (a new image or shape may be slower)
+                learned = max(observed, learned * (1.0 - min(1.0, elapsed / LEARNING_SECONDS)))
+            cap = clamp(max(caps))
             samples += 1
-    used = learned if learned is not None and samples >= LEARNED_AFTER else prior
+    used = prior
+    if learned is not None and samples >= LEARNED_AFTER:
+        used = max(min(prior, cap if cap is not None else prior), learned)
     status = {
         "priorTokensPerSecond": round(prior),
         "learnedTokensPerSecond": None if learned is None else round(learned),
         "samples": samples,
-        "source": "learned" if used is not prior else "prior",
+        "source": "prior" if used == prior else "learned",
     }
     return used, learned, samples, status
 
@@ -534,6 +562,9 @@ def _terms(
         or (hist.mean() if hist else None)
         or config.default_prompt_tokens
     )
+    # Within one horizon of a burst's start the new level is still being measured: rises are taken at
+    # once (the replicas ordered now arrive one time-to-ready later, too late for a slow estimate).
+    rising = bool(state.bursts) and now - state.bursts[-1][0] < horizon
     isl, prompt_burst = _prompt_estimate(
         state.prompt_tokens,
         observed,
@@ -542,6 +573,7 @@ def _terms(
         running,
         hist.quantile(0.9) if hist else None,
         elapsed,
+        rising and config.fast_rise,
     )
     output = _ratio(gen_rate, finished_rate) or config.default_output_tokens
 
@@ -589,7 +621,9 @@ def _terms(
     in_flight = _window(state.in_flight, now, running + waiting, snapshot.window_seconds)
     leaving = [r.finished_rate if r.finished_rate is not None else r.first_token_rate for r in fresh]
     if any(v is not None for v in leaving):
-        rate, rate_burst = _rate_estimate(state.request_rate, _request_rate(_sum(leaving), in_flight), elapsed)
+        rate, rate_burst = _rate_estimate(
+            state.request_rate, _request_rate(_sum(leaving), in_flight), elapsed, rising and config.fast_rise
+        )
     else:  # no rate yet (a replica's first scrape): keep what we had, do not learn "zero"
         rate, rate_burst = state.request_rate or 0.0, False
     arrivals = rate * isl
@@ -619,6 +653,11 @@ def _terms(
         "binReplicas": bin_replicas,
         "prefillReplicas": prefill_replicas,
         "needReplicas": candidates[dominant],
+        # The need without the replicas kept busy by backlogs: what the arriving load itself needs. The
+        # forecast records this (a backlog is a symptom of the last cold start, not demand to pre-provision).
+        "demandReplicas": max(
+            (resident + growth) / (config.kv_target * capacity), bin_replicas, arrivals / (utilisation * per_replica)
+        ),
         "kvDemandTokens": kv_demand,
         "residentTokens": resident,
         "queuedPromptTokens": queued,
@@ -662,10 +701,15 @@ def _smooth(previous: float | None, observed: float, elapsed: float | None) -> f
     return previous + min(1.0, elapsed / SMOOTHING_SECONDS) * (observed - previous)
 
 
-def _rate_estimate(previous: float | None, observed: float, elapsed: float | None) -> tuple[float, bool]:
-    """(requests/s, burst): smoothed, but a rise by LEVEL_JUMP or more is a burst, taken at once."""
+def _rate_estimate(
+    previous: float | None, observed: float, elapsed: float | None, rising: bool = False
+) -> tuple[float, bool]:
+    """(requests/s, burst): smoothed, but a rise by LEVEL_JUMP or more is a burst, taken at once (and any
+    rise while `rising`: just after a burst)."""
     if previous is not None and elapsed is not None and observed >= LEVEL_JUMP * previous:
         return observed, True
+    if rising and previous is not None and observed > previous:
+        return observed, False
     return _smooth(previous, observed, elapsed), False
 
 
@@ -677,6 +721,7 @@ def _prompt_estimate(
     running: float,
     recent: float | None,
     elapsed: float | None,
+    rising: bool = False,
 ) -> tuple[float, bool]:
     """(mean prompt tokens of arriving requests, burst).
 
@@ -694,7 +739,7 @@ def _prompt_estimate(
     if previous is None or elapsed is None:
         return observed, False
     long_resident = per_running is not None and per_running > SHIFT * observed
-    if LEVEL_JUMP * observed <= previous and arrival_side and not long_resident:
+    if (LEVEL_JUMP * observed <= previous and arrival_side and not long_resident) or (rising and observed > previous):
         estimate = observed
     else:
         estimate = _smooth(previous, observed, elapsed)
@@ -835,6 +880,14 @@ def decide(
         history_in = ((now - config.scale_up_window_seconds - 1e-6, current),)
     hold_down = panic or health.missing > 0
     desired, history = stabilize(history_in, now, recommendation, current, behavior, hold_down=hold_down)
+    if config.transient_release and history and history[-1][0] == now:
+        # What the stabilization window remembers: the recommendation without the replicas kept busy
+        # by backlogs. A backlog is drained by the replicas it is queued on within a horizon, so the
+        # extra replicas ordered for it must not hold for a whole scale-down window after it is gone;
+        # the panic hold covers the backlog's own life.
+        steady = config.clamp(recommend(terms.values["demandReplicas"], current, config.tolerance))
+        steady = max(steady, forecast.replicas if forecast is not None else 0, floor, bounds.min_replicas)
+        history = (*history[:-1], (now, min(recommendation, max(steady, 1))))
     desired = clamp(desired)  # the bounds are hard, whatever the step limits say
 
     if desired > current:

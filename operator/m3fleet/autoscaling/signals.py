@@ -136,6 +136,7 @@ class ReplicaSignals:
     preemption_rate: float | None = None
     prompt_tokens: Histogram | None = None  # prompt lengths of requests finished in the window
     ttft_seconds: Histogram | None = None
+    queue_seconds: Histogram | None = None  # time requests waited before being scheduled (their TTFT's queue part)
 
     def used_tokens(self, capacity: float) -> float | None:
         """Resident KV tokens: the engine's own count, else usage x capacity."""

@@ -112,6 +112,9 @@ def prepare(
     duration = scenario_duration(scenario, minutes)
     low, high = cold_start_range(plan)
     measured_day = scenario.days - 1
+    streams = SeedStreams.draw(seed, low, high, scenario.initial_replicas, cold_start)
+    if measured_day:  # by the measured day the operator has timed the replicas it started before
+        streams = replace(streams, measured=streams.cold_starts[:10])
     opening = EPOCH + measured_day * DAY + scenario.start_of_window(seed)
     earlier = tuple(
         Day(tuple(scenario.requests(seed, duration, day)), opening - (measured_day - day) * DAY)
@@ -126,7 +129,7 @@ def prepare(
         model=model,
         requests=tuple(scenario.requests(seed, duration)),
         duration=duration,
-        streams=SeedStreams.draw(seed, low, high, scenario.initial_replicas, cold_start),
+        streams=streams,
         cold_start=cold_start,
         clock_offset=opening,
         earlier_days=earlier,
@@ -159,7 +162,8 @@ def simulate(
 @dataclass
 class ContextAware:
     """The policy as the operator runs it: its state round-tripped through `to_dict` every tick, its
-    need recorded per tick (`recording`), and, given earlier `records`, the forecast history read back."""
+    demand (`demandReplicas`: the need without backlogs) recorded per tick (`recording`), and, given
+    earlier `records`, the forecast history read back."""
 
     config: PolicyConfig
     name: str = "context-aware"
@@ -176,7 +180,7 @@ class ContextAware:
             snapshot = replace(snapshot, demand_history=history)
         decision, state = decide(self.config, self.state, snapshot, fleet)
         self.state = PolicyState.from_dict(state.to_dict())
-        need = decision.terms.get("needReplicas")
+        need = decision.terms.get("demandReplicas")
         if need is not None:
             self.recording.append((fleet.now, need))
         return decision.desired_replicas

@@ -138,6 +138,7 @@ WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
 
 class SimRequest:
     __slots__ = (
+        "admitted",
         "cost",
         "d_start",
         "finish",
@@ -160,6 +161,7 @@ class SimRequest:
         self.cost = 0.0
         self.first_token: float | None = None
         self.finish: float | None = None
+        self.admitted: float | None = None  # first admission to the batch: the end of its queue wait
         self.preemptions = 0
 
 
@@ -176,6 +178,7 @@ class Counters:
     prompt_sum: float = 0.0
     ttft_hist: list[int] = field(default_factory=list)
     ttft_sum: float = 0.0
+    queue_sum: float = 0.0  # seconds waiting before admission, over requests that reached a first token
 
 
 class Engine:
@@ -294,6 +297,8 @@ class Engine:
                 break  # FCFS: the head blocks the queue until its prompt fits
             self.waiting.popleft()
             self.queued_tokens -= r.need
+            if r.admitted is None:
+                r.admitted = self.t
             r.phase = PREFILL
             r.stint = next(self.sim.seq)
             r.cost = self.m.token_cost(r.need)
@@ -327,6 +332,7 @@ class Engine:
             self.c.generation_tokens += 1
             self.c.ttft_hist[bisect_left(TTFT_BUCKETS, ttft)] += 1
             self.c.ttft_sum += ttft
+            self.c.queue_sum += (r.admitted if r.admitted is not None else now) - r.spec.arrival
         remaining = r.spec.output - r.produced
         if remaining <= 0:
             self._finish(r, now)
@@ -390,6 +396,7 @@ class Scrape:
     prompt_sum: float
     ttft_cumulative: tuple[int, ...]
     ttft_sum: float
+    queue_sum: float
 
 
 class Replica:
@@ -693,6 +700,7 @@ class Simulation:
                     prompt_sum=sum(e.c.prompt_sum for e in engines),
                     ttft_cumulative=tuple(itertools.accumulate(ct)),
                     ttft_sum=sum(e.c.ttft_sum for e in engines),
+                    queue_sum=sum(e.c.queue_sum for e in engines),
                 )
             )
 
@@ -796,6 +804,7 @@ def signals_from_scrapes(
         preemption_rate=rate(lambda s: s.preemptions),
         prompt_tokens=hist(prompt_bounds, lambda s: s.prompt_cumulative, lambda s: s.prompt_sum),
         ttft_seconds=hist(TTFT_BUCKETS, lambda s: s.ttft_cumulative, lambda s: s.ttft_sum),
+        queue_seconds=hist((), lambda s: (s.first_tokens,), lambda s: s.queue_sum),
     )
 
 
