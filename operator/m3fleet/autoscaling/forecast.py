@@ -31,14 +31,15 @@ SUSTAIN_SECONDS = 120.0  # a need counts once it held this long (a burst's onset
 
 
 def sustained(records: Sequence[tuple[float, float]], seconds: float = SUSTAIN_SECONDS) -> list[tuple[float, float]]:
-    """Each record's need replaced by the smallest need recorded in the `seconds` before it (inclusive):
-    the level that held that long. `records` are (time, need) sorted by time."""
+    """Each record's need replaced by the smallest need recorded in the `seconds` from it on (inclusive):
+    the level that then held that long. `records` are (time, need) sorted by time."""
     out: list[tuple[float, float]] = []
-    start = 0
+    end = 0
     for i, (t, _) in enumerate(records):
-        while records[start][0] < t - seconds:
-            start += 1
-        out.append((t, min(n for _, n in records[start : i + 1])))
+        end = max(end, i)
+        while end + 1 < len(records) and records[end + 1][0] <= t + seconds:
+            end += 1
+        out.append((t, min(n for _, n in records[i : end + 1])))
     return out
 
 
@@ -56,8 +57,8 @@ def demand_history(
     windows: list[float | None] = []
     for k in range(1, periods + 1):
         lo, hi = now - k * period, now - k * period + look_ahead
-        inside = [(t, need) for t, need in records if lo - sustain <= t <= hi]
-        held = [need for t, need in sustained(inside, sustain) if t >= lo]
+        inside = [(t, need) for t, need in records if lo <= t <= hi + sustain]
+        held = [need for t, need in sustained(inside, sustain) if t <= hi]
         windows.append(max(held) if held else None)
     return DemandHistory(period_seconds=period, look_ahead_seconds=look_ahead, windows=tuple(windows))
 

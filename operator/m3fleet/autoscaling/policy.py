@@ -91,7 +91,7 @@ class PolicyConfig:
     prefill_target: float | None = None
     ttft_slack_seconds: float = 2.0
     ttft_factor: float = 1.5
-    prefill_safety: float = 0.7
+    prefill_safety: float = 0.85
     prefill_target_cap: float = 0.6
     tolerance: float = 0.1
     scale_up_window_seconds: float = 0.0
