@@ -174,6 +174,8 @@ def test_from_spec_maps_schedule_and_forecast() -> None:
     config = PolicyConfig.from_spec(parse_resource(body).spec.autoscaling, sample_plan())
     assert config.schedule == (ScheduleWindow("peak", 22 * 60 + 30, 60, 3, None, (4,)),)
     assert config.forecast is False
+    assert (config.forecast_period_seconds, config.forecast_margin_seconds) == (86400, 300)
+    assert config.forecast_look_ahead(240) == 240 + 15 + 300
 
 
 def test_min_replicas_zero_is_rejected_with_the_reason() -> None:

@@ -484,6 +484,13 @@ class ForecastSpec(CamelModel):
     period_seconds: int = Field(
         default=86400, ge=3600, le=604800, description="The period traffic repeats with (86400 = daily)."
     )
+    margin_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=3600,
+        description="How much earlier than one time-to-ready the floor rises: a peak does not come back at the "
+        "same second every period.",
+    )
 
 
 class AutoscalingSpec(CamelModel):

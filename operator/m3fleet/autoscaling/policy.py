@@ -124,6 +124,10 @@ class PolicyConfig:
     learn_min_prompt_tokens: float = 20_000.0  # shorter prompts teach nothing (TTFT is mostly not prefill)
     learn_slack: float = 2.0  # an optimistic prior is capped at this multiple of the idle-replica bound
     forecast: bool = True
+    # The forecast looks this much further than time-to-ready + one tick: a daily peak does not come back
+    # at the same second, and replicas ready a little early cost less than a cold start of misses.
+    forecast_margin_seconds: float = 300.0
+    forecast_period_seconds: float = 86400.0  # the period `demand_history` reads back (spec forecast.periodSeconds)
     schedule: tuple[ScheduleWindow, ...] = ()
 
     @classmethod
@@ -150,6 +154,8 @@ class PolicyConfig:
             "cold_start_seconds": float(autoscaling.cold_start_seconds),
             "stale_after_seconds": max(60.0, 4.0 * autoscaling.interval_seconds),
             "forecast": autoscaling.forecast.enabled,
+            "forecast_margin_seconds": float(autoscaling.forecast.margin_seconds),
+            "forecast_period_seconds": float(autoscaling.forecast.period_seconds),
             "schedule": tuple(
                 ScheduleWindow(
                     name=w.name,
@@ -167,6 +173,10 @@ class PolicyConfig:
 
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
+
+    def forecast_look_ahead(self, time_to_ready: float | None) -> float:
+        """How far ahead the forecast reads the earlier periods (give it to `demand_history`)."""
+        return (time_to_ready or self.cold_start_seconds) + self.interval_seconds + self.forecast_margin_seconds
 
     def bounds(self, now: float) -> Bounds:
         """min/max at `now`, with the scheduled windows in force."""

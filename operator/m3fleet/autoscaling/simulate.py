@@ -170,13 +170,13 @@ class ContextAware:
     state: PolicyState = field(default_factory=PolicyState)
     records: Sequence[tuple[float, float]] = ()
     recording: list[tuple[float, float]] = field(default_factory=list)
-    period: float = DAY
 
     def desired(self, snapshot: MetricsSnapshot, fleet: FleetState) -> int:
         if self.records:
-            ttr = fleet.time_to_ready_seconds or self.config.cold_start_seconds
-            look_ahead = ttr + self.config.interval_seconds
-            history = demand_history(self.records, fleet.now, self.period, look_ahead, periods=2)
+            look_ahead = self.config.forecast_look_ahead(fleet.time_to_ready_seconds)
+            history = demand_history(
+                self.records, fleet.now, self.config.forecast_period_seconds, look_ahead, periods=2
+            )
             snapshot = replace(snapshot, demand_history=history)
         decision, state = decide(self.config, self.state, snapshot, fleet)
         self.state = PolicyState.from_dict(state.to_dict())
