@@ -169,9 +169,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from m3fleet.controller.run import run  # the operator's dependencies load only for `run`
+    from m3fleet.controller.run import RunError, run  # the operator's dependencies load only for `run`
 
-    return run(args.namespace, args.all_namespaces, args.standalone, args.liveness_port, args.metrics_port)
+    try:
+        return run(args.namespace, args.all_namespaces, args.standalone, args.liveness_port, args.metrics_port)
+    except RunError as exc:
+        raise InputError(str(exc)) from None
 
 
 def cmd_crd(args: argparse.Namespace) -> int:

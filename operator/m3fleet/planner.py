@@ -5,10 +5,15 @@ The planner picks the smallest GPU layout in which the weights plus the KV cache
 
 * tp / tp-ep: each GPU holds 1/TP of the weights, `max(1, 4/TP)` KV heads of every token plus
   the index cache (which TP does not shard); the TP group is one KV pool.
+* tp / tp-ep over several nodes of a pool without NVLink between nodes (H200, MI355X), on an engine whose
+  M3 model implements pipeline parallelism (vLLM, SGLang): TP = the node's GPUs within each node and one
+  pipeline stage per node (vLLM's guidance: TP within a node, PP across nodes). Each stage holds its layers'
+  weights and its layers' KV; the heaviest stage (the one with the most MoE/sparse layers) decides.
 * dp-ep (attention data parallel + expert parallel MoE): each GPU holds the replicated weights
   (attention, dense layers, shared experts, embeddings) plus 1/EP of the routed experts, all KV
   heads, and only its own sequences: a sequence must fit in one DP rank.
 
+The vision encoder counts only where the engine actually loads it (`EngineFacts.language_model_only`).
 It never goes below a layout a recipe states as the minimum (`catalog.FLOORS`), and with
 `kvCacheDtype: auto` it takes fp8 only when that fits the context on fewer GPUs than bf16.
 An impossible spec raises `SpecError` naming the field, the numbers and a fix.
@@ -33,29 +38,36 @@ from m3fleet.catalog import (
     ENGINES,
     FLOORS,
     KV_LAYOUT,
+    MAX_VISION_TOKENS_PER_ITEM,
     PARALLEL_CANDIDATES,
+    RDMA_RESOURCE_MARKERS,
+    TEXT_HIDDEN_SIZE,
     VALIDATED_SHAPES,
     VARIANTS,
     AcceleratorFacts,
     EngineFacts,
     ModelVariant,
 )
-from m3fleet.catalog.facts import GB, GIB
+from m3fleet.catalog.facts import GB, GIB, POD_SHM_GIB
 from m3fleet.errors import SpecError
+
+MIN_POD_MEMORY_GIB = 2 * POD_SHM_GIB  # the memory-backed /dev/shm plus at least as much for the processes
 
 
 @dataclass(frozen=True)
 class Layout:
-    """One candidate: TP x DP ranks, with or without expert parallelism, and a KV dtype."""
+    """One candidate: TP x DP ranks in each of PP pipeline stages, with or without expert parallelism, and a KV
+    dtype."""
 
     strategy: Strategy
     tp: int
     dp: int
     kv_dtype: KvCacheDtype
+    pp: int = 1
 
     @property
     def world(self) -> int:
-        return self.tp * self.dp
+        return self.tp * self.dp * self.pp
 
     @property
     def expert_parallel(self) -> bool:
@@ -81,26 +93,60 @@ class Fit:
         return self.dp_ranks * (self.tokens_per_rank // max_model_len)
 
 
-def kv_bytes_per_token_per_gpu(attention_tp: int, kv_dtype: KvCacheDtype) -> int:
-    """K/V of every layer for this rank's heads plus the full index-K cache (m3-facts §1.3)."""
+def stage_layers(pp: int) -> list[range]:
+    """The decoder layers of each pipeline stage, split as vLLM's get_pp_indices does: evenly, with any
+    remainder on the stages before the last (60 layers split evenly for PP 2 and 4)."""
+    per, rest = divmod(KV_LAYOUT.layers, pp)
+    sizes = [per] * pp
+    for i in range(2, rest + 2):
+        sizes[-i] += 1
+    stages, start = [], 0
+    for size in sizes:
+        stages.append(range(start, start + size))
+        start += size
+    return stages
+
+
+def _sparse_layers(stage: range) -> int:
+    """MSA sparse layers in a stage; each also holds routed experts (layers 0..2 are dense)."""
+    return sum(1 for layer in stage if layer >= KV_LAYOUT.dense_layers)
+
+
+def kv_bytes_per_token_per_gpu(attention_tp: int, kv_dtype: KvCacheDtype, pp: int = 1) -> int:
+    """K/V of the stage's layers for this rank's heads plus the stage's unsharded index-K cache (m3-facts §1.3),
+    in the stage that needs the most: every stage holds every token, so the heaviest one sets the capacity."""
     layout = KV_LAYOUT
     heads_per_rank = max(1, layout.kv_heads // attention_tp)
     kv_elem_bytes = 1 if kv_dtype == KvCacheDtype.FP8 else 2
-    kv = layout.layers * 2 * heads_per_rank * layout.head_dim * kv_elem_bytes
-    index = layout.index_layers * layout.index_dim * layout.index_dtype_bytes
-    return kv + index
+    return max(
+        len(stage) * 2 * heads_per_rank * layout.head_dim * kv_elem_bytes
+        + _sparse_layers(stage) * layout.index_dim * layout.index_dtype_bytes
+        for stage in stage_layers(pp)
+    )
 
 
 def weights_gib_per_gpu(variant: ModelVariant, layout: Layout, encoder_loaded: bool) -> float:
-    """Weights resident on one GPU. The vision encoder is replicated (encoder data-parallel mode)."""
+    """Weights resident on one GPU. The vision encoder is replicated (encoder data-parallel mode; with pipeline
+    parallelism every stage builds it). A pipeline stage holds about 1/PP of the non-expert weights and the
+    experts of its own MoE layers; the heaviest stage is counted."""
     encoder = variant.vision_encoder_gb
+    non_expert = variant.replicated_gb - encoder
     if layout.strategy == Strategy.DP_EP:
-        per_gpu = (variant.replicated_gb - encoder) / layout.tp + variant.routed_experts_gb / layout.world
+        per_gpu = non_expert / layout.tp + variant.routed_experts_gb / layout.world
     else:
-        per_gpu = (variant.weights_gb - encoder) / layout.tp
+        moe_share = max(_sparse_layers(stage) for stage in stage_layers(layout.pp)) / KV_LAYOUT.index_layers
+        per_gpu = non_expert / (layout.tp * layout.pp) + variant.routed_experts_gb * moe_share / layout.tp
     if encoder_loaded:
         per_gpu += encoder
     return per_gpu * GB / GIB
+
+
+def encoder_cache_gib(engine: EngineFacts, encoder_loaded: bool, max_model_len: int) -> float:
+    """vLLM's multimodal encoder cache, which its startup profiling reserves on every rank: the largest item's
+    embeddings (a video of up to ~192k tokens, fewer when the context is shorter) at the text hidden size."""
+    if not (engine.reserves_encoder_cache and encoder_loaded):
+        return 0.0
+    return min(MAX_VISION_TOKENS_PER_ITEM, max_model_len) * TEXT_HIDDEN_SIZE * 2 / GIB
 
 
 def kv_budget_gib(engine: EngineFacts, accel: AcceleratorFacts, weights_gib: float) -> float:
@@ -114,12 +160,18 @@ def kv_budget_gib(engine: EngineFacts, accel: AcceleratorFacts, weights_gib: flo
 
 
 def evaluate(
-    layout: Layout, variant: ModelVariant, engine: EngineFacts, accel: AcceleratorFacts, encoder_loaded: bool
+    layout: Layout,
+    variant: ModelVariant,
+    engine: EngineFacts,
+    accel: AcceleratorFacts,
+    encoder_loaded: bool,
+    max_model_len: int = 0,
 ) -> Fit:
     weights = weights_gib_per_gpu(variant, layout, encoder_loaded)
-    budget = kv_budget_gib(engine, accel, weights)
-    # In dp-ep each DP rank is its own KV pool over its TP group; in tp the whole TP group is one pool.
-    per_token = kv_bytes_per_token_per_gpu(layout.tp, layout.kv_dtype)
+    budget = kv_budget_gib(engine, accel, weights) - encoder_cache_gib(engine, encoder_loaded, max_model_len)
+    # In dp-ep each DP rank is its own KV pool over its TP group; in tp the whole TP group is one pool (with
+    # pipeline parallelism: every stage holds its layers' share of every token).
+    per_token = kv_bytes_per_token_per_gpu(layout.tp, layout.kv_dtype, layout.pp)
     block_bytes = per_token * KV_LAYOUT.block_size
     blocks = math.floor(budget * GIB / block_bytes) if budget > 0 else 0
     return Fit(
@@ -151,15 +203,15 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
         notes.append("parallelism.strategy auto resolved to tp (plain tensor parallelism)")
 
     max_len = spec.context.max_model_len
-    rope_factor = _rope_scaling(engine_name, variant, max_len, notes)
+    rope_factor = _rope_scaling(engine, accel, variant, max_len, notes)
     kv_dtypes = _kv_dtype_candidates(spec, engine_name, variant, notes)
     floor_gpus, floor_reason = _floor(engine_name, accel_name, variant_name)
-    encoder_loaded = not spec.model.language_model_only
+    encoder_loaded = _encoder_loaded(spec, engine, variant, notes)
 
-    layouts = _candidate_layouts(spec, strategy, floor_gpus)
+    layouts = _candidate_layouts(spec, strategy, floor_gpus, engine, accel)
     fits = [
-        evaluate(Layout(strategy, tp, dp, dtype), variant, engine, accel, encoder_loaded)
-        for tp, dp in layouts
+        evaluate(Layout(strategy, tp, dp, dtype, pp), variant, engine, accel, encoder_loaded, max_len)
+        for tp, dp, pp in layouts
         for dtype in kv_dtypes
     ]
     need = spec.context.min_sequences_at_max_len
@@ -179,6 +231,7 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
 
     gpus_per_node = min(layout.world, accel.gpus_per_node)
     nodes = math.ceil(layout.world / accel.gpus_per_node)
+    cpu, memory_gib = _pod_resources(spec, accel, gpus_per_node)
     validated = _is_validated(engine_name, accel_name, variant_name, layout, nodes)
     if not validated:
         notes.append("this shape is not one a published recipe runs; it is planned from memory arithmetic")
@@ -189,6 +242,8 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
         )
     if nodes > 1:
         notes.append(f"one replica spans {nodes} nodes ({gpus_per_node} GPUs each) as a LeaderWorkerSet group")
+        notes.extend(_multi_node_notes(spec, engine, accel, layout, nodes))
+    notes.extend(engine.deviations.get(accel_name, ()))
     notes.extend(_caveats(engine_name, accel, variant, layout))
 
     return Plan.model_validate(
@@ -201,10 +256,14 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
             "strategy": strategy,
             "tensorParallelSize": layout.tp,
             "dataParallelSize": layout.dp,
-            "expertParallelSize": layout.world if layout.expert_parallel else 1,
+            "pipelineParallelSize": layout.pp,
+            # The experts of a stage are sharded over that stage's ranks (vLLM/SGLang: EP group = TP x DP).
+            "expertParallelSize": layout.tp * layout.dp if layout.expert_parallel else 1,
             "gpusPerNode": gpus_per_node,
             "gpusPerReplica": layout.world,
             "nodesPerReplica": nodes,
+            "cpuPerPod": cpu,
+            "memoryGiBPerPod": memory_gib,
             "gpuMemoryUtilization": engine.memory_fraction[accel_name],
             "maxModelLen": max_len,
             "nativeMaxModelLen": variant.native_max_model_len,
@@ -220,6 +279,87 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
             "notes": notes,
         }
     )
+
+
+def _encoder_loaded(
+    spec: MiniMaxM3DeploymentSpec, engine: EngineFacts, variant: ModelVariant, notes: list[str]
+) -> bool:
+    """Whether the vision encoder sits in GPU memory: what `languageModelOnly` really does on this engine."""
+    if not spec.model.language_model_only:
+        return True
+    if engine.language_model_only == "unsupported":
+        checkpoint = spec.model.checkpoint or variant.checkpoint
+        raise SpecError(
+            "spec.model.languageModelOnly",
+            f"{engine.name.value} {engine.version} cannot leave out MiniMax-M3's vision encoder: it serves the "
+            "text-only MiniMaxM3SparseForCausalLM only for a checkpoint whose config.json names that architecture, "
+            f"{checkpoint} names MiniMaxM3SparseForConditionalGeneration, and trtllm-serve has no option to "
+            "override it",
+            "set languageModelOnly false (text requests are served either way; the encoder's ~1.2 GB per GPU stays "
+            "loaded), or use engine vllm, which skips the encoder",
+        )
+    if engine.language_model_only == "refuses_media":
+        notes.append(
+            f"languageModelOnly on {engine.name.value} {engine.version}: image and video requests are refused "
+            "(--language-model-only), but its MiniMax-M3 model still builds and loads the vision tower, so the "
+            "plan counts its memory"
+        )
+        return True
+    return False
+
+
+def _pod_resources(spec: MiniMaxM3DeploymentSpec, accel: AcceleratorFacts, gpus_per_node: int) -> tuple[int, int]:
+    """(CPU cores, memory GiB) of one engine pod: the spec's, or the catalog's per-GPU size times its GPUs."""
+    asked = spec.node_pool.resources
+    default_memory = accel.memory_gib_per_gpu * gpus_per_node
+    if 0 < asked.memory_gib < MIN_POD_MEMORY_GIB:
+        raise SpecError(
+            "spec.nodePool.resources.memoryGiB",
+            f"{asked.memory_gib} GiB cannot hold the engine pod's memory-backed /dev/shm ({POD_SHM_GIB} GiB, "
+            "counted against the pod's memory limit) plus the engine's own processes",
+            f"use at least {MIN_POD_MEMORY_GIB}, or 0 for the catalog's {default_memory} GiB on {accel.name.value}",
+        )
+    cpu = asked.cpu or accel.cpu_per_gpu * gpus_per_node
+    return cpu, asked.memory_gib or max(default_memory, MIN_POD_MEMORY_GIB)
+
+
+def _has_rdma(spec: MiniMaxM3DeploymentSpec) -> bool:
+    return any(marker in name.lower() for name in spec.node_pool.extra_resources for marker in RDMA_RESOURCE_MARKERS)
+
+
+def _multi_node_notes(
+    spec: MiniMaxM3DeploymentSpec, engine: EngineFacts, accel: AcceleratorFacts, layout: Layout, nodes: int
+) -> list[str]:
+    notes: list[str] = []
+    name = engine.name.value
+    if layout.pp > 1:
+        notes.append(
+            f"tensor parallel {layout.tp} within each node, pipeline parallel {layout.pp} across the {nodes} nodes "
+            f"({name}'s MiniMax-M3 model implements pipeline parallelism): only activations cross the network "
+            f"between stages, where TP{layout.world} would all-reduce across it in every layer"
+        )
+    elif layout.strategy != Strategy.DP_EP and not accel.nvlink_spans_nodes:
+        why = (
+            "tensorParallelSize is set; leave it 0 to get TP within a node and PP across nodes"
+            if engine.pipeline_parallel
+            else f"{name}'s MiniMax-M3 deployment guide documents no pipeline parallelism (TEP or DEP only)"
+        )
+        notes.append(
+            f"tensor parallel {layout.tp} spans {nodes} nodes without NVLink between them, so every layer's "
+            f"all-reduce crosses the network: {why}"
+        )
+    if not _has_rdma(spec):
+        if accel.nvlink_spans_nodes:
+            notes.append(
+                "no RDMA resource in nodePool.extraResources: NCCL runs over multi-node NVLink (the IMEX "
+                "ComputeDomain); any other traffic between the nodes goes over TCP through the pod network"
+            )
+        else:
+            notes.append(
+                "no RDMA resource in nodePool.extraResources: inter-node traffic (NCCL and the engine's own) goes "
+                'over TCP through the pod network, which is slow for a model this size: add e.g. {"rdma/ib": 1}'
+            )
+    return notes
 
 
 def _check_support(engine: EngineFacts, accel: Accelerator, variant: Variant) -> None:
@@ -253,16 +393,50 @@ def _resolve_strategy(spec: MiniMaxM3DeploymentSpec) -> Strategy:
     return strategy
 
 
-def _rope_scaling(engine: EngineName, variant: ModelVariant, max_len: int, notes: list[str]) -> float:
+def _long_context_engines(accel: AcceleratorFacts, max_len: int) -> str:
+    """Where a context past the bf16 checkpoint's native window can be served on this accelerator: engines
+    that apply YaRN there, or a natively longer variant an engine serves there."""
+    options = [f"engine {e.name.value}" for e in ENGINES.values() if accel.vendor in e.yarn_vendors]
+    for engine in ENGINES.values():
+        if accel.vendor in engine.yarn_vendors:
+            continue  # any variant already works there
+        for variant in VARIANTS.values():
+            if variant.native_max_model_len >= max_len and variant.name in engine.support.get(accel.name, ()):
+                options.append(f"engine {engine.name.value} with model.variant {variant.name.value}")
+    return ", ".join(options[:-1]) + (" or " if len(options) > 1 else "") + options[-1] if options else "none does"
+
+
+def _rope_scaling(
+    engine: EngineFacts, accel: AcceleratorFacts, variant: ModelVariant, max_len: int, notes: list[str]
+) -> float:
     native = variant.native_max_model_len
     if max_len <= native:
         return 1.0
-    if engine == EngineName.TRTLLM:
+    if engine.name == EngineName.TRTLLM:
         raise SpecError(
             "spec.context.maxModelLen",
             f"{max_len} is past the {variant.name.value} checkpoint's native {native} tokens, and the pinned "
             "TensorRT-LLM release documents no YaRN path for MiniMax-M3",
-            f"lower maxModelLen to {native} or less, or use engine vllm",
+            f"lower maxModelLen to {native} or less, or use an engine that serves it on {accel.name.value}: "
+            + _long_context_engines(accel, max_len),
+        )
+    if accel.vendor not in engine.yarn_vendors:
+        longer = [
+            v.name.value
+            for v in VARIANTS.values()
+            if v.native_max_model_len >= max_len and v.name in engine.support.get(accel.name, ())
+        ]
+        others = [e.name.value for e in ENGINES.values() if accel.vendor in e.yarn_vendors]
+        fixes = [f"lower maxModelLen to {native} or less"]
+        fixes += [f"use variant {v} (native {VARIANTS[Variant(v)].native_max_model_len})" for v in longer]
+        fixes += [f"use engine {e}" for e in others]
+        raise SpecError(
+            "spec.context.maxModelLen",
+            f"{max_len} is past the {variant.name.value} checkpoint's native {native} tokens, and "
+            f"{engine.name.value} {engine.version}'s MiniMax-M3 model on {accel.vendor.upper()} GPUs ignores "
+            "rope_scaling (it builds RoPE from rope_theta alone, sized to the native context), so YaRN cannot "
+            "extend it",
+            ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1],
         )
     # Round the factor up to 1/100 so factor x native always covers the asked context.
     factor = math.ceil(max_len / native * 100) / 100
@@ -307,16 +481,30 @@ def _explicit(spec: MiniMaxM3DeploymentSpec, strategy: Strategy) -> bool:
     return spec.parallelism.tensor_parallel_size > 0
 
 
-def _candidate_layouts(spec: MiniMaxM3DeploymentSpec, strategy: Strategy, floor_gpus: int) -> list[tuple[int, int]]:
-    """(TP, DP) pairs, smallest world first, honouring explicit sizes and the recipe floor."""
+def pipeline_across_nodes(engine: EngineFacts, accel: AcceleratorFacts, strategy: Strategy) -> bool:
+    """A replica larger than a node runs one pipeline stage per node: the engine's M3 model supports it, the
+    nodes are not one NVLink domain, and attention is tensor parallel (dp-ep shards experts across all ranks)."""
+    return engine.pipeline_parallel and not accel.nvlink_spans_nodes and strategy != Strategy.DP_EP
+
+
+def _candidate_layouts(
+    spec: MiniMaxM3DeploymentSpec, strategy: Strategy, floor_gpus: int, engine: EngineFacts, accel: AcceleratorFacts
+) -> list[tuple[int, int, int]]:
+    """(TP, DP, PP), smallest world first, honouring explicit sizes and the recipe floor. Without an explicit
+    size, a world larger than a node is TP = the node's GPUs x PP = nodes where `pipeline_across_nodes`."""
     tp_asked = spec.parallelism.tensor_parallel_size
     dp_asked = spec.parallelism.data_parallel_size
+    per_node = accel.gpus_per_node
     if strategy == Strategy.DP_EP:
         tp = tp_asked or 1
         dps = [dp_asked] if dp_asked else [d for d in PARALLEL_CANDIDATES if tp * d in PARALLEL_CANDIDATES]
-        pairs = [(tp, dp) for dp in dps]
+        pairs = [(tp, dp, 1) for dp in dps]
+    elif tp_asked:
+        pairs = [(tp_asked, 1, 1)]
+    elif pipeline_across_nodes(engine, accel, strategy):
+        pairs = [(per_node, 1, t // per_node) if t > per_node else (t, 1, 1) for t in PARALLEL_CANDIDATES]
     else:
-        pairs = [(tp_asked, 1)] if tp_asked else [(t, 1) for t in PARALLEL_CANDIDATES]
+        pairs = [(t, 1, 1) for t in PARALLEL_CANDIDATES]
     if _explicit(spec, strategy):
         world = pairs[0][0] * pairs[0][1]
         if world < floor_gpus:
@@ -332,7 +520,7 @@ def _candidate_layouts(spec: MiniMaxM3DeploymentSpec, strategy: Strategy, floor_
                 f"use {floor_gpus} or more GPUs per replica, or leave the sizes 0",
             )
         return pairs
-    return [p for p in pairs if p[0] * p[1] >= floor_gpus]
+    return [p for p in pairs if p[0] * p[1] * p[2] >= floor_gpus]
 
 
 def _smaller_would_fit(
@@ -350,10 +538,9 @@ def _smaller_would_fit(
     if tp * dp != half:
         return False
     need = spec.context.min_sequences_at_max_len
+    max_len = spec.context.max_model_len
     return any(
-        evaluate(Layout(strategy, tp, dp, d), variant, engine, accel, encoder_loaded).sequences_at(
-            spec.context.max_model_len
-        )
+        evaluate(Layout(strategy, tp, dp, d), variant, engine, accel, encoder_loaded, max_len).sequences_at(max_len)
         >= need
         for d in kv_dtypes
     )
@@ -367,6 +554,7 @@ def _is_validated(engine: EngineName, accel: Accelerator, variant: Variant, layo
         and s.strategy == layout.strategy
         and s.tensor_parallel_size == layout.tp
         and s.data_parallel_size == layout.dp
+        and layout.pp == 1  # no published M3 recipe uses pipeline parallelism
         and s.nodes == nodes
         for s in VALIDATED_SHAPES
     )
@@ -410,9 +598,11 @@ def _infeasible(
     best = max((f for f in fits if f.layout.world == largest_world), key=lambda f: f.tokens_per_rank)
     layout = best.layout
     where = (
-        f"tensorParallelSize {layout.tp}"
-        if strategy != Strategy.DP_EP
-        else f"dataParallelSize {layout.dp} x tensorParallelSize {layout.tp}"
+        f"dataParallelSize {layout.dp} x tensorParallelSize {layout.tp}"
+        if strategy == Strategy.DP_EP
+        else f"tensorParallelSize {layout.tp} x pipelineParallelSize {layout.pp}"
+        if layout.pp > 1
+        else f"tensorParallelSize {layout.tp}"
     )
     on = f"on {accel.name.value} ({engine.name.value}, {layout.kv_dtype.value} KV)"
     if best.kv_gib_per_gpu <= 0:

@@ -14,9 +14,12 @@ from m3fleet.planner import plan
 
 @cache
 def sample_plan(max_model_len: int = 131072) -> Plan:
-    """The sample's plan: TP8 at 131072 (511,616 KV tokens/replica); at 1048576 it becomes TP16 over 2 nodes."""
+    """The sample's plan: TP8 at 131072 (542,464 KV tokens/replica). Past the BF16 checkpoint's native 512K it
+    serves the MXFP8 checkpoint (native 1M; vLLM's NVIDIA M3 model applies no YaRN), as the benchmark does."""
     body = copy.deepcopy(DEFAULT_RESOURCE)
     body["spec"]["context"]["maxModelLen"] = max_model_len
+    if max_model_len > 524_288:
+        body["spec"]["model"]["variant"] = "mxfp8"
     return plan(parse_resource(body).spec)
 
 

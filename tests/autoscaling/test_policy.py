@@ -406,6 +406,6 @@ def test_from_spec_maps_the_crd_fields() -> None:
     config = PolicyConfig.from_spec(spec, plan)
     assert (config.min_replicas, config.max_replicas, config.mode, config.tolerance) == (2, 9, "advisory", 0.2)
     assert (config.kv_target, config.scale_down_window_seconds, config.max_scale_down_per_step) == (0.7, 120, 2)
-    assert config.kv_tokens_per_replica == plan.kv_cache_tokens_per_replica == 1_688_064
-    assert config.prefill_tokens_per_second == pytest.approx(5000 * 16 * 0.85)  # 16 H200s over 2 nodes
+    assert config.kv_tokens_per_replica == plan.kv_cache_tokens_per_replica == 1_668_224
+    assert config.prefill_tokens_per_second == pytest.approx(5000 * 8)  # 8 H200s in one node (the MXFP8 checkpoint)
     assert config.cold_start_seconds == 300 and config.max_model_len == 1_048_576

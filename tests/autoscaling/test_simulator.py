@@ -158,9 +158,10 @@ def test_the_forecast_reads_what_the_earlier_days_recorded() -> None:
 
 def test_long_context_burst_default_resource_serves_one_million_tokens() -> None:
     setup = sim.prepare("long-context-burst")
-    assert setup.plan.max_model_len == 1_048_576 and setup.plan.tensor_parallel_size == 16
+    assert setup.plan.max_model_len == 1_048_576 and setup.plan.variant == "mxfp8"
+    assert setup.plan.kv_cache_tokens_per_replica >= 1_048_576 and setup.plan.rope_scaling_factor == 1.0
     assert max(r.prompt + r.output for r in setup.requests) <= setup.plan.max_model_len
-    assert "maxModelLen 1048576" in setup.resource_note
+    assert "maxModelLen 1048576" in setup.resource_note and "variant mxfp8" in setup.resource_note
 
 
 def test_a_smaller_resource_rejects_the_long_prompts() -> None:

@@ -1,21 +1,24 @@
-"""Benchmark: the real operator (kopf, in-process) against the apiserver emulator, N resources at once.
+"""Benchmark: the operator as users run it (`m3fleet run`, a process of its own), N resources at once,
+against the apiserver emulator and against a real control plane (tests/cluster/bench.py), side by side.
 
-    python3 tests/bench/bench_operator.py [--resources 1000] [--quiet 30] [--resync 10]
-                                          [--per-namespace 20] [--sample vllm-h200-tp8]
+    python3 tests/bench/bench_operator.py [--resources 1000] [--real-resources 300] [--quiet 30]
+                                          [--per-namespace 20] [--sample vllm-h200-tp8] [--tier both]
 
-Creates N MiniMaxM3Deployments (spread over namespaces of `--per-namespace`), and measures:
+Creates N MiniMaxM3Deployments (spread over namespaces of `--per-namespace`; the operator watches all
+namespaces), and measures:
 
 * convergence: until every resource has a status for its generation;
-* at rest: until kopf has also handled every creation and drained every event queue;
-* writes (the emulator's counter) by kind: the operator's own (server-side applies, Secret creates,
-  status patches) against the minimum of one apply per child plus one status write per resource;
-  kopf's annotation patches and the Events it posts, separately;
-* writes in a quiet period of at least `--quiet` seconds and at least one resync of every resource
-  (must be 0: exit status 1 otherwise);
-* peak RSS of the process, which the operator, kopf and the emulator share (the emulator keeps every
-  version of every object: its share is estimated separately).
+* at rest: until the operator has also stopped sending requests;
+* the operator's requests by verb and resource: its writes (server-side applies, Secret creates, status
+  patches) against the minimum of one apply per child plus one status write per resource, its Events,
+  its dry runs, and its reads;
+* requests in a quiet period of at least `--quiet` seconds at rest (writes and reads must be 0, exit
+  status 1 otherwise: no resync, no polling);
+* the operator process's peak RSS.
 
-Not collected by pytest (bench_*.py); tests/operator/test_bench_smoke.py runs it with 20 resources.
+`BenchResult` holds only counts and times, so a run against a real API server (whose requests are counted
+some other way) reports through the same `table()`. Not collected by pytest (bench_*.py);
+tests/operator/test_bench_smoke.py runs it with 20 resources.
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ import argparse
 import asyncio
 import collections
 import dataclasses
-import resource
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `tests.*` importable from the repository root
@@ -36,9 +39,7 @@ if __package__ in (None, ""):  # run as a script: make `tests.*` importable from
 import aiohttp.web
 import attrs
 import kmock
-import kopf
 
-from m3fleet.controller import metrics
 from tests.kube.emulator import ApiServerEmulator
 from tests.operator.harness import (
     VLLM,
@@ -48,19 +49,19 @@ from tests.operator.harness import (
     operator_requests,
     rbac_rule,
     rbac_violations,
+    running_operator,
     sample,
 )
 
-DRIVER_WRITES = {"POST minimaxm3deployments"}  # the benchmark's own creates
-KOPF_PATCHES = "PATCH minimaxm3deployments"  # kopf's annotations (last-handled-configuration, progress)
-EVENTS = "POST events"  # Events, posted by kopf (the operator's kopf.info "Applied ..." among them)
-IDLE_SECONDS = 1.0  # kopf's per-object workers exit after this long without events
-LAST_HANDLED = "m3fleet.dev/last-handled-configuration"  # kopf's diff-base annotation (handlers.configure)
+WRITE_VERBS = frozenset({"create", "patch", "update", "delete"})
+READ_VERBS = frozenset({"get", "list"})
+DRY_RUN = " (dry run)"
 
 
 @attrs.define(kw_only=True)
 class LeanEmulator(ApiServerEmulator):
-    """The emulator without its two per-request scans of everything it ever stored or served.
+    """The emulator without its two per-request scans of everything it ever stored or served, and with a
+    counter of the operator's requests by verb and resource.
 
     * kmock matches every request against its whole request log (`request in reaction._source` walks
       it with the reaction's criteria), which makes a long run quadratic: 600 requests cost ~40 s of
@@ -74,6 +75,7 @@ class LeanEmulator(ApiServerEmulator):
 
     keep: int = 2
     rbac_examples: dict[tuple[str, str, str] | None, kmock.Request] = attrs.field(factory=dict, init=False)
+    traffic: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
         if len(self._requests) > 2 * self.keep:  # a new request is matched right after it is logged
@@ -85,6 +87,13 @@ class LeanEmulator(ApiServerEmulator):
                 del reaction._requests[: -self.keep]
         return await super().__call__(raw_request)
 
+    async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
+        if operator_requests([request]):
+            rule = rbac_rule(str(request.method.value), request.url.path, dict(request.params))
+            verb, resource = (rule[2], rule[1]) if rule is not None else ("get", "discovery")
+            self.traffic[f"{verb} {resource}{DRY_RUN if request.params.get('dryRun') else ''}"] += 1
+        return await super()._handle(request)
+
     def _adopt_foreign_objects(self) -> None:
         pass
 
@@ -92,36 +101,33 @@ class LeanEmulator(ApiServerEmulator):
         return rbac_violations([*self.rbac_examples.values(), *operator_requests(self)])
 
 
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-
-
-def reconciles() -> float:
+def count(traffic: Mapping[str, int], verbs: Iterable[str], *, exclude: Iterable[str] = ()) -> int:
+    """Requests of these verbs ("patch deployments" -> verb "patch"), dry runs never included."""
+    wanted, skipped = set(verbs), set(exclude)
     return sum(
-        metrics.REGISTRY.get_sample_value("m3fleet_reconciles_total", {"result": r}) or 0
-        for r in ("ok", "blocked", "error")
+        n for key, n in traffic.items() if key.split(" ", 1)[0] in wanted and key.split(" ", 1)[1] not in skipped
     )
 
 
 @dataclasses.dataclass
 class BenchResult:
+    """Counts and times of one run. `traffic` and `quiet_traffic` count the operator's requests by
+    "<verb> <resource>" ("patch deployments", "list configmaps", "patch services (dry run)", ...)."""
+
     resources: int
     children_per_resource: float
     converge_seconds: float
     at_rest_seconds: float
-    writes: collections.Counter[str]  # "METHOD plural[/subresource]" -> count, from creation until at rest
+    traffic: collections.Counter[str]  # from creation until at rest
     reconciles: float
     quiet_seconds: float
-    quiet_reconciles: float
-    quiet_writes: collections.Counter[str]
-    rss_before_mib: float
-    peak_rss_mib: float
-    emulator_store_mib: float
-    rbac_violations: list[str]  # requests outside kube.RBAC (must be none)
+    quiet_traffic: collections.Counter[str]
+    operator_peak_rss_mib: float
+    rbac_violations: list[str] = dataclasses.field(default_factory=list)  # requests outside kube.RBAC
 
     @property
     def operator_writes(self) -> int:
-        return sum(n for k, n in self.writes.items() if k not in DRIVER_WRITES | {KOPF_PATCHES, EVENTS})
+        return count(self.traffic, WRITE_VERBS, exclude={"events"})
 
     @property
     def minimum_writes(self) -> float:
@@ -131,73 +137,44 @@ class BenchResult:
     def ratio(self) -> float:
         return self.operator_writes / self.minimum_writes
 
+    @property
+    def quiet_requests(self) -> int:
+        """Writes and reads at rest (watches staying open are neither)."""
+        return count(self.quiet_traffic, WRITE_VERBS | READ_VERBS) + sum(
+            n for key, n in self.quiet_traffic.items() if key.endswith(DRY_RUN)
+        )
+
     def table(self) -> str:
         n = self.resources
+        dry_runs = sum(v for k, v in self.traffic.items() if k.endswith(DRY_RUN))
         rows = [
             ("resources", f"{n}"),
             ("children per resource", f"{self.children_per_resource:g}"),
             ("convergence (every status written)", f"{self.converge_seconds:.1f} s"),
-            ("at rest (kopf handled every event)", f"{self.at_rest_seconds:.1f} s"),
-            *((f"  writes {k}", f"{v}") for k, v in sorted(self.writes.items())),
+            ("at rest (no request any more)", f"{self.at_rest_seconds:.1f} s"),
+            *((f"  {k}", f"{v}") for k, v in sorted(self.traffic.items())),
             ("operator writes per resource", f"{self.operator_writes / n:.2f}"),
             ("minimum per resource (children + status)", f"{self.children_per_resource + 1:g}"),
             ("ratio to the minimum", f"{self.ratio:.3f}"),
-            ("kopf annotation patches per resource", f"{self.writes[KOPF_PATCHES] / n:.2f}"),
-            ("events posted per resource", f"{self.writes[EVENTS] / n:.2f}"),
+            ("events posted per resource", f"{self.traffic['create events'] / n:.2f}"),
+            ("dry runs per resource", f"{dry_runs / n:.2f}"),
+            ("reads (get, list) per resource", f"{count(self.traffic, READ_VERBS) / n:.2f}"),
             ("reconciles per resource (until at rest)", f"{self.reconciles / n:.2f}"),
-            (
-                f"writes in {self.quiet_seconds:.0f} s quiet ({self.quiet_reconciles / n:.1f} resyncs each)",
-                f"{sum(self.quiet_writes.values())}",
-            ),
-            *((f"  quiet {k}", f"{v}") for k, v in sorted(self.quiet_writes.items())),
-            ("RSS before the operator started", f"{self.rss_before_mib:.0f} MiB"),
-            ("peak RSS (operator + kopf + emulator)", f"{self.peak_rss_mib:.0f} MiB"),
-            ("  of which the emulator's stored objects", f"~{self.emulator_store_mib:.0f} MiB"),
+            (f"requests in {self.quiet_seconds:.0f} s at rest (writes and reads)", f"{self.quiet_requests}"),
+            *((f"  quiet {k}", f"{v}") for k, v in sorted(self.quiet_traffic.items())),
+            ("operator peak RSS", f"{self.operator_peak_rss_mib:.0f} MiB"),
             ("requests outside kube.RBAC", f"{len(self.rbac_violations)}"),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v:>10}" for k, v in rows)
 
 
-def deep_size_mib(root: object) -> float:
-    """Python's memory for a JSON-like structure (dicts, lists, strings), each object counted once."""
-    seen: set[int] = set()
-    stack, total = [root], 0
-    while stack:
-        item = stack.pop()
-        if id(item) in seen:
-            continue
-        seen.add(id(item))
-        total += sys.getsizeof(item)
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return total / 2**20
-
-
-def stored_versions(emulator: ApiServerEmulator) -> list[object]:
-    return [version.raw for _, obj in emulator.objects.items() for version in obj.history if version is not None]
-
-
-def handled_by_kopf(cluster: Cluster, name: str) -> bool:
-    """kopf recorded the creation as handled (its annotation patch follows the create handler)."""
-    annotations = cluster.m3d(name)["metadata"].get("annotations") or {}
-    return LAST_HANDLED in annotations
-
-
-def quick_idle(settings: kopf.OperatorSettings) -> None:
-    settings.queueing.idle_timeout = IDLE_SECONDS  # kopf's default 5 s only delays noticing the drained queues
-
-
-async def kopf_drained(timeout: float, poll: float) -> None:
-    """Wait until kopf has no per-object worker left: each exits when it had no event for IDLE_SECONDS."""
-    deadline = time.monotonic() + timeout
-    while any(t.get_name().startswith("worker for ") for t in asyncio.all_tasks()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"kopf still processing events after {timeout} s")
-        await asyncio.sleep(poll)
+def peak_rss_mib(pid: int) -> float:
+    """A process's peak resident memory (Linux: VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 async def wait_all(
@@ -212,12 +189,22 @@ async def wait_all(
         await asyncio.sleep(poll)
 
 
+async def quiet_for(emulator: LeanEmulator, seconds: float, timeout: float) -> None:
+    """Until the operator has sent no request for `seconds`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = sum(emulator.traffic.values())
+        await asyncio.sleep(seconds)
+        if sum(emulator.traffic.values()) == before:
+            return
+    raise TimeoutError(f"the operator still sends requests after {timeout} s")
+
+
 async def run_benchmark(
     resources: int,
     *,
     per_namespace: int = 20,
     quiet: float = 30.0,
-    resync: float = 10.0,
     sample_name: str = VLLM,
     timeout: float = 1800,
 ) -> BenchResult:
@@ -229,77 +216,91 @@ async def run_benchmark(
             add_namespace(emulator, namespace)
         clusters = [Cluster(emulator, namespace) for namespace in namespaces]
         names = [f"m3-bench-{i:03d}" for i in range(per_namespace)]
-        rss_before, reconciles_before = peak_rss_mib(), reconciles()
         poll = min(0.5, max(0.05, resources / 2000))  # checking every resource costs time on the shared loop
-        async with cluster.operator(resync=resync, namespaces=namespaces, settings_hook=quick_idle):
-            started = time.monotonic()
-            created = 0
-            for name in names:  # round-robin over the namespaces, as a fleet grows
-                for view in clusters:
-                    if created < resources:
-                        doc = sample(sample_name, view.namespace)
-                        doc["metadata"]["name"] = name
-                        await view.create(doc)
-                        created += 1
-            await wait_all(clusters, names, Cluster.converged, timeout, poll)
-            converged = time.monotonic() - started
-            # The statuses can all be written while kopf still works through its event backlog: at rest
-            # means kopf has handled every creation and processed every event, and nothing is written.
-            await wait_all(clusters, names, handled_by_kopf, timeout, poll)
-            await kopf_drained(timeout, poll)
-            at_rest = max(converged, time.monotonic() - started - IDLE_SECONDS)
-            await cluster.settled(quiet=0.5, timeout=timeout)
-            writes = emulator.writes(by_method=True)
-            children = len(clusters[0].children(names[0]))  # every resource has the same set
-            done = reconciles() - reconciles_before
+        with tempfile.TemporaryDirectory(prefix="m3fleet-bench-") as directory:
+            async with running_operator(emulator, Path(directory), namespace=None) as operator:
+                reconciles_before = await operator.metric("m3fleet_reconciles_total")
+                emulator.traffic.clear()
+                started = time.monotonic()
+                created = 0
+                for name in names:  # round-robin over the namespaces, as a fleet grows
+                    for view in clusters:
+                        if created < resources:
+                            doc = sample(sample_name, view.namespace)
+                            doc["metadata"]["name"] = name
+                            await view.create(doc)
+                            created += 1
+                await wait_all(clusters, names, Cluster.converged, timeout, poll)
+                converged = time.monotonic() - started
+                await quiet_for(emulator, 1.0, timeout)
+                at_rest = time.monotonic() - started - 1.0
+                traffic = collections.Counter(emulator.traffic)
+                children = len(clusters[0].children(names[0]))  # every resource has the same set
+                done = await operator.metric("m3fleet_reconciles_total") - reconciles_before
 
-            emulator.reset_writes()
-            quiet_started, quiet_before = time.monotonic(), reconciles()
-            await asyncio.sleep(quiet)
-            while reconciles() - quiet_before < resources:  # until every resource was resynced at least once
-                await asyncio.sleep(poll)
-            quiet_writes = emulator.writes(by_method=True)
-            quiet_seconds, quiet_reconciles = time.monotonic() - quiet_started, reconciles() - quiet_before
-        peak = peak_rss_mib()  # before measuring the store, which needs memory of its own
+                emulator.traffic.clear()
+                quiet_started = time.monotonic()
+                await asyncio.sleep(quiet)
+                quiet_traffic = collections.Counter(emulator.traffic)
+                quiet_seconds = time.monotonic() - quiet_started
+                rss = peak_rss_mib(operator.process.pid)
         violations = emulator.rbac_violations()
-        store = deep_size_mib(stored_versions(emulator))
     return BenchResult(
         resources=resources,
         children_per_resource=children,
         converge_seconds=converged,
-        at_rest_seconds=at_rest,
-        writes=writes,
+        at_rest_seconds=max(converged, at_rest),
+        traffic=traffic,
         reconciles=done,
         quiet_seconds=quiet_seconds,
-        quiet_reconciles=quiet_reconciles,
-        quiet_writes=quiet_writes,
-        rss_before_mib=rss_before,
-        peak_rss_mib=peak,
-        emulator_store_mib=store,
+        quiet_traffic=quiet_traffic,
+        operator_peak_rss_mib=rss,
         rbac_violations=violations,
     )
 
 
+def real_tier(resources: int, quiet: float) -> tuple[str, bool]:
+    """The same measurement on a real control plane (built by .ci/control-plane.sh), chart installed."""
+    from tests.cluster import bench as real
+    from tests.cluster.cluster import Cluster
+    from tests.cluster.controlplane import ControlPlane, build
+
+    workdir = Path(tempfile.mkdtemp(prefix="m3fleet-bench-"))
+    control_plane = ControlPlane(build(), workdir).start()
+    try:
+        cluster = Cluster(control_plane, workdir)
+        cluster.install_chart()
+        result = real.run(cluster, resources, quiet=quiet)
+    finally:
+        control_plane.stop()
+    ok = not result.forbidden and not result.quiet_traffic.get("write")
+    return result.table(), ok
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--resources", type=int, default=1000)
-    parser.add_argument("--quiet", type=float, default=30.0, help="minimum seconds of quiet period at rest")
-    parser.add_argument("--resync", type=float, default=10.0, help="the operator's resync interval (seconds)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--resources", type=int, default=1000, help="resources on the emulator")
+    parser.add_argument("--real-resources", type=int, default=300, help="resources on the real control plane")
+    parser.add_argument("--quiet", type=float, default=30.0, help="seconds of quiet period at rest")
     parser.add_argument("--sample", default=VLLM, help="manifests/samples/<name>.yaml for every resource")
     parser.add_argument("--per-namespace", type=int, default=20, help="resources per namespace")
+    parser.add_argument("--tier", choices=("emulator", "real", "both"), default="both")
     args = parser.parse_args(argv)
-    result = asyncio.run(
-        run_benchmark(
-            args.resources,
-            per_namespace=args.per_namespace,
-            quiet=args.quiet,
-            resync=args.resync,
-            sample_name=args.sample,
+    failed = False
+    if args.tier in ("emulator", "both"):
+        result = asyncio.run(
+            run_benchmark(args.resources, per_namespace=args.per_namespace, quiet=args.quiet, sample_name=args.sample)
         )
-    )
-    print(result.table())
-    print(*result.rbac_violations, sep="\n")
-    return 1 if sum(result.quiet_writes.values()) or result.rbac_violations else 0
+        print("== emulator ==")
+        print(result.table())
+        print(*result.rbac_violations, sep="\n")
+        failed |= bool(result.quiet_requests or result.rbac_violations)
+    if args.tier in ("real", "both"):
+        table, ok = real_tier(args.real_resources, args.quiet)
+        print("== real control plane ==")
+        print(table)
+        failed |= not ok
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ class Spec:
     kv_cache_dtype: str
     language_model_only: bool = False
     moe_backend: str = MoeBackend.AUTO.value
+    min_sequences: int = 1
 
     @property
     def label(self) -> str:
@@ -57,6 +58,8 @@ class Spec:
         parts += [f"kv-{self.kv_cache_dtype}", "text" if self.language_model_only else "mm"]
         if self.variant == Variant.MXFP4:
             parts.append(f"moe-{self.moe_backend}")
+        if self.min_sequences > 1:
+            parts.append(f"x{self.min_sequences}")
         return "-".join(parts)
 
     def document(self) -> dict[str, Any]:
@@ -75,9 +78,22 @@ class Spec:
                 "engine": {"name": self.engine, "moeBackend": self.moe_backend},
                 "accelerator": self.accelerator,
                 "parallelism": {"strategy": self.strategy},
-                "context": {"maxModelLen": self.max_model_len, "kvCacheDtype": self.kv_cache_dtype},
+                "context": {
+                    "maxModelLen": self.max_model_len,
+                    "kvCacheDtype": self.kv_cache_dtype,
+                    "minSequencesAtMaxLen": self.min_sequences,
+                },
             },
         }
+
+
+# Shapes the cross product does not reach: two H200 nodes as TP8 x PP2 (vLLM holds one 512k sequence on one
+# node, and refuses YaRN on NVIDIA, so only two full-length sequences take it past a node), for both engines.
+PIPELINE_SPECS = [
+    Spec(engine, "h200", "bf16", strategy, 524_288, "bf16", min_sequences=2)
+    for engine in ("vllm", "sglang")
+    for strategy in ("tp", "tp-ep")
+]
 
 
 def spec_grid(

@@ -21,7 +21,7 @@ from tests.engine_parsers.tier import needs_engines, require_engines
 pytestmark = pytest.mark.engine_parsers
 # Only the engine verdicts need the venvs (needs_engines); the coverage and image checks below always run.
 
-RENDERED = grid.samples() + grid.grid(grid.spec_grid(runner.ENGINES))
+RENDERED = grid.samples() + grid.grid(grid.spec_grid(runner.ENGINES)) + grid.grid(grid.PIPELINE_SPECS)
 COMMANDS = [command for rendered in RENDERED for command in grid.commands(rendered)]
 
 
@@ -67,11 +67,17 @@ def test_grid_still_covers_the_cases_it_promises(engine: str) -> None:
     kv_fp8 = {"vllm": "fp8", "sglang": "fp8_e4m3"}[engine]
     dp = {"vllm": "--data-parallel-size", "sglang": "--enable-dp-attention"}[engine]
     ep = {"vllm": "--enable-expert-parallel", "sglang": "--ep-size"}[engine]
+    pp = {"vllm": "--pipeline-parallel-size", "sglang": "--pp-size"}[engine]
     for role in ("leader", "worker"):
         assert _has(engine, role, "--nnodes"), f"no multi-node {role} command for {engine}"
-        assert _has(engine, role, yarn), f"no multi-node {role} command with YaRN for {engine}"
+        assert _has(engine, role, pp, ep), f"no multi-node pipeline-parallel {role} command for {engine}"
         assert _has(engine, role, dp), f"no multi-node dp-ep {role} command for {engine}"
-    for tokens in ([multimodal], [yarn], [dp, ep], [ep], ["--kv-cache-dtype", kv_fp8]):
+        # vLLM applies YaRN only on ROCm (its NVIDIA M3 model ignores rope_scaling, so the planner refuses it
+        # there), and MI355X serves 1M on one node: only SGLang has a multi-node YaRN command.
+        if engine == "sglang":
+            assert _has(engine, role, yarn), f"no multi-node {role} command with YaRN for {engine}"
+    text_only = {"vllm": "--language-model-only", "sglang": "--language-model-only"}[engine]
+    for tokens in ([multimodal], [yarn], [dp, ep], [ep], ["--kv-cache-dtype", kv_fp8], [text_only]):
         assert _has(engine, "single", *tokens), f"no single-pod {engine} command with {tokens}"
     assert any(c.engine == engine and multimodal not in c.argv for c in COMMANDS), "no text-only command"
     if engine == "vllm":

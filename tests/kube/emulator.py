@@ -1,5 +1,6 @@
 """
-A Kubernetes API server emulator for in-process tests of kopf operators.
+A Kubernetes API server emulator for tests of kopf operators (run as processes of their own, pointed at it
+by a kubeconfig), where a fault must be injected on demand.
 
 :class:`ApiServerEmulator` is a subclass of kmock 0.8's ``KubernetesEmulator``. It keeps kmock's
 HTTP server, discovery, request log, reaction DSL (``kmock[...] << ...``) and object store
@@ -14,7 +15,8 @@ What it adds over plain kmock (each item exists because kopf or a controller dep
 * **Server-assigned metadata**: ``uid``, ``creationTimestamp``, one global, monotonically increasing
   ``resourceVersion`` bumped on every write, ``generation`` (1 on create, +1 when anything other
   than ``metadata`` changes; with a ``status`` subresource, ``status`` changes do not count either,
-  exactly the CRD rule), ``generateName``. Writes that change nothing are no-ops: no new
+  exactly the CRD rule; none at all on the kinds that have none: ConfigMap, Service, Secret, Event,
+  Namespace, ...), ``generateName``. Writes that change nothing are no-ops: no new
   resourceVersion, no watch event (as on a real server).
 * **LIST** with the collection ``resourceVersion``, ``kind: <Kind>List``, ``apiVersion``,
   ``labelSelector`` (``k=v``, ``k==v``, ``k!=v``, ``k``, ``!k``, ``k in (a,b)``, ``k notin (a,b)``),
@@ -31,10 +33,13 @@ What it adds over plain kmock (each item exists because kopf or a controller dep
   an ``ERROR`` event with a proper ``410 Expired`` Status object.
 * **Patches**: ``application/merge-patch+json`` (RFC 7386), ``application/json-patch+json``
   (RFC 6902; a failed ``test`` op gives 422 and not 500), ``application/strategic-merge-patch+json``
-  (treated as merge-patch, see approximations), and **server-side apply**
+  (associative lists merged by key, see approximations), and **server-side apply**
   (``application/apply-patch+yaml``): creates a missing object (201), requires ``fieldManager``
   (422 otherwise), records ``metadata.managedFields``, removes fields the same manager applied
-  before and no longer applies, reports conflicts with other managers (409) unless ``force=true``.
+  before and no longer applies, reports conflicts with other managers (409) unless ``force=true``,
+  merges associative lists item by item (``containers`` and ``env`` by name, ``ports`` by port and
+  protocol, ``volumes`` by name, ``ownerReferences`` by uid, ...) and set-lists (``finalizers``) by
+  value, and answers ``?dryRun=All`` with the result without storing it.
   Also ``PUT`` (replace). A ``metadata.resourceVersion`` in a PUT/patch/apply body that differs
   from the stored one gives 409 Conflict (optimistic concurrency).
 * **Subresources**: ``/status`` writes change only ``status``; writes to the main resource ignore
@@ -47,17 +52,19 @@ What it adds over plain kmock (each item exists because kopf or a controller dep
 * **Fault injection that rejects without mutation** (:meth:`ApiServerEmulator.inject_error`),
   returning a proper ``Status`` body and ``Retry-After``; a watch ``ERROR 410`` for new or open
   watch streams.
-* **A write counter** for benchmarks (:meth:`ApiServerEmulator.writes`).
+* **A write counter** for benchmarks (:meth:`ApiServerEmulator.writes`; dry runs counted apart,
+  :meth:`ApiServerEmulator.dry_runs`), and the open watches (:meth:`ApiServerEmulator.watching`).
 * ``GET/POST /api/v1/namespaces`` works (kmock 0.8's URL parser raises on it), so kopf can run
   with namespace scanning enabled.
 
 Approximations (where this is *not* a real apiserver; keep these in mind when reading a test):
 
-* **Server-side apply** tracks ownership per *leaf path*: nested maps are merged key by key, but
-  **lists are atomic**: a real server merges associative lists (``containers`` by name,
-  ``ownerReferences`` by uid) and set-lists (``finalizers``) item by item, here they are replaced. The
-  ``fieldsV1`` it writes uses the real ``f:<name>`` notation but never ``k:``/``v:`` list keys. An
-  apply merges the intent into the object. Fields that the same manager's previous apply owned
+* **Server-side apply** tracks ownership per *leaf path*: nested maps are merged key by key, and
+  the items of associative lists and set-lists through ``k:{...}``/``v:...`` path elements, as in
+  the real ``fieldsV1``. Which lists are associative, and their keys, comes from one table by field
+  name (``LIST_MAP_KEYS``), not from per-kind schemas; every other list is atomic. Key fields that
+  the apiserver defaults (a port's ``protocol``) are assumed at their default. An apply merges the
+  intent into the object. Fields that the same manager's previous apply owned
   and the new intent omits are removed, unless another manager also owns them. Maps emptied that
   way are pruned below the top level (``spec`` stays, ``metadata.labels`` goes). Conflicts are
   detected against other managers (Apply and Update) when a co-owned leaf (or a prefix of it)
@@ -65,7 +72,8 @@ Approximations (where this is *not* a real apiserver; keep these in mind when re
   the leaves they change, under ``fieldManager`` or, like the real server, a manager named after
   the User-Agent's product (``kopf``, ``kmock``, ...). Internal writes (GC) record no ownership.
   An apply to ``/scale`` is treated as a merge-patch.
-* **Strategic merge patch** is a JSON merge-patch (lists replaced, no ``$patch`` directives).
+* **Strategic merge patch** merges like an apply without ownership (no ``$patch`` directives, no
+  ``$setElementOrder``; list items are never deleted by it).
 * **No defaulting, schema validation, admission, quotas, RBAC, namespace existence checks,
   namespace-deletion cascades or pod lifecycle.** Garbage collection happens only when a test
   calls ``collect_garbage()``. The ``fieldSelector`` accepts any dotted path (the real server only
@@ -83,8 +91,8 @@ by a reaction (``kmock['patch', kmock.resource(...)] << 500``) is *not* applied 
 emulation runs only for requests that reach it. Prefer :meth:`ApiServerEmulator.inject_error`
 for faults. Resources must be declared (:meth:`ApiServerEmulator.declare`); undeclared ones get 404.
 
-Verified with kopf 1.45.2 in ``test_emulator.py``: standalone, with namespace scanning (globs), and
-in peering mode (``kopfpeerings``).
+kopf 1.45.2 runs against it, unmodified, inside the real operator process (tests/operator): with its
+default login from a kubeconfig, resource and namespace scanning, standalone and in peering mode.
 """
 
 from __future__ import annotations
@@ -221,39 +229,160 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+# Associative lists, merged item by item by server-side apply (and strategic merge patch), keyed as the
+# Kubernetes schemas declare them (x-kubernetes-list-type: map, x-kubernetes-list-map-keys). Looked up by
+# the field's name wherever it is: close enough for the kinds these tests use. Lists not named here are
+# atomic (replaced whole: args, command, tolerations, ...), except the set-lists (items are their own key).
+LIST_MAP_KEYS: Final[dict[str, tuple[str, ...]]] = {
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "ephemeralContainers": ("name",),
+    "env": ("name",),
+    "volumes": ("name",),
+    "volumeMounts": ("mountPath",),
+    "volumeDevices": ("devicePath",),
+    "imagePullSecrets": ("name",),
+    "resourceClaims": ("name",),
+    "hostAliases": ("ip",),
+    "topologySpreadConstraints": ("topologyKey", "whenUnsatisfiable"),
+    "ownerReferences": ("uid",),
+    "conditions": ("type",),
+}
+SET_LISTS: Final = frozenset({"finalizers"})
+_ITEM_KEY_DEFAULTS: Final = {"protocol": "TCP"}  # defaulted by the apiserver before lists are merged
+
+
+def _map_keys(field: str, items: list[Any]) -> tuple[str, ...] | None:
+    """The key fields of an associative list named `field`, or None when it is atomic (or a set)."""
+    if not items or not all(isinstance(item, dict) for item in items):
+        return None
+    if field == "ports":  # a container's ports, or a Service's
+        return ("containerPort", "protocol") if "containerPort" in items[0] else ("port", "protocol")
+    return LIST_MAP_KEYS.get(field)
+
+
+def _item_element(keys: tuple[str, ...], item: Mapping[str, Any]) -> str:
+    """A list item's path element, in FieldsV1 notation: ``k:{"name":"engine"}``."""
+    values = {k: item.get(k, _ITEM_KEY_DEFAULTS.get(k)) for k in keys}
+    return "k:" + json.dumps(values, sort_keys=True, separators=(",", ":"))
+
+
+def _set_element(value: Any) -> str:
+    return "v:" + json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _is_item(element: str) -> bool:
+    return element.startswith(("k:", "v:"))
+
+
+def _find_item(items: list[Any], element: str, field: str) -> int | None:
+    """The index of the item a ``k:``/``v:`` path element names, or None."""
+    for index, item in enumerate(items):
+        if element.startswith("v:") and _set_element(item) == element:
+            return index
+        keys = _map_keys(field, [item])
+        if keys is not None and isinstance(item, dict) and _item_element(keys, item) == element:
+            return index
+    return None
+
+
 def _leaf_paths(value: Any, prefix: Path = ()) -> set[Path]:
-    """Paths to the leaves of nested maps. Lists, scalars and empty maps are leaves (lists are atomic)."""
+    """Paths to the leaves: through maps, and through the items of associative and set lists (``k:``/``v:``
+    elements). Atomic lists, scalars and empty maps are leaves."""
     if isinstance(value, dict) and value:
         paths: set[Path] = set()
         for key, sub in value.items():
             paths |= _leaf_paths(sub, (*prefix, str(key)))
         return paths
+    if isinstance(value, list) and value and prefix:
+        if prefix[-1] in SET_LISTS:
+            return {(*prefix, _set_element(item)) for item in value}
+        keys = _map_keys(prefix[-1], value)
+        if keys is not None:
+            paths = set()
+            for item in value:
+                paths |= _leaf_paths(item, (*prefix, _item_element(keys, item)))
+            return paths
     return {prefix} if prefix else set()
 
 
 def _get_path(obj: Any, path: Path) -> Any:
+    field = ""
     for key in path:
-        if not isinstance(obj, dict) or key not in obj:
+        if isinstance(obj, list) and _is_item(key):
+            index = _find_item(obj, key, field)
+            if index is None:
+                return _MISSING
+            obj = obj[index]
+        elif isinstance(obj, dict) and key in obj:
+            obj = obj[key]
+        else:
             return _MISSING
-        obj = obj[key]
+        field = key
     return obj
 
 
 def _delete_path(obj: Body, path: Path) -> None:
-    """Delete a leaf; prune the maps it leaves empty, except top-level ones like ``spec``."""
-    parents: list[tuple[dict[str, Any], str]] = []
+    """Delete a leaf; prune the maps and list items it leaves empty, except top-level ones like ``spec``.
+    The key fields of a list item stay while anything else of the item does (they identify it)."""
+    trail: list[tuple[Any, Any]] = []  # (container, key or index) from the top down to the leaf
     node: Any = obj
-    for key in path[:-1]:
-        if not isinstance(node, dict) or not isinstance(node.get(key), dict):
+    field = ""
+    for key in path:
+        if isinstance(node, list) and _is_item(key):
+            index = _find_item(node, key, field)
+            if index is None:
+                return
+            trail.append((node, index))
+            node = node[index]
+        elif isinstance(node, dict) and key in node:
+            trail.append((node, key))
+            node = node[key]
+        else:
             return
-        parents.append((node, key))
-        node = node[key]
-    if isinstance(node, dict):
-        node.pop(path[-1], None)
-    for depth in range(len(parents) - 1, 0, -1):  # never prune depth 0 (e.g. `spec`, `metadata`)
-        parent, key = parents[depth]
-        if parent.get(key) == {}:
-            del parent[key]
+        field = key
+    container, last = trail[-1]
+    item_keys = _map_keys(path[-3], [container]) if len(path) >= 3 and _is_item(path[-2]) else None
+    if isinstance(container, dict) and item_keys and last in item_keys:
+        pass  # a key field: removed with its item, below
+    else:
+        del container[last]
+    for depth in range(len(trail) - 1, 1, -1):  # never prune the top level (e.g. `spec`, `metadata`)
+        parent, key = trail[depth - 1]
+        child = parent[key]
+        keys = _map_keys(str(path[depth - 2]), [child]) if depth >= 2 and isinstance(parent, list) else None
+        emptied = child in ({}, []) or (keys is not None and set(child) <= set(keys))
+        if not emptied:
+            break
+        del parent[key]
+
+
+def _apply_merge(live: Any, intent: Any, field: str = "") -> Any:
+    """Merge an apply intent (or a strategic merge patch) into an object: maps key by key (``null`` deletes),
+    associative lists item by item in the live order (new items appended), set-lists as unions, every
+    other value replaced."""
+    if isinstance(intent, dict):
+        result = dict(live) if isinstance(live, dict) else {}
+        for key, value in intent.items():
+            if value is None:
+                result.pop(key, None)
+            else:
+                result[key] = _apply_merge(result.get(key), value, str(key))
+        return result
+    if isinstance(intent, list) and isinstance(live, list):
+        if field in SET_LISTS:
+            return [*live, *(v for v in intent if v not in live)]
+        keys = _map_keys(field, [*live, *intent])
+        if keys is not None:
+            merged = [copy.deepcopy(item) for item in live]
+            for item in intent:
+                index = _find_item(merged, _item_element(keys, item), field)
+                if index is None:
+                    merged.append(copy.deepcopy(item))
+                else:
+                    merged[index] = _apply_merge(merged[index], item, "")
+            return merged
+    return copy.deepcopy(intent)
 
 
 def _related(a: Path, b: Path) -> bool:
@@ -297,7 +426,7 @@ def _to_fields_v1(paths: Iterable[Path]) -> Body:
     for path in sorted(all_paths):
         node = root
         for key in path:
-            node = node.setdefault(f"f:{key}", {})
+            node = node.setdefault(key if _is_item(key) else f"f:{key}", {})
         if any(other != path and other[: len(path)] == path for other in all_paths):
             node["."] = {}  # the node is owned itself *and* has owned children (real FieldsV1 rule)
     return root
@@ -500,6 +629,7 @@ class InjectedError:
     times: int | None  # None: forever
     retry_after: float | None
     body: Body
+    dry_run: bool | None = None  # True: only dry runs, False: only real writes, None: either
     hits: int = 0
 
     @property
@@ -556,6 +686,7 @@ class _WatchSession:
     name: str | None
     labels: list[LabelRequirement]
     fields: list[FieldRequirement]
+    host: str = ""  # the Host header the client used (which server of the emulator it reached)
     queue: asyncio.Queue[_Event | None] = dataclasses.field(default_factory=lambda: asyncio.Queue())
 
     def in_scope(self, obj: Body) -> bool:
@@ -609,6 +740,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _faults: list[InjectedError] = attrs.field(factory=list, init=False)
     _write_counts: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
     _list_snapshots: dict[str, tuple[str, list[Body]]] = attrs.field(factory=dict, init=False)
+    _dry_run_counts: collections.Counter[str] = attrs.field(factory=collections.Counter, init=False)
+    _without_generation: set[kmock.resource] = attrs.field(factory=set, init=False)
 
     def __attrs_post_init__(self) -> None:
         # Keep kmock's discovery endpoints and its 404 for unknown URLs, but not KubernetesEmulator's
@@ -630,8 +763,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         verbs: Iterable[str] = DEFAULT_VERBS,
         shortnames: Iterable[str] = (),
         categories: Iterable[str] = (),
+        generation: bool = True,
     ) -> kmock.resource:
-        """Declare a served resource, e.g. ``declare('example.test/v1/widgets', 'Widget', subresources={'status'})``."""
+        """Declare a served resource, e.g. ``declare('example.test/v1/widgets', 'Widget', subresources={'status'})``.
+        ``generation=False`` for kinds without ``metadata.generation`` (ConfigMaps, Services, Secrets, ...;
+        custom resources always have one)."""
         resource = kmock.resource(group_version_plural)
         if resource.group is None or resource.version is None or not resource.plural:
             raise ValueError(f'Expected "group/version/plural" or "v1/plural", got {group_version_plural!r}')
@@ -645,6 +781,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             categories=set(categories),
             subresources=subresources,
         )
+        if not generation:
+            self._without_generation.add(resource)
         if "scale" in subresources:
             self._scale[resource] = scale_paths or ScalePaths()
         elif scale_paths is not None:
@@ -653,13 +791,20 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     def declare_builtin(self) -> None:
         """Declare what kopf needs (namespaces, events, CRDs, peerings) and the usual children kinds."""
-        self.declare("v1/namespaces", "Namespace", namespaced=False, subresources={"status"}, shortnames={"ns"})
-        self.declare("v1/events", "Event", shortnames={"ev"})
-        self.declare("v1/configmaps", "ConfigMap", shortnames={"cm"})
-        self.declare("v1/secrets", "Secret")
-        self.declare("v1/services", "Service", subresources={"status"}, shortnames={"svc"})
-        self.declare("v1/serviceaccounts", "ServiceAccount", shortnames={"sa"})
-        self.declare("v1/pods", "Pod", subresources={"status"}, shortnames={"po"})
+        self.declare(
+            "v1/namespaces",
+            "Namespace",
+            namespaced=False,
+            subresources={"status"},
+            shortnames={"ns"},
+            generation=False,
+        )
+        self.declare("v1/events", "Event", shortnames={"ev"}, generation=False)
+        self.declare("v1/configmaps", "ConfigMap", shortnames={"cm"}, generation=False)
+        self.declare("v1/secrets", "Secret", generation=False)
+        self.declare("v1/services", "Service", subresources={"status"}, shortnames={"svc"}, generation=False)
+        self.declare("v1/serviceaccounts", "ServiceAccount", shortnames={"sa"}, generation=False)
+        self.declare("v1/pods", "Pod", subresources={"status"}, shortnames={"po"})  # generation since 1.33
         for plural, kind in [("deployments", "Deployment"), ("statefulsets", "StatefulSet")]:
             self.declare(
                 f"apps/v1/{plural}",
@@ -667,7 +812,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 subresources={"status", "scale"},
                 scale_paths=ScalePaths(label_selector=".spec.selector"),
             )
-        self.declare("coordination.k8s.io/v1/leases", "Lease")
+        self.declare("coordination.k8s.io/v1/leases", "Lease", generation=False)
         self.declare(
             "apiextensions.k8s.io/v1/customresourcedefinitions",
             "CustomResourceDefinition",
@@ -780,6 +925,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         namespace: str | None = None,
         reason: str | None = None,
         message: str | None = None,
+        dry_run: bool | None = None,
     ) -> InjectedError:
         """
         Make the next ``times`` matching requests fail with ``status``, before any state change.
@@ -791,7 +937,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         body; with ``retry_after``, also a ``Retry-After`` header and ``details.retryAfterSeconds``
         (a 429 gets ``retry_after=1`` unless given, as the apiserver's throttling always says).
         A ``WATCH`` with 410 is answered like the apiserver does for an expired resourceVersion:
-        HTTP 200 with one ``ERROR`` event carrying the 410 Status. Returns a handle with ``.hits``.
+        HTTP 200 with one ``ERROR`` event carrying the 410 Status. ``dry_run=True`` matches only
+        ``?dryRun=All`` writes, ``False`` only real ones. Returns a handle with ``.hits``.
         """
         method = method.upper()
         if status == 429 and retry_after is None:
@@ -820,6 +967,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             times=times,
             retry_after=retry_after,
             body=body,
+            dry_run=dry_run,
         )
         self._faults.append(fault)
         return fault
@@ -849,18 +997,33 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     def writes(self, *, by_method: bool = False) -> collections.Counter[str]:
         """
-        Mutating requests received (POST/PUT/PATCH/DELETE), including rejected ones, as a Counter
-        keyed ``"plural"`` or ``"plural/subresource"`` (``"PATCH plural/status"`` with ``by_method``).
+        Mutating requests received (POST/PUT/PATCH/DELETE), including rejected ones, but not dry runs
+        (which store nothing), as a Counter keyed ``"plural"`` or ``"plural/subresource"``
+        (``"PATCH plural/status"`` with ``by_method``).
         """
+        return self._totals(self._write_counts, by_method)
+
+    def dry_runs(self, *, by_method: bool = False) -> collections.Counter[str]:
+        """Mutating requests with ``?dryRun=All``, counted like :meth:`writes`."""
+        return self._totals(self._dry_run_counts, by_method)
+
+    @staticmethod
+    def _totals(counts: collections.Counter[str], by_method: bool) -> collections.Counter[str]:
         if by_method:
-            return collections.Counter(self._write_counts)
+            return collections.Counter(counts)
         totals: collections.Counter[str] = collections.Counter()
-        for key, count in self._write_counts.items():
+        for key, count in counts.items():
             totals[key.split(" ", 1)[1]] += count
         return totals
 
     def reset_writes(self) -> None:
         self._write_counts.clear()
+        self._dry_run_counts.clear()
+
+    def watching(self, plural: str, *, host: str | None = None) -> int:
+        """How many watch streams of a resource are open (from clients that reached `host`, if given)."""
+        resource = kmock.resource(plural)
+        return sum(1 for s in self._watchers if resource.check(s.resource) and host in (None, s.host))
 
     # -- request entry points -------------------------------------------------------------------
 
@@ -915,11 +1078,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if target is not None:
             self._adopt_foreign_objects()
             verb = self._verb(request, target)
+            dry_run = self._dry_run(request)
             if verb in MUTATING_METHODS:
                 plural = str(target.resource.plural)
                 where = f"{plural}/{target.subresource}" if target.subresource else plural
-                self._write_counts[f"{verb} {where}"] += 1
-            fault = self._take_fault(verb, target)
+                (self._dry_run_counts if dry_run else self._write_counts)[f"{verb} {where}"] += 1
+            fault = self._take_fault(verb, target, dry_run)
             if fault is not None:
                 return await self._fault_response(fault, verb)(request)
         # Skip KubernetesEmulator._handle (which mutates state itself); go to the reaction matching.
@@ -1014,7 +1178,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             raise ApiError(400, f"invalid resource version: {since_param!r}")
         labels, fields = self._selectors(request)
         session = _WatchSession(
-            resource=target.resource, namespace=target.namespace, name=target.name, labels=labels, fields=fields
+            resource=target.resource,
+            namespace=target.namespace,
+            name=target.name,
+            labels=labels,
+            fields=fields,
+            host=self._header(request, "Host"),
         )
         timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
         initial = params.get("sendInitialEvents") == "true"
@@ -1159,7 +1328,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             meta.pop(field, None)
         meta["uid"] = str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
         meta["creationTimestamp"] = _now()
-        meta["generation"] = 1
+        if target.resource not in self._without_generation:
+            meta["generation"] = 1
         if "status" in info.subresources and not keep_status:
             obj.pop("status", None)
         scope: Literal["main", "all"] = "main" if "status" in info.subresources and not keep_status else "all"
@@ -1218,7 +1388,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     def _apply_patch(self, content_type: str, base: Body, request: kmock.Request) -> Body:
         if content_type in (MERGE_PATCH, STRATEGIC_PATCH, APPLY_PATCH):
             patch = self._require_dict(self._body_data(request))
-            result = merge_patch(base, patch)
+            result = _apply_merge(base, patch) if content_type == STRATEGIC_PATCH else merge_patch(base, patch)
             assert isinstance(result, dict)
             return result
         if content_type == JSON_PATCH:
@@ -1320,7 +1490,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             entry.paths.discard(owned)
 
         # Merge the intent, then drop what this manager applied before but no longer applies.
-        new = merge_patch(current, scoped_intent)
+        new = _apply_merge(current, scoped_intent)
         assert isinstance(new, dict)
         mine = next((e for e in entries if e.same_actor(manager, "Apply", target.subresource)), None)
         if mine is None:
@@ -1413,7 +1583,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         new["metadata"]["finalizers"] = finalizers
         new["metadata"]["deletionTimestamp"] = _now()
         new["metadata"]["deletionGracePeriodSeconds"] = 0
-        new["metadata"]["generation"] = current["metadata"].get("generation", 0) + 1  # as the apiserver does
+        if "generation" in current["metadata"]:
+            new["metadata"]["generation"] = current["metadata"]["generation"] + 1  # as the apiserver does
         new["metadata"]["resourceVersion"] = self._next_rv()
         self._store(key, new)
         self._publish("MODIFIED", key[0], new, current)
@@ -1517,8 +1688,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             return current  # a no-op write: no new resourceVersion, no event (as on a real apiserver)
         ignored = {"metadata", "status"} if "status" in info.subresources else {"metadata"}
         keys = (set(current) | set(new)) - ignored
-        if any(current.get(k) != new.get(k) for k in keys):
-            new["metadata"]["generation"] = current["metadata"].get("generation", 0) + 1
+        if "generation" in current["metadata"] and any(current.get(k) != new.get(k) for k in keys):
+            new["metadata"]["generation"] = current["metadata"]["generation"] + 1
         if dry_run:
             return new
         new["metadata"]["resourceVersion"] = self._next_rv()
@@ -1682,9 +1853,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             return "LIST"
         return method
 
-    def _take_fault(self, verb: str, target: _Target) -> InjectedError | None:
+    def _take_fault(self, verb: str, target: _Target, dry_run: bool) -> InjectedError | None:
         for fault in self._faults:
-            if fault.exhausted:
+            if fault.exhausted or fault.dry_run not in (None, dry_run):
                 continue
             if fault.method not in ("*", verb) or not fault.resource.check(target.resource):
                 continue

@@ -2,24 +2,20 @@
 Tests of the API server emulator itself (``tests/kube/emulator.py``).
 
 Each feature is exercised through plain HTTP against the kmock server, as kopf or a controller
-would use it. At the end, a tiny kopf operator (defined here) runs against the emulator in-process.
+would use it. kopf itself runs against it in tests/operator, inside the real operator process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import kmock
-import kopf
 import pytest
 
-from tests.kube.conftest_helpers import eventually, run_operator
 from tests.kube.emulator import ApiServerEmulator, ScalePaths
 
 # strict=True: any exception inside the emulator (a bug, not an API error) fails the test at teardown.
@@ -31,6 +27,7 @@ CM_URL = "/api/v1/namespaces/ns1/configmaps"
 MERGE = {"Content-Type": "application/merge-patch+json"}
 JSON_PATCH = {"Content-Type": "application/json-patch+json"}
 APPLY = {"Content-Type": "application/apply-patch+yaml"}
+STRATEGIC = "application/strategic-merge-patch+json"
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
 
@@ -142,6 +139,11 @@ async def test_generation_changes_only_with_spec(emulator: ApiServerEmulator) ->
     # A write that changes nothing is a no-op: no new resourceVersion (and no watch event).
     _, body, _ = await call(emulator, "PATCH", f"{NS_URL}/w1", {"spec": {"size": 2}}, headers=MERGE)
     assert body["metadata"]["resourceVersion"] == rv2 and emulator.resource_version == rv2
+
+    # Kinds without a generation (ConfigMaps, Services, Secrets, ...) never get one.
+    cm = await create(emulator, "cfg", url=CM_URL, data={"a": "1"})
+    _, body, _ = await call(emulator, "PATCH", f"{CM_URL}/cfg", {"data": {"a": "2"}}, headers=MERGE)
+    assert "generation" not in cm["metadata"] and "generation" not in body["metadata"]
 
     # The CRD rule: without a status subresource, every change outside `metadata` (status too) counts.
     await create(emulator, "p1", url="/apis/example.test/v1/namespaces/ns1/plainthings", spec={"a": 1})
@@ -449,6 +451,93 @@ async def test_apply_respects_status_subresource_and_optimistic_lock(emulator: A
     stale = {**intent, "metadata": {"name": "w1", "resourceVersion": "1"}, "spec": {"size": 2}}
     status, body = await apply(emulator, stale, url=f"{NS_URL}/w1")
     assert (status, body["reason"]) == (409, "Conflict")
+
+
+DEPLOY_URL = "/apis/apps/v1/namespaces/ns1/deployments"
+
+
+def deployment_intent(containers: list[dict[str, Any]], **pod: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "ns1"},
+        "spec": {"replicas": 1, "template": {"spec": {"containers": containers, **pod}}},
+    }
+
+
+def containers_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    containers: list[dict[str, Any]] = body["spec"]["template"]["spec"]["containers"]
+    return containers
+
+
+async def test_apply_merges_associative_lists_by_key(emulator: ApiServerEmulator) -> None:
+    """As the apiserver does: containers and env by name, ports by port and protocol; atomic lists replaced."""
+    url = f"{DEPLOY_URL}/web"
+    engine = {"name": "engine", "image": "v1", "args": ["--a"], "env": [{"name": "A", "value": "1"}]}
+    engine["ports"] = [{"containerPort": 8000, "name": "http"}]
+    status, body = await apply(emulator, deployment_intent([engine]), url=url)
+    assert status == 201
+    spec_fields = body["metadata"]["managedFields"][0]["fieldsV1"]["f:spec"]["f:template"]["f:spec"]
+    assert set(spec_fields["f:containers"]) == {'k:{"name":"engine"}'}
+    assert set(spec_fields["f:containers"]['k:{"name":"engine"}']["f:ports"]) == {
+        'k:{"containerPort":8000,"protocol":"TCP"}'
+    }
+
+    # Someone adds an env var and a sidecar by hand (a strategic merge patch, as kubectl does).
+    sidecar = {"name": "sidecar", "image": "s1"}
+    edit: dict[str, Any] = {
+        "spec": {"template": {"spec": {"containers": [{"name": "engine", "env": [{"name": "B", "value": "2"}]}]}}}
+    }
+    status, body, _ = await call(emulator, "PATCH", url, edit, headers={"Content-Type": STRATEGIC})
+    assert status == 200 and [e["name"] for e in containers_of(body)[0]["env"]] == ["A", "B"]
+    edit["spec"]["template"]["spec"]["containers"] = [sidecar]
+    await call(emulator, "PATCH", url, edit, headers={"Content-Type": STRATEGIC}, params={"fieldManager": "me"})
+
+    # The same intent again: everything the others added stays, nothing changes.
+    before = existing(emulator, "apps/v1/deployments", "ns1", "web")
+    status, body = await apply(emulator, deployment_intent([engine]), url=url)
+    assert status == 200 and body["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert [c["name"] for c in containers_of(body)] == ["engine", "sidecar"]
+    assert containers_of(body)[0]["env"] == [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]
+
+    # A hand edit of a field the operator owns is taken back by a forced apply; atomic lists are replaced.
+    edit = {"spec": {"template": {"spec": {"containers": [{"name": "engine", "image": "hacked"}]}}}}
+    await call(emulator, "PATCH", url, edit, headers={"Content-Type": STRATEGIC}, params={"fieldManager": "me"})
+    status, body = await apply(emulator, deployment_intent([{**engine, "args": ["--b"]}]), url=url, force=True)
+    assert containers_of(body)[0]["image"] == "v1" and containers_of(body)[0]["args"] == ["--b"]
+
+    # An item the manager no longer applies goes (unless someone else owns part of it).
+    slim = {"name": "engine", "image": "v1"}
+    status, body = await apply(emulator, deployment_intent([slim]), url=url, force=True)
+    engine_now = containers_of(body)[0]
+    assert [c["name"] for c in containers_of(body)] == ["engine", "sidecar"]
+    assert engine_now["env"] == [{"name": "B", "value": "2"}] and "ports" not in engine_now and "args" not in engine_now
+
+
+async def test_apply_dry_run_answers_without_storing(emulator: ApiServerEmulator) -> None:
+    await apply(emulator, cm_intent({"a": "1"}))
+    before = existing(emulator, "v1/configmaps", "ns1", "cfg")
+    emulator.reset_writes()
+    status, body, _ = await call(
+        emulator,
+        "PATCH",
+        f"{CM_URL}/cfg",
+        cm_intent({"a": "2"}),
+        headers=APPLY,
+        params={"fieldManager": "op", "force": "true", "dryRun": "All"},
+    )
+    assert status == 200 and body["data"] == {"a": "2"}
+    assert existing(emulator, "v1/configmaps", "ns1", "cfg") == before
+    dry = {"fieldManager": "op", "dryRun": "All"}
+    new = {**cm_intent({"b": "1"}), "metadata": {"name": "new"}}
+    status, body, _ = await call(emulator, "PATCH", f"{CM_URL}/new", new, headers=APPLY, params=dry)
+    assert status == 201 and emulator.get_object("v1/configmaps", "ns1", "new") is None
+    assert emulator.writes() == {} and emulator.dry_runs() == {"configmaps": 2}  # dry runs store nothing
+
+    fault = emulator.inject_error("PATCH", "configmaps", 500, dry_run=True)
+    assert (await apply(emulator, cm_intent({"a": "3"})))[0] == 200  # a real write: not this fault's
+    status, _, _ = await call(emulator, "PATCH", f"{CM_URL}/cfg", cm_intent({"a": "4"}), headers=APPLY, params=dry)
+    assert (status, fault.hits) == (500, 1)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -775,6 +864,17 @@ async def test_injected_watch_gone_is_a_status_event(emulator: ApiServerEmulator
     assert has(events[0]["object"], {"kind": "Status", "code": 410, "reason": "Expired", "status": "Failure"})
 
 
+async def test_open_watches_are_counted(emulator: ApiServerEmulator) -> None:
+    assert emulator.watching(WIDGETS) == 0
+    async with emulator.get(NS_URL, params={"watch": "true"}) as resp:
+        await create(emulator, "w1")
+        assert summary(await read_events(resp, 1)) == [("ADDED", "w1")]
+        host = resp.request_info.url.host
+        assert emulator.watching(WIDGETS) == 1 and emulator.watching("configmaps") == 0
+        assert emulator.watching(WIDGETS, host=f"{host}:{resp.request_info.url.port}") == 1
+        assert emulator.watching(WIDGETS, host="elsewhere:1") == 0
+
+
 async def test_write_counter(emulator: ApiServerEmulator) -> None:
     await create(emulator, "w1")
     await call(emulator, "PATCH", f"{NS_URL}/w1", {"spec": {"a": 1}}, headers=MERGE)
@@ -824,194 +924,3 @@ async def test_seed_and_objects_put_directly(emulator: ApiServerEmulator) -> Non
     emulator.objects[WIDGETS, "ns1", "w2"] = {"spec": {"size": 2}}  # kmock's own way: gets adopted
     _, body, _ = await call(emulator, "GET", f"{NS_URL}/w2")
     assert body["metadata"]["resourceVersion"] and body["metadata"]["uid"] and body["spec"] == {"size": 2}
-
-
-# -------------------------------------------------------------------------------------------------
-# End to end: a tiny kopf operator against the emulator
-# -------------------------------------------------------------------------------------------------
-
-FIELD_MANAGER = "widget-operator"
-
-
-def make_widget_operator(em: ApiServerEmulator) -> kopf.OperatorRegistry:
-    """A toy controller: renders a ConfigMap per Widget via server-side apply and reports status."""
-    registry = kopf.OperatorRegistry()
-
-    @kopf.on.create("example.test", "v1", "widgets", registry=registry, backoff=0.1)
-    @kopf.on.update("example.test", "v1", "widgets", registry=registry, backoff=0.1, field="spec")
-    async def reconcile(body: kopf.Body, spec: kopf.Spec, name: str, namespace: str | None, **_: Any) -> None:
-        data = {key: str(value) for key, value in spec.items()}
-        configmap: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": f"{name}-cfg", "namespace": namespace},
-            "data": data,
-        }
-        kopf.adopt(configmap, owner=body)
-        base = str(em.url).rstrip("/")
-        async with aiohttp.ClientSession(base_url=base) as session:
-            async with session.patch(
-                f"/api/v1/namespaces/{namespace}/configmaps/{name}-cfg",
-                params={"fieldManager": FIELD_MANAGER, "force": "true"},
-                headers={"Content-Type": "application/apply-patch+yaml"},
-                data=json.dumps(configmap),
-            ) as resp:
-                if resp.status >= 400:
-                    raise kopf.TemporaryError(f"Apply failed: {resp.status}", delay=0.1)
-            status = {"observedGeneration": body.metadata["generation"], "configMap": f"{name}-cfg"}
-            async with session.patch(
-                f"/apis/example.test/v1/namespaces/{namespace}/widgets/{name}/status",
-                params={"fieldManager": FIELD_MANAGER},
-                headers={"Content-Type": "application/merge-patch+json"},
-                data=json.dumps({"status": status}),
-            ) as resp:
-                if resp.status >= 400:
-                    raise kopf.TemporaryError(f"Status patch failed: {resp.status}", delay=0.1)
-
-    return registry
-
-
-@pytest.fixture()
-async def widget_operator(emulator: ApiServerEmulator) -> AsyncIterator[ApiServerEmulator]:
-    async with run_operator(emulator, make_widget_operator(emulator), namespaces=["ns1"]):
-        yield emulator
-
-
-def configmap_of(em: ApiServerEmulator, name: str) -> dict[str, Any]:
-    return existing(em, "v1/configmaps", "ns1", f"{name}-cfg")
-
-
-def observed(em: ApiServerEmulator, name: str) -> int | None:
-    widget = em.get_object(WIDGETS, "ns1", name) or {}
-    generation: int | None = widget.get("status", {}).get("observedGeneration")
-    return generation
-
-
-async def patch_spec(em: ApiServerEmulator, name: str, spec: dict[str, Any]) -> None:
-    status, body, _ = await call(em, "PATCH", f"{NS_URL}/{name}", {"spec": spec}, headers=MERGE)
-    assert status == 200, body
-
-
-def apply_requests(em: ApiServerEmulator, name: str) -> list[Any]:
-    return [r for r in em if r.method == "PATCH" and r.url.path == f"{CM_URL}/{name}-cfg"]
-
-
-# No looptime here: kopf keeps handler retry times as wall-clock timestamps in its progress annotations but
-# sleeps in loop time, so under looptime it busy-loops "touching" the object until the wall clock catches up.
-async def test_kopf_operator_end_to_end(widget_operator: ApiServerEmulator, caplog: pytest.LogCaptureFixture) -> None:
-    em = widget_operator
-    caplog.set_level(logging.DEBUG, logger="kopf")
-
-    # Create: the child is applied via SSA (with an owner reference), then the status is written.
-    w1 = await create(em, "w1", spec={"size": 1, "color": "red"})
-    await eventually(lambda: observed(em, "w1") == 1)
-    cm = configmap_of(em, "w1")
-    assert cm["data"] == {"size": "1", "color": "red"}
-    owner_ref = {"kind": "Widget", "name": "w1", "uid": w1["metadata"]["uid"], "controller": True}
-    assert has(cm["metadata"]["ownerReferences"][0], owner_ref)
-    assert has(cm["metadata"]["managedFields"][0], {"manager": FIELD_MANAGER, "operation": "Apply"})
-    [request] = apply_requests(em, "w1")
-    assert request.headers["Content-Type"] == "application/apply-patch+yaml"
-    assert request.params == {"fieldManager": FIELD_MANAGER, "force": "true"}
-
-    # Update: re-applied; the key no longer rendered is removed by SSA (not by the operator).
-    await patch_spec(em, "w1", {"size": 2, "color": None})
-    await eventually(lambda: observed(em, "w1") == 2)
-    assert configmap_of(em, "w1")["data"] == {"size": "2"}
-
-    # A 500 on the child apply: the handler fails, kopf retries it, and it converges.
-    fault = em.inject_error("PATCH", "configmaps", 500)
-    await patch_spec(em, "w1", {"size": 3})
-    await eventually(lambda: observed(em, "w1") == 3)
-    assert configmap_of(em, "w1")["data"] == {"size": "3"} and fault.hits == 1
-    assert len(apply_requests(em, "w1")) == 4  # create, update, failed + retried
-
-    # A watch 410: kopf re-lists and continues.
-    lists_before = len([r for r in em if r.method == "GET" and r.url.path == NS_URL and "watch" not in r.params])
-    assert em.expire_watches("widgets") >= 1
-    await eventually(
-        lambda: (
-            len([r for r in em if r.method == "GET" and r.url.path == NS_URL and "watch" not in r.params])
-            > lists_before
-        )
-    )
-    await patch_spec(em, "w1", {"size": 4})
-    await eventually(lambda: observed(em, "w1") == 4)
-    assert configmap_of(em, "w1")["data"] == {"size": "4"}
-    assert "Restarting the watch-stream" in caplog.text
-
-    # A 409 on the status patch: the handler is retried and the status lands.
-    conflict = em.inject_error("PATCH", "widgets", 409, subresource="status")
-    await patch_spec(em, "w1", {"size": 5})
-    await eventually(lambda: observed(em, "w1") == 5)
-    assert conflict.hits == 1 and configmap_of(em, "w1")["data"] == {"size": "5"}
-
-    # Deleting the owner leaves the child to the garbage collector.
-    await call(em, "DELETE", f"{NS_URL}/w1")
-    await eventually(lambda: em.get_object(WIDGETS, "ns1", "w1") is None)
-    assert [name for _, _, name in em.collect_garbage()] == ["w1-cfg"]
-
-
-@pytest.mark.looptime
-async def test_kopf_own_patch_conflict_is_dropped_until_the_next_change(emulator: ApiServerEmulator) -> None:
-    """Real kopf behaviour worth knowing: a 409 on kopf's *own* patch drops that event."""
-    registry = kopf.OperatorRegistry()
-    seen: list[int] = []
-
-    @kopf.on.create("example.test", "v1", "widgets", registry=registry)
-    @kopf.on.update("example.test", "v1", "widgets", registry=registry, field="spec")
-    async def handler(spec: kopf.Spec, patch: kopf.Patch, **_: Any) -> None:
-        seen.append(spec["size"])
-        patch.status["size"] = spec["size"]  # written by kopf itself (merge-patch to /status)
-
-    conflict = emulator.inject_error("PATCH", "widgets", 409, subresource="status")
-    async with run_operator(emulator, registry, namespaces=["ns1"]):
-        await create(emulator, "w1", spec={"size": 1})
-        await eventually(lambda: conflict.hits == 1)
-        await asyncio.sleep(5)
-        assert (emulator.get_object(WIDGETS, "ns1", "w1") or {}).get("status") is None  # lost, not retried
-        await patch_spec(emulator, "w1", {"size": 2})
-        await eventually(lambda: (emulator.get_object(WIDGETS, "ns1", "w1") or {}).get("status") == {"size": 2})
-    assert seen[-1] == 2
-
-
-async def test_kopf_with_namespace_scanning(emulator: ApiServerEmulator) -> None:
-    """With scanning on, kopf lists/watches namespaces (and CRDs) and follows a namespace glob."""
-    registry = kopf.OperatorRegistry()
-
-    @kopf.on.create("example.test", "v1", "widgets", registry=registry)
-    async def handler(patch: kopf.Patch, **_: Any) -> None:
-        patch.status["seen"] = True
-
-    def enable_scanning(settings: kopf.OperatorSettings) -> None:
-        settings.scanning.disabled = False
-
-    async with run_operator(emulator, registry, namespaces=["team-*"], settings_hook=enable_scanning):
-        await call(emulator, "POST", "/api/v1/namespaces", {"metadata": {"name": "team-a"}})
-        await create(emulator, "w1", url="/apis/example.test/v1/namespaces/team-a/widgets")
-        await create(emulator, "w2", url="/apis/example.test/v1/namespaces/other/widgets")
-        await eventually(lambda: existing(emulator, WIDGETS, "team-a", "w1").get("status") == {"seen": True})
-    assert "status" not in existing(emulator, WIDGETS, "other", "w2")
-    assert any(r.url.path == "/api/v1/namespaces" and r.params.get("watch") == "true" for r in emulator)
-
-
-async def test_kopf_peering_mode(emulator: ApiServerEmulator) -> None:
-    """Not standalone: kopf keeps its peer record alive in the (pre-created) KopfPeering object."""
-    emulator.seed("kopf.dev/v1/kopfpeerings", {"metadata": {"name": "default", "namespace": "ns1"}})
-    registry = kopf.OperatorRegistry()
-
-    @kopf.on.create("example.test", "v1", "widgets", registry=registry)
-    async def handler(patch: kopf.Patch, **_: Any) -> None:
-        patch.status["seen"] = True
-
-    def enable_peering(settings: kopf.OperatorSettings) -> None:
-        settings.peering.standalone = False
-
-    async with run_operator(emulator, registry, namespaces=["ns1"], settings_hook=enable_peering):
-        await create(emulator, "w1")
-        await eventually(lambda: existing(emulator, WIDGETS, "ns1", "w1").get("status") == {"seen": True})
-        peering = existing(emulator, "kopf.dev/v1/kopfpeerings", "ns1", "default")
-        [peer] = peering["status"].values()
-        assert has(peer, {"priority": 0, "lastseen": ...})
-    # On exit, kopf removes its own peer record.
-    await eventually(lambda: not existing(emulator, "kopf.dev/v1/kopfpeerings", "ns1", "default").get("status"))

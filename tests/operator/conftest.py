@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
 
 import pytest
 
 from tests.kube.emulator import ApiServerEmulator
-from tests.operator.harness import Cluster, assert_rbac, declare_cluster
+from tests.operator.harness import Cluster, OperatorProcess, assert_rbac, declare_cluster, running_operator
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -23,12 +24,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def rbac_conformance(request: pytest.FixtureRequest) -> Iterable[None]:
-    """Hold every operator test to RBAC: each request of the whole run is checked, test by test."""
+    """Hold every operator test to RBAC: each request of the whole run is checked, test by test. And print
+    the operators' logs at the end (pytest shows them when the test fails)."""
     if "kmock" not in request.fixturenames:
         yield
         return
     emulator = request.getfixturevalue("kmock")
+    directory: Path = request.getfixturevalue("tmp_path")
     yield
+    for log in sorted(directory.glob("operator-*.log")):
+        print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-20000:]}")
     assert_rbac(emulator)
 
 
@@ -40,7 +45,7 @@ def cluster(kmock: ApiServerEmulator, request: pytest.FixtureRequest) -> Cluster
 
 
 @pytest.fixture
-async def operator(cluster: Cluster) -> AsyncIterator[Cluster]:
-    """A cluster with an operator running for the whole test (resync far away)."""
-    async with cluster.operator():
-        yield cluster
+async def operator(cluster: Cluster, tmp_path: Path) -> AsyncIterator[OperatorProcess]:
+    """`m3fleet run -n llm --standalone` against the cluster, for the whole test."""
+    async with running_operator(cluster.kmock, tmp_path) as process:
+        yield process

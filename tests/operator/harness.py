@@ -1,9 +1,10 @@
-"""The harness for running the real m3fleet operator (kopf, in-process) against the apiserver emulator.
+"""The harness for running the m3fleet operator, as users run it, against the apiserver emulator.
 
-`Cluster` is the test's side of the world: it drives the API like kubectl and the built-in
-controllers would (create, patch, scale, delete, report a workload's readiness) and reads the stored
-objects back. `Cluster.operator()` runs a fresh operator (new registry, new Reconciler) for as long as
-its block runs, so a test can stop and restart it. `rbac_violations` holds the operator's requests to
+The operator is the `m3fleet run` console script in a process of its own, configured only through its
+flags, its environment and a kubeconfig that points at the emulator (an aiohttp server in the test's
+event loop): nothing is injected into it. `Cluster` is the test's side of the world: it drives the API
+like kubectl and the built-in controllers would (create, patch, scale, delete, report a workload's
+readiness) and reads the stored objects back. `rbac_violations` holds the operator's requests to
 `m3fleet.controller.kube.RBAC`. Shared by the tests in this directory and by tests/bench.
 """
 
@@ -12,25 +13,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
-from datetime import UTC, datetime, timedelta
+import os
+import shutil
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kmock as kmock_lib
-import kopf
-import kubernetes
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from m3fleet.controller import kube
-from m3fleet.controller.autoscaler import AdapterFactory, prometheus_adapter
-from m3fleet.controller.handlers import register
-from m3fleet.controller.kube import KubeApi
-from m3fleet.controller.reconcile import Reconciler
 from m3fleet.render.labels import NAME
 from tests.conftest import SAMPLES_DIR
-from tests.kube.conftest_helpers import eventually, run_operator
 from tests.kube.emulator import ApiServerEmulator
+from tests.kube.waiting import eventually
 
 NS = "llm"
 M3D = "m3fleet.dev/v1alpha1/minimaxm3deployments"
@@ -41,6 +43,7 @@ SERVICES = "v1/services"
 CONFIGMAPS = "v1/configmaps"
 SECRETS = "v1/secrets"
 PVCS = "v1/persistentvolumeclaims"
+PEERINGS = "kopf.dev/v1/kopfpeerings"
 RESOURCE_OF_KIND = {
     "ConfigMap": CONFIGMAPS,
     "ComputeDomain": COMPUTE_DOMAINS,
@@ -49,17 +52,21 @@ RESOURCE_OF_KIND = {
     "Service": SERVICES,
     "Secret": SECRETS,
 }
+WATCHED = (M3D, DEPLOYMENTS, SERVICES, CONFIGMAPS, LWS, COMPUTE_DOMAINS)  # what the operator watches
 
 VLLM = "vllm-h200-tp8"  # one node: ConfigMap-less Deployment + Service
 TRTLLM = "trtllm-gb200-2x4-tep"  # two GB200 nodes: ConfigMap, ComputeDomain, LeaderWorkerSet, Service, SSH Secret
-ONE_MILLION = 1048576  # maxModelLen that no longer fits one H200 node: the planner picks 2 nodes
+# More full-length sequences than one H200 node's KV cache holds: the planner picks 2 nodes (TP8 x PP2).
+# (1M tokens of bf16 vLLM no longer plans on NVIDIA: its M3 model there ignores YaRN.)
+TWO_NODES = {"context": {"minSequencesAtMaxLen": 8}}
 
 DRIVER_AGENT = "kmock/"  # the emulator's own client (the test), as opposed to kopf and the kubernetes client
 VOLATILE = frozenset({"resourceVersion", "uid", "creationTimestamp", "lastTransitionTime", "time"})
+M3FLEET = shutil.which("m3fleet", path=str(Path(sys.executable).parent)) or "m3fleet"  # the venv's console script
 
 
 # ---------------------------------------------------------------------------------------------
-# The cluster: declarations, samples, a deterministic clock
+# The cluster: declarations, samples
 # ---------------------------------------------------------------------------------------------
 
 
@@ -75,29 +82,13 @@ def declare_cluster(kmock: ApiServerEmulator, *, lws: bool = True, compute_domai
 
 
 def add_namespace(kmock: ApiServerEmulator, name: str) -> None:
-    kmock.seed("v1/namespaces", {"metadata": {"name": name}})  # kopf with namespace scanning looks for it
+    kmock.seed("v1/namespaces", {"metadata": {"name": name}})
 
 
 def sample(name: str, namespace: str = NS) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((SAMPLES_DIR / f"{name}.yaml").read_text())
     doc["metadata"]["namespace"] = namespace
     return doc
-
-
-def api_client(kmock: ApiServerEmulator) -> kubernetes.client.ApiClient:
-    """The operator's own API client (the one `m3fleet run` builds from a kubeconfig), aimed at the emulator."""
-    return kubernetes.client.ApiClient(kubernetes.client.Configuration(host=str(kmock.url).rstrip("/")))
-
-
-class TickingClock:
-    """The Reconciler's clock: one second later on every call, so lastTransitionTime shows every flip."""
-
-    def __init__(self) -> None:
-        self._ticks = itertools.count()
-        self._start = datetime(2026, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> str:
-        return (self._start + timedelta(seconds=next(self._ticks))).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def scrubbed(value: Any) -> Any:
@@ -114,9 +105,10 @@ def scrubbed(value: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 ALLOWED = {(group, resource, verb) for group, resource, verbs in kube.RBAC for verb in verbs}
+CLUSTER_SCOPED = frozenset({"namespaces", "customresourcedefinitions", "clusterkopfpeerings"})
 
 
-def rbac_rule(method: str, path: str, params: dict[str, str]) -> tuple[str, str, str] | None:
+def rbac_rule(method: str, path: str, params: Mapping[str, str]) -> tuple[str, str, str] | None:
     """(apiGroup, resource[/subresource], verb) of one request; None for discovery (always allowed)."""
     parts = [p for p in path.split("/") if p]
     if parts[:1] == ["api"] and len(parts) >= 3:
@@ -163,6 +155,143 @@ def assert_rbac(emulator: ApiServerEmulator) -> None:
     assert not violations, "requests outside kube.RBAC:\n" + "\n".join(violations)
 
 
+def is_write(request: kmock_lib.Request) -> bool:
+    """A request that may change something (dry runs do not)."""
+    return str(request.method.value) in ("POST", "PUT", "PATCH", "DELETE") and not request.params.get("dryRun")
+
+
+# ---------------------------------------------------------------------------------------------
+# The operator: `m3fleet run` in a process of its own
+# ---------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def kubeconfig(server: str) -> dict[str, Any]:
+    """A kubeconfig as users have one: a cluster, a user, a context (the emulator needs no credentials)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
+        "users": [{"name": "tester", "user": {}}],
+        "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "tester", "namespace": NS}}],
+        "current-context": "emulator",
+    }
+
+
+@dataclass
+class OperatorProcess:
+    """One running `m3fleet run`: its process, its log, its metrics endpoint, the address it talks to."""
+
+    process: asyncio.subprocess.Process
+    log_path: Path
+    metrics_port: int
+    host: str  # "127.0.0.1:<port>": the emulator endpoint in its kubeconfig (the requests' Host header)
+    args: list[str] = field(default_factory=list)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tracebacks(self) -> list[str]:
+        """Tracebacks in the log: a bug surfaced (bad input or an API failure never logs one)."""
+        lines = self.log().splitlines()
+        return [lines[max(0, i - 1)] for i, line in enumerate(lines) if line.startswith("Traceback")]
+
+    def made(self, request: kmock_lib.Request) -> bool:
+        """Sent by this operator: to its own front server, and not by the test's kmock client (which may
+        reach the emulator through the same front)."""
+        agent = str(request.headers.get("User-Agent", ""))
+        return str(request.headers.get("Host", "")) == self.host and not agent.startswith("kmock/")
+
+    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """The operator's /metrics: (sample name, sorted labels) -> value."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{self.metrics_port}/metrics") as response,
+        ):
+            text = await response.text()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    async def metric(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples that carry `labels` (0 when absent)."""
+        wanted = set(labels.items())
+        return sum(v for (n, ls), v in (await self.metrics()).items() if n == name and wanted <= set(ls))
+
+    async def stop(self, *, kill: bool = False, timeout: float = 15) -> None:
+        """SIGTERM (a graceful stop, as the kubelet does) or SIGKILL (a crash); then wait for the exit."""
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.process.wait(), timeout)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+                raise AssertionError(f"the operator did not stop within {timeout} s:\n{self.log()[-3000:]}") from None
+
+
+@contextlib.asynccontextmanager
+async def running_operator(
+    emulator: ApiServerEmulator,
+    directory: Path,
+    *,
+    url: str | None = None,
+    namespace: str | None = NS,
+    standalone: bool = True,
+    env: Mapping[str, str] | None = None,
+    ready_timeout: float = 30,
+) -> AsyncIterator[OperatorProcess]:
+    """`m3fleet run -n <namespace> --standalone` (or -A, or with peering) against the emulator at `url`
+    (by default the one its `url` gives), from the moment its watches are open (a replica that starts as a
+    standby never opens them: start it first) to a graceful stop at the end of the block."""
+    server = (url or str(emulator.url)).rstrip("/")
+    host = server.split("://", 1)[1]
+    directory.mkdir(parents=True, exist_ok=True)
+    index = len(list(directory.glob("operator-*.log")))
+    config = directory / f"kubeconfig-{index}.yaml"
+    config.write_text(yaml.safe_dump(kubeconfig(server)))
+    log_path = directory / f"operator-{index}.log"
+    port = free_port()
+    args = ["run", *(["-A"] if namespace is None else ["-n", namespace])]
+    args += [*(["--standalone"] if standalone else []), "--liveness-port", "0", "--metrics-port", str(port)]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}  # never in-cluster
+    environment.update({"KUBECONFIG": str(config), "PYTHONUNBUFFERED": "1", **(env or {})})
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            M3FLEET,
+            *args,
+            env=environment,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+        )
+    operator = OperatorProcess(process, log_path, port, host, args)
+    try:
+        watched = [r for r in WATCHED if kmock_lib.resource(r) in emulator.resources]
+
+        def ready() -> bool:
+            if process.returncode is not None:
+                raise RuntimeError(f"m3fleet {' '.join(args)} exited with {process.returncode}:\n{operator.log()}")
+            return all(emulator.watching(r, host=host) for r in watched)
+
+        try:
+            await eventually(ready, timeout=ready_timeout, interval=0.1)
+        except AssertionError:
+            raise AssertionError(f"the operator's watches did not open:\n{operator.log()[-5000:]}") from None
+        yield operator
+    finally:
+        await operator.stop()
+
+
 # ---------------------------------------------------------------------------------------------
 # The test's side of the API
 # ---------------------------------------------------------------------------------------------
@@ -174,7 +303,6 @@ class Cluster:
     def __init__(self, kmock: ApiServerEmulator, namespace: str = NS) -> None:
         self.kmock = kmock
         self.namespace = namespace
-        self.clock = TickingClock()
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -204,6 +332,11 @@ class Cluster:
             body = self.kmock.get_object(resource, namespace, obj_name)
             if body is not None and (body["metadata"].get("labels") or {}).get(NAME) == name:
                 found[f"{body['kind']}/{obj_name}"] = body
+        return found
+
+    def child(self, name: str, kind: str) -> dict[str, Any]:
+        """The one child of `kind` (found by kind, whatever its name)."""
+        [found] = [body for key, body in self.children(name).items() if key.startswith(f"{kind}/")]
         return found
 
     def events(self, name: str) -> list[tuple[str, str]]:
@@ -242,10 +375,12 @@ class Cluster:
         status = m3d.get("status") or {}
         degraded = [c for c in status.get("conditions") or [] if c["type"] == "Degraded"]
         return bool(
-            status.get("observedGeneration") == m3d["metadata"]["generation"] and degraded[0]["status"] == "False"
+            status.get("observedGeneration") == m3d["metadata"]["generation"]
+            and degraded
+            and degraded[0]["status"] == "False"
         )
 
-    async def settled(self, quiet: float = 0.3, timeout: float = 10) -> None:
+    async def settled(self, quiet: float = 0.5, timeout: float = 15) -> None:
         """Wait until nothing at all is written for `quiet` seconds (the operator is at rest)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -258,13 +393,15 @@ class Cluster:
 
     # -- writes (as kubectl and the built-in controllers) -----------------------------------------
 
-    def _path(self, resource: str, name: str | None = None, subresource: str | None = None) -> str:
+    def path(self, resource: str, name: str | None = None, subresource: str | None = None) -> str:
         group_version, _, plural = resource.rpartition("/")
         base = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
         return "/".join(p for p in (f"{base}/namespaces/{self.namespace}/{plural}", name, subresource) if p)
 
-    async def _send(self, method: str, path: str, body: Any = None, expect: int = 200) -> dict[str, Any]:
-        headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
+    async def send(
+        self, method: str, path: str, body: Any = None, expect: int = 200, content: str = "application/merge-patch+json"
+    ) -> dict[str, Any]:
+        headers = {"Content-Type": content} if method == "PATCH" else {}
         resp = await self.kmock.request(method, path, json=body, headers=headers)
         text = await resp.text()
         assert resp.status == expect, f"{method} {path}: {resp.status} {text}"
@@ -272,22 +409,21 @@ class Cluster:
         return data
 
     async def create(self, doc: dict[str, Any]) -> str:
-        await self._send("POST", self._path(M3D), doc, expect=201)
+        await self.send("POST", self.path(M3D), doc, expect=201)
         name: str = doc["metadata"]["name"]
         return name
 
     async def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
-        await self._send("PATCH", self._path(M3D, name), {"spec": spec})
+        await self.send("PATCH", self.path(M3D, name), {"spec": spec})
 
-    async def scale(self, name: str, replicas: int) -> dict[str, Any]:
-        """`kubectl scale --replicas=N`: a merge patch of the autoscaling/v1 Scale subresource."""
-        return await self._send("PATCH", self._path(M3D, name, "scale"), {"spec": {"replicas": replicas}})
-
-    async def get_scale(self, name: str) -> dict[str, Any]:
-        return await self._send("GET", self._path(M3D, name, "scale"))
+    async def edit(self, resource: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A hand edit, as `kubectl edit` or `kubectl patch` makes it (a strategic merge patch)."""
+        return await self.send(
+            "PATCH", self.path(resource, name), patch, content="application/strategic-merge-patch+json"
+        )
 
     async def delete(self, name: str, resource: str = M3D) -> None:
-        await self._send("DELETE", self._path(resource, name))
+        await self.send("DELETE", self.path(resource, name))
 
     async def report_workload(
         self,
@@ -308,38 +444,7 @@ class Cluster:
             "updatedReplicas": replicas if updated is None else updated,
             "readyReplicas": replicas if ready is None else ready,
         }
-        await self._send("PATCH", self._path(resource, name, "status"), {"status": status})
-
-    # -- the operator -------------------------------------------------------------------------
-
-    @contextlib.asynccontextmanager
-    async def operator(
-        self,
-        *,
-        resync: float = 600.0,
-        settings_hook: Callable[[kopf.OperatorSettings], None] | None = None,
-        namespaces: Collection[str] = (),
-        adapters: AdapterFactory = prometheus_adapter,
-    ) -> AsyncIterator[Reconciler]:
-        """A fresh operator (registry, Reconciler, API client) running for the block's duration, serving
-        this cluster's namespace (or `namespaces`)."""
-
-        def tuned(settings: kopf.OperatorSettings) -> None:
-            # On stop, kopf gives a worker that waits out a handler retry 2 s; a stop is a crash here anyway.
-            settings.queueing.exit_timeout = 0.1
-            if settings_hook is not None:
-                settings_hook(settings)
-
-        registry = kopf.OperatorRegistry()
-        client = api_client(self.kmock)
-        reconciler = register(registry, KubeApi(client), resync_seconds=resync, adapters=adapters)
-        reconciler.clock = self.clock
-        try:
-            served = list(namespaces) or [self.namespace]
-            async with run_operator(self.kmock, registry, namespaces=served, settings_hook=tuned):
-                yield reconciler
-        finally:
-            client.close()  # type: ignore[no-untyped-call]
+        await self.send("PATCH", self.path(resource, name, "status"), {"status": status})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -354,17 +459,23 @@ async def create_trtllm(cluster: Cluster) -> str:
 
 
 async def vllm_to_lws(cluster: Cluster) -> str:
-    """A one-node Deployment, then maxModelLen 1M: a LeaderWorkerSet is applied, the Deployment pruned."""
+    """A one-node Deployment, then more sequences than one node holds: a LeaderWorkerSet is applied, the
+    Deployment pruned."""
     name = await cluster.create(sample(VLLM))
     await eventually(lambda: cluster.converged(name))
-    await cluster.patch_spec(name, {"context": {"maxModelLen": ONE_MILLION}})
+    await cluster.patch_spec(name, TWO_NODES)
     await eventually(lambda: cluster.converged(name) and cluster.m3d(name)["metadata"]["generation"] == 2)
     return name
 
 
 Scenario = Callable[[Cluster], Awaitable[str]]
 SCENARIOS: dict[str, Scenario] = {"trtllm": create_trtllm, "vllm-to-lws": vllm_to_lws}
-_baselines: dict[str, dict[str, Any]] = {}
+
+
+async def run_scenarios(cluster: Cluster) -> dict[str, str]:
+    """Every scenario at once (each on its own resource): scenario -> resource name."""
+    names = await asyncio.gather(*(scenario(cluster) for scenario in SCENARIOS.values()))
+    return dict(zip(SCENARIOS, names, strict=True))
 
 
 @contextlib.asynccontextmanager
@@ -376,12 +487,14 @@ async def fresh_cluster(emulator_cls: type[ApiServerEmulator] = ApiServerEmulato
         assert_rbac(emulator)
 
 
-async def baseline(scenario: str) -> dict[str, Any]:
-    """The fault-free end state of a scenario (the same objects are created in the same order as in the
-    test's own emulator, so their uids agree)."""
-    if scenario not in _baselines:
-        async with fresh_cluster() as cluster, cluster.operator():
-            name = await SCENARIOS[scenario](cluster)
+_baselines: dict[str, dict[str, Any]] = {}
+
+
+async def baselines(directory: Path) -> dict[str, dict[str, Any]]:
+    """The fault-free end state of every scenario, from one run of its own (computed once per session)."""
+    if not _baselines:
+        async with fresh_cluster() as cluster, running_operator(cluster.kmock, directory):
+            names = await run_scenarios(cluster)
             await cluster.settled()
-            _baselines[scenario] = copy.deepcopy(cluster.end_state(name))
-    return _baselines[scenario]
+            _baselines.update({scenario: copy.deepcopy(cluster.end_state(n)) for scenario, n in names.items()})
+    return _baselines

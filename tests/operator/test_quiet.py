@@ -1,16 +1,29 @@
-"""Quiet at rest: on unchanged resources, a resync, a watch restart or an operator restart writes nothing."""
+"""Quiet at rest: no writes and no polling reads; a watch restart or an operator restart writes nothing;
+only resources with autoscaling enabled are looked at between events."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
-import pytest
+import kmock
 
-from m3fleet.controller.kube import M3D as M3D_KIND
-from tests.kube.conftest_helpers import eventually
-from tests.operator.harness import DEPLOYMENTS, LWS, NS, TRTLLM, VLLM, Cluster, operator_requests, sample
+from tests.kube.waiting import eventually
+from tests.operator.harness import (
+    DEPLOYMENTS,
+    LWS,
+    M3D,
+    TRTLLM,
+    VLLM,
+    Cluster,
+    OperatorProcess,
+    is_write,
+    operator_requests,
+    running_operator,
+    sample,
+)
 
-RESYNC = 60.0
+RECONCILES = "m3fleet_reconciles_total"
 
 
 async def converge_both(cluster: Cluster) -> list[str]:
@@ -24,42 +37,65 @@ async def converge_both(cluster: Cluster) -> list[str]:
     return names
 
 
-def operator_gets(cluster: Cluster, name: str, since: int) -> int:
-    """How often the operator's own client read the resource: each reconcile starts with one GET."""
-    path = f"{M3D_KIND.collection(NS)}/{name}"
-    requests = operator_requests(cluster.kmock)
-    return sum(1 for r in requests if r.id >= since and r.method.value == "GET" and r.url.path == path)
+async def test_at_rest_nothing_is_written_or_read(cluster: Cluster, operator: OperatorProcess) -> None:
+    """No resync and no polling: the watches are open and quiet, and so is the operator. Its own status
+    writes come back as watch events and cause no reconcile."""
+    await converge_both(cluster)
+    reconciles = await operator.metric(RECONCILES)
+    mark = len(list(cluster.kmock))
+    await asyncio.sleep(3)
+    assert [r.url.path_qs for r in operator_requests(list(cluster.kmock)[mark:])] == []
+    assert await operator.metric(RECONCILES) == reconciles
 
 
-@pytest.mark.looptime
-async def test_resync_writes_nothing(cluster: Cluster) -> None:
-    async with cluster.operator(resync=RESYNC):
-        names = await converge_both(cluster)
-        cluster.kmock.reset_writes()
-        mark = len(list(cluster.kmock))
-        await asyncio.sleep(5 * RESYNC + 1)  # loop time: five resyncs in a fraction of a second
-        assert all(operator_gets(cluster, n, mark) >= 5 for n in names)  # the resync did reconcile
-        assert cluster.kmock.writes() == {}
-
-
-async def test_watch_restart_writes_nothing(cluster: Cluster) -> None:
-    async with cluster.operator():
-        names = await converge_both(cluster)
-        cluster.kmock.reset_writes()
-        mark = len(list(cluster.kmock))
-        assert cluster.kmock.expire_watches() >= 3  # the resource, Deployments and LeaderWorkerSets
-        # kopf re-lists; the child handler reconciles both parents again from the fresh listing.
-        await eventually(lambda: all(operator_gets(cluster, n, mark) >= 1 for n in names))
-        await cluster.settled()
+async def test_watch_restart_writes_nothing(cluster: Cluster, operator: OperatorProcess) -> None:
+    await converge_both(cluster)
+    reconciles = await operator.metric(RECONCILES)
+    cluster.kmock.reset_writes()
+    assert cluster.kmock.expire_watches() >= 3
+    # kopf lists again and delivers what it already had: nothing new, so no reconcile at all.
+    await eventually(lambda: cluster.kmock.watching(M3D, host=operator.host) == 1)
+    await cluster.settled()
     assert cluster.kmock.writes() == {}
+    assert await operator.metric(RECONCILES) == reconciles
 
 
-async def test_operator_restart_writes_nothing(cluster: Cluster) -> None:
-    async with cluster.operator():
+async def test_operator_restart_checks_every_child_and_writes_nothing(cluster: Cluster, tmp_path: Path) -> None:
+    async with running_operator(cluster.kmock, tmp_path):
         names = await converge_both(cluster)
     cluster.kmock.reset_writes()
-    mark = len(list(cluster.kmock))
-    async with cluster.operator():  # a fresh registry and Reconciler: on.resume reconciles everything
-        await eventually(lambda: all(operator_gets(cluster, n, mark) >= 1 for n in names))
+    children = sum(1 for n in names for key in cluster.children(n) if not key.startswith("Secret/"))
+    async with running_operator(cluster.kmock, tmp_path) as operator:  # every resource reconciles when first seen
+
+        async def reconciled() -> bool:
+            return await operator.metric(RECONCILES) >= len(names)
+
+        await eventually(reconciled)
         await cluster.settled()
     assert cluster.kmock.writes() == {}
+    assert sum(cluster.kmock.dry_runs().values()) == children  # each child compared with the API server once
+
+
+async def test_only_autoscaling_resources_are_ticked(cluster: Cluster, operator: OperatorProcess) -> None:
+    """An autoscaling resource is ticked every intervalSeconds (here Prometheus is unreachable: the policy
+    holds and says why, once); one without autoscaling costs no request at all between events."""
+    plain = await cluster.create(sample(VLLM))
+    doc = sample(VLLM)
+    doc["metadata"]["name"] = scaled = "m3-autoscaled"
+    doc["spec"]["autoscaling"] = {"enabled": True, "intervalSeconds": 5, "prometheus": {"url": "http://127.0.0.1:9"}}
+    await cluster.create(doc)
+    await eventually(lambda: cluster.converged(plain) and cluster.converged(scaled))
+    for name in (plain, scaled):
+        await cluster.report_workload(DEPLOYMENTS, cluster.child(name, "Deployment")["metadata"]["name"])
+    await eventually(lambda: "autoscaling" in cluster.status(scaled), timeout=10)
+    recorded = cluster.status(scaled)["autoscaling"]
+    assert recorded["desiredReplicas"] == 1 and "prometheus" in recorded["reason"]
+    await cluster.settled()
+    mark = len(list(cluster.kmock))
+
+    def about(name: str) -> list[kmock.Request]:
+        return [r for r in operator_requests(list(cluster.kmock)[mark:]) if name in r.url.path_qs]
+
+    await eventually(lambda: any("/pods" in r.url.path for r in about(scaled)), timeout=8)  # the next tick, 5 s on
+    assert [r.url.path_qs for r in about(plain)] == []
+    assert not [r for r in about(scaled) if is_write(r)]  # the same decision again: nothing to record

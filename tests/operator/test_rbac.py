@@ -6,22 +6,25 @@ mapping down and drives one cluster through everything the operator does, in one
 
 from __future__ import annotations
 
-import kopf
+from pathlib import Path
+
 import pytest
 
 from m3fleet.controller.kube import RBAC
-from tests.kube.conftest_helpers import eventually
+from tests.kube.waiting import eventually
 from tests.operator.harness import (
     DEPLOYMENTS,
     LWS,
     NS,
-    ONE_MILLION,
+    PEERINGS,
     TRTLLM,
+    TWO_NODES,
     VLLM,
     Cluster,
     operator_requests,
     rbac_rule,
     rbac_violations,
+    running_operator,
     sample,
 )
 
@@ -48,35 +51,30 @@ from tests.operator.harness import (
             ("m3fleet.dev", "minimaxm3deployments/status", "patch"),
         ),
         ("GET", "/apis/kopf.dev/v1/clusterkopfpeerings", {"watch": "1"}, ("kopf.dev", "clusterkopfpeerings", "watch")),
+        ("GET", "/apis/apps/v1/deployments", {"watch": "true"}, ("apps", "deployments", "watch")),
     ],
 )
 def test_request_to_rule(method: str, path: str, params: dict[str, str], rule: tuple[str, str, str] | None) -> None:
     assert rbac_rule(method, path, params) == rule
 
 
-def as_deployed(settings: kopf.OperatorSettings) -> None:
-    """As `m3fleet run` runs: with peering (a KopfPeering named m3fleet) and kopf's resource scanning."""
-    settings.scanning.disabled = False
-    settings.peering.standalone = False
-    settings.peering.name = "m3fleet"
-
-
-async def test_everything_the_operator_does_stays_within_rbac(cluster: Cluster) -> None:
-    cluster.kmock.seed("kopf.dev/v1/kopfpeerings", {"metadata": {"name": "m3fleet", "namespace": NS}})
-    async with cluster.operator(resync=0.2, settings_hook=as_deployed):
+async def test_everything_the_operator_does_stays_within_rbac(cluster: Cluster, tmp_path: Path) -> None:
+    """As deployed: with peering (a KopfPeering named m3fleet) and kopf's resource scanning."""
+    cluster.kmock.seed(PEERINGS, {"metadata": {"name": "m3fleet", "namespace": NS}})
+    async with running_operator(cluster.kmock, tmp_path, standalone=False):
         trtllm = await cluster.create(sample(TRTLLM))
         vllm = await cluster.create(sample(VLLM))
         await eventually(lambda: cluster.converged(trtllm) and cluster.converged(vllm))
         await cluster.report_workload(DEPLOYMENTS, vllm)
-        await cluster.scale(vllm, 2)
-        await cluster.patch_spec(vllm, {"context": {"maxModelLen": ONE_MILLION}})  # LWS applied, Deployment pruned
+        await cluster.patch_spec(vllm, {"replicas": 2})
+        await cluster.patch_spec(vllm, TWO_NODES)  # LWS applied, Deployment pruned
         await eventually(lambda: cluster.get(LWS, vllm) is not None and cluster.get(DEPLOYMENTS, vllm) is None)
         await cluster.patch_spec(trtllm, {"parallelism": {"tensorParallelSize": 3}})  # invalid: Degraded
         await eventually(lambda: cluster.condition(trtllm, "Degraded")["status"] == "True")
         cluster.kmock.expire_watches()
         await cluster.delete(vllm)
         await cluster.settled()
-    async with cluster.operator(settings_hook=as_deployed):  # a restart: on.resume
+    async with running_operator(cluster.kmock, tmp_path, standalone=False):  # a restart: dry runs
         await cluster.settled()
 
     requests = operator_requests(cluster.kmock)
@@ -85,16 +83,20 @@ async def test_everything_the_operator_does_stays_within_rbac(cluster: Cluster) 
     # The check is only worth something if the writes, reads and watches really happened.
     assert {
         ("", "secrets", "create"),
+        ("", "secrets", "get"),
         ("", "events", "create"),
+        ("", "configmaps", "watch"),
+        ("", "services", "watch"),
         ("apps", "deployments", "delete"),
         ("apps", "deployments", "watch"),
         ("leaderworkerset.x-k8s.io", "leaderworkersets", "patch"),
         ("resource.nvidia.com", "computedomains", "patch"),
+        ("resource.nvidia.com", "computedomains", "watch"),
+        ("m3fleet.dev", "minimaxm3deployments", "list"),
         ("m3fleet.dev", "minimaxm3deployments", "watch"),
-        ("m3fleet.dev", "minimaxm3deployments", "patch"),
         ("m3fleet.dev", "minimaxm3deployments/status", "patch"),
-        ("m3fleet.dev", "minimaxm3deployments", "get"),
         ("kopf.dev", "kopfpeerings", "patch"),
+        ("kopf.dev", "kopfpeerings", "watch"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     } <= used
     granted = {(group, resource, verb) for group, resource, verbs in RBAC for verb in verbs}

@@ -1,11 +1,17 @@
-"""Status conditions and reconcile helpers, without a server."""
+"""The controller's pure parts, without a server: status conditions, reconcile and scheduling helpers,
+kopf's peering rule, the autoscaler's view of the fleet."""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from m3fleet.api import parse_resource
-from m3fleet.controller.reconcile import desired_replicas, intent_hash, stamped
+from m3fleet.controller.autoscaler import fleet_from, interval_of
+from m3fleet.controller.manager import backoff, newer, worth_reconciling
+from m3fleet.controller.peering import verdict
+from m3fleet.controller.reconcile import desired_replicas, digest, what_matters
 from m3fleet.controller.status import Blocked, Workload, conditions
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
@@ -51,9 +57,15 @@ def test_blocked_reports_degraded_and_keeps_available_from_running_children() ->
     assert c["Ready"]["status"] == "False" and c["Available"]["status"] == "True"
 
 
-def test_scaled_to_zero_is_ready() -> None:
+def test_scaled_to_zero_is_ready_but_not_available() -> None:
     c = by_type(conditions([], 1, T0, Workload(desired=0, observed_current=True), None))
     assert c["Ready"]["reason"] == "ScaledToZero" and c["Ready"]["status"] == "True"
+    assert (c["Available"]["status"], c["Available"]["reason"]) == ("False", "ScaledToZero")  # nothing serves
+    # Scaling down to zero: Ready once the last replica is gone; Available while one still serves.
+    draining = by_type(conditions([], 1, T0, Workload(desired=0, replicas=1, ready=1, observed_current=True), None))
+    assert draining["Ready"]["status"] == "False" and draining["Available"]["status"] == "True"
+    blocked = by_type(conditions([], 1, T0, Workload(desired=0), Blocked("InvalidSpec", "x")))
+    assert blocked["Available"]["status"] == "False"
 
 
 def test_workload_from_live_deployment() -> None:
@@ -84,12 +96,100 @@ def test_desired_replicas_spec_unless_the_autoscaler_acts() -> None:
     assert desired_replicas(advisory, {"autoscaling": {"desiredReplicas": 4}}) == 3
 
 
-def test_intent_hash_is_stable_and_sensitive() -> None:
-    obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "n"}, "data": {"a": "1"}}
-    owner = {"apiVersion": "m3fleet.dev/v1alpha1", "kind": "MiniMaxM3Deployment", "metadata": {"name": "x", "uid": "u"}}
-    a, b = stamped(obj, owner), stamped(obj, owner)
-    assert a == b and a["metadata"]["ownerReferences"][0]["uid"] == "u"
-    changed = stamped({**obj, "data": {"a": "2"}}, owner)
-    key = "m3fleet.dev/intent-hash"
-    assert changed["metadata"]["annotations"][key] != a["metadata"]["annotations"][key]
-    assert intent_hash(obj) == intent_hash(dict(reversed(list(obj.items()))))
+def test_drift_is_judged_on_what_matters() -> None:
+    live: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "c", "labels": {"a": "1"}, "resourceVersion": "7", "managedFields": [{}]},
+        "data": {"k": "v"},
+    }
+    assert what_matters(live) == {"labels": {"a": "1"}, "annotations": {}, "ownerReferences": [], "data": {"k": "v"}}
+    bookkeeping = {**live, "metadata": {**live["metadata"], "resourceVersion": "8"}, "status": {"x": 1}}
+    assert digest(what_matters(bookkeeping)) == digest(what_matters(live))
+    assert digest(what_matters({**live, "data": {"k": "w"}})) != digest(what_matters(live))
+    assert digest({"a": 1, "b": 2}) == digest({"b": 2, "a": 1})
+
+
+def meta(rv: str, generation: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": rv, "generation": generation, **extra}}
+
+
+def test_the_cache_never_goes_back_and_reconciles_only_on_news() -> None:
+    assert newer(meta("10"), meta("9")) and not newer(meta("9"), meta("10")) and not newer(meta("9"), meta("9"))
+    assert newer(meta("b"), meta("a"))  # opaque versions: any other one is news
+    assert worth_reconciling(None, meta("1"))  # first sight
+    assert not worth_reconciling(meta("1"), {**meta("2"), "status": {"x": 1}})  # status only: our own write
+    assert worth_reconciling(meta("1"), meta("2", generation=2))
+    assert worth_reconciling(meta("1"), meta("2", labels={"a": "b"}))
+    assert worth_reconciling(meta("1"), meta("2", deletionTimestamp="2026-01-01T00:00:00Z"))
+
+
+def test_backoff_doubles_to_a_minute_and_honours_retry_after() -> None:
+    assert [backoff(n, None) for n in (1, 2, 3, 7, 20)] == [1, 2, 4, 60, 60]
+    assert backoff(1, 5) == 5 and backoff(7, 5) == 60
+
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def peers(**records: tuple[int, float]) -> dict[str, Any]:
+    """{identity: (priority, seconds since last seen)} as kopf writes them, lifetime 60 s."""
+    return {
+        "status": {
+            who: {"priority": p, "lifetime": 60, "lastseen": (NOW - timedelta(seconds=ago)).isoformat()}
+            for who, (p, ago) in records.items()
+        }
+    }
+
+
+def test_peering_follows_kopfs_rule() -> None:
+    assert not verdict(None, "me", 100, NOW).paused  # no peering object: nobody to give way to
+    assert not verdict(peers(me=(100, 0), low=(50, 0)), "me", 100, NOW).paused
+    high = verdict(peers(me=(100, 0), high=(200, 10)), "me", 100, NOW)
+    assert high.paused and high.blockers == ("high",) and high.recheck_in == 50  # when its record expires
+    assert verdict(peers(twin=(100, 0)), "me", 100, NOW).paused  # the same priority: both pause, as kopf does
+    assert not verdict(peers(gone=(200, 61)), "me", 100, NOW).paused  # a dead peer does not count
+    assert not verdict({"status": {"odd": {"priority": "x"}}}, "me", 100, NOW).paused
+
+
+def test_only_autoscaling_resources_have_an_interval() -> None:
+    assert interval_of(doc()) is None and interval_of(None) is None
+    assert interval_of(doc(autoscaling={"enabled": True, "intervalSeconds": 30})) == 30
+    assert interval_of(doc(autoscaling={"enabled": True, "intervalSeconds": 1})) is None  # invalid: no ticks
+
+
+def iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def test_fleet_from_measures_time_to_ready_and_starting_ages() -> None:
+    now = 1_800_000_000.0
+    workload = {"spec": {"replicas": 3}, "status": {"readyReplicas": 1}}
+
+    def pod(created: float, ready_at: float | None) -> dict[str, Any]:
+        conditions = [{"type": "Ready", "status": "True", "lastTransitionTime": iso(ready_at)}] if ready_at else []
+        return {"metadata": {"creationTimestamp": iso(created)}, "status": {"conditions": conditions}}
+
+    fleet = fleet_from(workload, [pod(now - 900, now - 300), pod(now - 120, None), pod(now - 60, None)], now)
+    assert fleet.current_replicas == 3 and fleet.ready_replicas == 1
+    assert fleet.starting_ages == (60.0, 120.0)
+    assert fleet.time_to_ready_seconds == 600.0
+
+
+def _pod(scheduled: dict[str, Any] | None, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p", "deletionTimestamp": T0} if deleting else {"name": "p"}
+    return {"metadata": meta, "status": {"conditions": [scheduled] if scheduled else []}}
+
+
+def test_pods_that_no_node_fits_are_named_in_ready_with_the_schedulers_words() -> None:
+    why = "0/15 nodes are available: 15 node(s) didn't match Pod's node affinity/selector."
+    waiting = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}
+    placed = {"type": "PodScheduled", "status": "True"}
+    workload = Workload(desired=2, replicas=2, ready=0, updated=2, observed_current=True)
+    assert workload.with_pods([_pod(placed), _pod(placed)]).unschedulable is None
+    assert workload.with_pods([_pod(waiting, deleting=True)]).unschedulable is None
+    stuck = workload.with_pods([_pod(placed), _pod(waiting)])
+    assert stuck.unschedulable == f"1 of 2 pods cannot be scheduled: {why}"
+    ready = by_type(conditions([], 1, T0, stuck, None))["Ready"]
+    assert ready["status"] == "False" and ready["reason"] == "Unschedulable" and why in ready["message"]
+    assert by_type(conditions([], 1, T0, workload, None))["Ready"]["reason"] == "RolloutInProgress"

@@ -24,7 +24,7 @@ from m3fleet.errors import SpecError
 from m3fleet.planner import Layout, evaluate, kv_bytes_per_token_per_gpu, plan
 from tests.conftest import SAMPLES_DIR, load_sample
 
-# file -> (engine, accelerator, variant, strategy, TP, DP, EP, nodes per replica); every one a published recipe.
+# file -> (engine, accelerator, variant, strategy, TP, DP, EP, nodes per replica).
 RECIPE_SHAPES = {
     "vllm-h200-tp8": ("vllm", "h200", "bf16", "tp", 8, 1, 1, 1),
     "vllm-h200-tp8-ep": ("vllm", "h200", "bf16", "tp-ep", 8, 1, 8, 1),
@@ -35,8 +35,12 @@ RECIPE_SHAPES = {
     "vllm-mi355x-1m-fp8kv": ("vllm", "mi355x", "bf16", "tp", 8, 1, 1, 1),
     "sglang-h200-bf16-tp8": ("sglang", "h200", "bf16", "tp", 8, 1, 1, 1),
     "sglang-mi355x-mxfp8-tp8-ep8": ("sglang", "mi355x", "mxfp8", "tp-ep", 8, 1, 8, 1),
+    "sglang-gb200-mxfp8-2x4-tp8-ep8": ("sglang", "gb200", "mxfp8", "tp-ep", 8, 1, 8, 2),
     "trtllm-gb200-2x4-tep": ("trtllm", "gb200", "bf16", "tp-ep", 8, 1, 8, 2),
 }
+# Samples whose shape no published recipe runs exactly: NV-BLOG's SGLang TP8+EP8 command is CUDA-only on one
+# 8-GPU Blackwell node, so neither its MI355X nor its 2 x 4 GB200 form is `validated`.
+NOT_PUBLISHED = {"sglang-mi355x-mxfp8-tp8-ep8", "sglang-gb200-mxfp8-2x4-tp8-ep8"}
 
 
 def test_every_sample_has_a_recipe_shape() -> None:
@@ -57,27 +61,39 @@ def test_sample_plans_to_its_recipe_shape(name: str) -> None:
         p.nodes_per_replica,
     )
     assert got == RECIPE_SHAPES[name]
-    assert p.validated
+    assert p.validated is (name not in NOT_PUBLISHED)
     assert p.max_sequences_at_max_len >= 1
+
+
+def test_sglang_gb200_plan_names_every_departure_from_the_blog() -> None:
+    p = plan(parse_resource(load_sample(SAMPLES_DIR / "sglang-gb200-mxfp8-2x4-tp8-ep8.yaml")).spec)
+    notes = "\n".join(p.notes)
+    for departure in ("--attention-backend flashinfer", "--moe-runner-backend deep_gemm", "quantizes the BF16",
+                      "--chunked-prefill-size 16384", "LeaderWorkerSet group"):  # fmt: skip
+        assert departure in notes
+    assert p.gpu_memory_utilization == 0.8  # the blog's --mem-fraction-static
 
 
 # Worked out by hand from m3-facts.md, not from the planner. Per GPU with TP>=4 one token costs
 # 60 layers x 2 (K,V) x 1 head x 128 x 2 B = 30,720 B plus the unsharded index 57 x 128 x 2 B = 14,592 B,
 # i.e. 45,312 B in BF16 and 15,360 + 14,592 = 29,952 B with fp8 K/V. DP ranks keep all 4 heads: 137,472 B.
 # Weights: BF16 854.08 GB; replicated (non-expert) 26.12 GB of which 1.2 GB vision encoder (replicated per
-# GPU when loaded). 1 GiB = 1.073741824 GB. vLLM budget = mem x 0.9 - weights - 4 GiB; SGLang = mem x 0.75 -
-# weights; TensorRT-LLM = (mem - weights - 4 GiB) x 0.7. Capacities are whole 128-token blocks.
+# GPU when loaded). 1 GiB = 1.073741824 GB. vLLM budget = mem x 0.92 (its default) - weights - 4 GiB - the
+# multimodal encoder cache when the encoder is loaded (min(192,000, maxModelLen) tokens x 6144 x 2 B);
+# SGLang = mem x 0.75 - weights; TensorRT-LLM = (mem - weights - 4 GiB) x 0.7. Capacities are whole 128-token blocks.
 HAND_CHECKED = [
-    # H200 TP8 vision on: (854.08-1.2)/8+1.2 = 107.81 GB = 100.405 GiB; 126-100.405-4 = 21.595 GiB -> 511.7k
-    ("vllm", "h200", "bf16", "tp", 8, False, "bf16", 131072, 511_700),
-    # text only: 852.88/8 = 106.61 GB = 99.287 GiB; 22.713 GiB / 45,312 -> 538.2k ("about 0.54M", m3-facts)
-    ("vllm", "h200", "bf16", "tp", 8, True, "bf16", 131072, 538_200),
-    # same budget with fp8 K/V: 22.713 GiB / 29,952 -> 814.2k ("about 0.82M", m3-facts)
-    ("vllm", "h200", "bf16", "tp", 8, True, "fp8", 131072, 814_200),
-    # MI355X TP8 text only: 259.2-99.287-4 = 155.913 GiB / 45,312 -> 3,694.6k
-    ("vllm", "mi355x", "bf16", "tp", 8, True, "bf16", 131072, 3_694_600),
-    # DP8+EP on H200: 24.92 + 827.96/8 + 1.2 = 129.615 GB = 120.714 GiB; 1.286 GiB / 137,472 -> 78 blocks x 8 ranks
-    ("vllm", "h200", "bf16", "dp-ep", 8, False, "bf16", 8192, 79_872),
+    # H200 TP8 vision on: (854.08-1.2)/8+1.2 = 107.81 GB = 100.406 GiB; encoder cache 131072 x 12288 B = 1.5 GiB;
+    # 128.8-100.406-4-1.5 = 22.894 GiB / 45,312 -> 542.5k
+    ("vllm", "h200", "bf16", "tp", 8, False, "bf16", 131072, 542_464),
+    # text only: 852.88/8 = 106.61 GB = 99.288 GiB; 25.512 GiB / 45,312 -> 604.4k
+    ("vllm", "h200", "bf16", "tp", 8, True, "bf16", 131072, 604_416),
+    # same budget with fp8 K/V: 25.512 GiB / 29,952 -> 914.6k
+    ("vllm", "h200", "bf16", "tp", 8, True, "fp8", 131072, 914_560),
+    # MI355X TP8 text only: 264.96-99.288-4 = 161.672 GiB / 45,312 -> 3,831.0k
+    ("vllm", "mi355x", "bf16", "tp", 8, True, "bf16", 131072, 3_831_040),
+    # DP8+EP on H200: 24.92 + 827.96/8 + 1.2 = 129.615 GB = 120.713 GiB; encoder cache 8192 x 12288 B = 0.094 GiB;
+    # 128.8-120.713-4-0.094 = 3.993 GiB / 137,472 -> 243 blocks x 8 ranks
+    ("vllm", "h200", "bf16", "dp-ep", 8, False, "bf16", 8192, 248_832),
     # SGLang H200 TP8: 105 - 100.405 = 4.595 GiB / 45,312 -> 108.9k
     ("sglang", "h200", "bf16", "tp", 8, False, "bf16", 65536, 108_900),
     # TensorRT-LLM GB200 TEP8: (184-100.405-4) x 0.7 = 55.717 GiB / 45,312 -> 1,320.3k
@@ -118,6 +134,47 @@ def test_hand_checked_capacity(row: tuple[Any, ...]) -> None:
     assert p.kv_cache_tokens_per_replica == pytest.approx(expected_tokens, rel=0.002)
 
 
+def test_pipeline_stages_hold_their_own_layers() -> None:
+    # TP8 x PP2 (vLLM/SGLang split 60 layers 30/30): stage 1 holds layers 30-59, all sparse. Per GPU and token:
+    # 30 x 2 x 1 head x 128 x 2 B = 15,360 B of K/V plus 30 x 128 x 2 B = 7,680 B of index = 23,040 B, half of
+    # TP16's 45,312 B (where every rank keeps every layer and the 4 KV heads are duplicated 4 times).
+    assert kv_bytes_per_token_per_gpu(8, KvCacheDtype.BF16, pp=2) == 23_040
+    assert kv_bytes_per_token_per_gpu(16, KvCacheDtype.BF16) == 45_312
+    # Weights: stage 1 holds 30 of the 57 MoE layers' experts: 827.96 x 30/57 / 8 + 24.92 / 16 + 1.2 GB.
+    from m3fleet.catalog import ACCELERATORS, VARIANTS
+
+    variant = VARIANTS[Variant.BF16]
+    fit = evaluate(
+        Layout(Strategy.TP, 8, 1, KvCacheDtype.BF16, pp=2), variant, ENGINES[EngineName.VLLM],
+        ACCELERATORS[Accelerator.H200], True, 8192,
+    )  # fmt: skip
+    expected_gb = 827.96 * 30 / 57 / 8 + 24.92 / 16 + 1.2
+    assert fit.weights_gib_per_gpu == pytest.approx(expected_gb / 1.073741824, rel=1e-3)
+
+
+def test_two_h200_nodes_run_tp8_x_pp2_by_default() -> None:
+    for engine in ("vllm", "sglang"):
+        p = plan(spec_for(engine, "h200", "bf16", "tp-ep", None, False, "bf16", 524_288, min_seqs=2))
+        assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.nodes_per_replica) == (8, 2, 2)
+        assert p.expert_parallel_size == 8 and p.gpus_per_replica == 16
+        assert any("pipeline parallel 2 across the 2 nodes" in n for n in p.notes)
+        assert any("over TCP" in n for n in p.notes)  # no RDMA resource in nodePool.extraResources
+    # An explicit tensorParallelSize 16 is honoured, with a note on the all-reduce crossing nodes.
+    p = plan(spec_for("vllm", "h200", "bf16", "tp", 16, False, "bf16", 524_288, min_seqs=2))
+    assert (p.tensor_parallel_size, p.pipeline_parallel_size) == (16, 1)
+    assert any("crosses the network" in n for n in p.notes)
+    # TensorRT-LLM's M3 guide documents no pipeline parallelism: TP spans the nodes, and the plan says so.
+    p = plan(spec_for("trtllm", "h200", "bf16", "tp", None, False, "bf16", 400_000, min_seqs=2))
+    assert p.pipeline_parallel_size == 1 and p.nodes_per_replica == 2
+    assert any("documents no pipeline parallelism" in n for n in p.notes)
+
+
+def test_rdma_resource_silences_the_tcp_note() -> None:
+    data = spec_for("sglang", "h200", "bf16", "tp", None, False, "bf16", 524_288, min_seqs=2).model_dump(by_alias=True)
+    data["nodePool"]["extraResources"] = {"rdma/ib": 1}
+    assert not any("over TCP" in n for n in plan(parse_spec(data)).notes)
+
+
 def test_kv_bytes_per_token_match_the_facts_sheet() -> None:
     cases = {("tp", 8, "bf16"): 45_312, ("tp", 8, "fp8"): 29_952, ("dp-ep", 8, "bf16"): 137_472}
     for (strategy, world, kv), expected in cases.items():
@@ -129,16 +186,16 @@ def test_kv_bytes_per_token_match_the_facts_sheet() -> None:
 
 
 def test_one_million_tokens_do_not_fit_one_h200_node() -> None:
-    p = plan(spec_for("vllm", "h200", "bf16", "tp", None, False, "bf16", 1_048_576))
-    assert (p.tensor_parallel_size, p.nodes_per_replica, p.gpus_per_node) == (16, 2, 8)
+    p = plan(spec_for("sglang", "h200", "bf16", "tp", None, False, "bf16", 1_048_576))
+    assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.nodes_per_replica, p.gpus_per_node) == (8, 2, 2, 8)
     assert p.rope_scaling_factor == 2.0 and any("YaRN" in n for n in p.notes)
 
 
 def test_auto_kv_dtype_prefers_bf16_and_takes_fp8_only_to_save_gpus() -> None:
     assert plan(spec_for("vllm", "h200", "bf16", "tp", None, False, "auto", 131072)).kv_cache_dtype == "bf16"
-    # 700k tokens: bf16 needs TP16 on H200, fp8 fits TP8 (814k with text only).
-    p = plan(spec_for("vllm", "h200", "bf16", "tp", None, True, "auto", 700_000))
-    assert (p.kv_cache_dtype, p.tensor_parallel_size) == ("fp8", 8)
+    # 2 x 400k tokens: bf16 needs 2 nodes on H200 (604k on TP8 with text only), fp8 fits TP8 (914k).
+    p = plan(spec_for("vllm", "h200", "bf16", "tp", None, True, "auto", 400_000, min_seqs=2))
+    assert (p.kv_cache_dtype, p.tensor_parallel_size, p.nodes_per_replica) == ("fp8", 8, 1)
     assert any("chose fp8" in n for n in p.notes)
 
 
@@ -157,10 +214,12 @@ def test_floor_is_kept_and_noted() -> None:
 
 INVALID = [
     (
-        ("vllm", "h200", "bf16", "tp", 8, False, "bf16", 1_048_576),
+        ("vllm", "h200", "bf16", "tp", 8, False, "bf16", 524_288, 2),
         "spec.context.maxModelLen",
         "leave tensorParallelSize 0",
     ),
+    (("vllm", "h200", "bf16", "tp", None, False, "bf16", 1_048_576), "spec.context.maxModelLen", "rope_scaling"),
+    (("trtllm", "gb200", "bf16", "tp", None, True, "auto", 8192), "spec.model.languageModelOnly", "config.json"),
     (
         ("vllm", "h200", "bf16", "tp", 2, False, "bf16", 8192),
         "spec.parallelism.tensorParallelSize",
@@ -270,14 +329,29 @@ def test_fp8_kv_never_needs_more_gpus_than_bf16(spec: MiniMaxM3DeploymentSpec) -
         assert fp8 is not None and fp8 <= bf16
 
 
-def brute_force_min_gpus(spec: MiniMaxM3DeploymentSpec, floor: int) -> int | None:
-    """Every (TP, DP, dtype) on the grid, independent of the planner's search order."""
+def refused_by_rule(spec: MiniMaxM3DeploymentSpec) -> bool:
+    """Specs the planner refuses whatever the memory: past the native context where the engine's M3 model applies
+    no YaRN (TensorRT-LLM; vLLM on NVIDIA), and languageModelOnly where the engine cannot leave the encoder out."""
     from m3fleet.catalog import ACCELERATORS, VARIANTS
+
+    engine = ENGINES[EngineName(spec.engine.name)]
+    vendor = ACCELERATORS[Accelerator(spec.accelerator)].vendor
+    past_native = spec.context.max_model_len > VARIANTS[Variant(spec.model.variant)].native_max_model_len
+    no_text_only = spec.model.language_model_only and engine.language_model_only == "unsupported"
+    return (past_native and vendor not in engine.yarn_vendors) or no_text_only
+
+
+def brute_force_min_gpus(spec: MiniMaxM3DeploymentSpec, floor: int) -> int | None:
+    """Every (TP, DP, dtype) on the grid, independent of the planner's search order. A world larger than a node is
+    TP = the node's GPUs x one pipeline stage per node where the engine and pool call for it."""
+    from m3fleet.catalog import ACCELERATORS, VARIANTS
+    from m3fleet.planner import pipeline_across_nodes
 
     strategy = Strategy.TP if spec.parallelism.strategy == "auto" else Strategy(spec.parallelism.strategy)
     engine = ENGINES[EngineName(spec.engine.name)]
     accel = ACCELERATORS[Accelerator(spec.accelerator)]
     variant = VARIANTS[Variant(spec.model.variant)]
+    encoder = not spec.model.language_model_only or engine.language_model_only != "skips_encoder"
     asked = KvCacheDtype(spec.context.kv_cache_dtype)
     dtypes = [KvCacheDtype.BF16, KvCacheDtype.FP8] if asked == KvCacheDtype.AUTO else [asked]
     if asked == KvCacheDtype.AUTO and (not variant.kv_scales_calibrated or engine.name == EngineName.TRTLLM):
@@ -289,14 +363,12 @@ def brute_force_min_gpus(spec: MiniMaxM3DeploymentSpec, floor: int) -> int | Non
                 continue
             if tp * dp not in PARALLEL_CANDIDATES or tp * dp < floor:
                 continue
+            world, stage_tp, pp = tp * dp, tp, 1
+            if pipeline_across_nodes(engine, accel, strategy) and world > accel.gpus_per_node:
+                stage_tp, pp = accel.gpus_per_node, world // accel.gpus_per_node
             for dtype in dtypes:
-                fit = evaluate(
-                    Layout(strategy, tp, dp, dtype),
-                    variant,
-                    engine,
-                    accel,
-                    not spec.model.language_model_only,
-                )
+                layout = Layout(strategy, stage_tp, dp, dtype, pp)
+                fit = evaluate(layout, variant, engine, accel, encoder, spec.context.max_model_len)
                 if fit.sequences_at(spec.context.max_model_len) >= spec.context.min_sequences_at_max_len:
                     best = tp * dp if best is None else min(best, tp * dp)
     return best
@@ -312,16 +384,30 @@ def test_chosen_layout_fits_and_nothing_smaller_does(spec: MiniMaxM3DeploymentSp
     try:
         p = plan(spec)
     except SpecError:
-        assert expected is None or (spec.context.max_model_len > 524_288 and spec.engine.name == "trtllm")
+        assert expected is None or refused_by_rule(spec)
         return
+    assert not refused_by_rule(spec)
     assert p.gpus_per_replica == expected
     assert p.max_sequences_at_max_len >= spec.context.min_sequences_at_max_len
-    assert p.gpus_per_replica == p.tensor_parallel_size * p.data_parallel_size
+    assert p.gpus_per_replica == p.tensor_parallel_size * p.data_parallel_size * p.pipeline_parallel_size
     assert p.gpus_per_replica == p.gpus_per_node * p.nodes_per_replica
-    assert p.expert_parallel_size in (1, p.gpus_per_replica)
+    assert p.expert_parallel_size in (1, p.tensor_parallel_size * p.data_parallel_size)
     assert p.strategy != "auto"
 
 
 def test_sample_files_parse() -> None:
     for path in Path(SAMPLES_DIR).glob("*.yaml"):
         parse_resource(load_sample(path))
+
+
+@pytest.mark.parametrize(("engine", "accel"), [("trtllm", "gb200"), ("trtllm", "h200"), ("vllm", "h200")])
+def test_every_engine_a_too_long_context_error_suggests_does_plan(engine: str, accel: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        plan(spec_for(engine, accel, "bf16", "auto", None, False, "auto", 1_048_576))
+    suggestions = str(refused.value).split("fix: ", 1)[1]
+    offered = [s for s in ("sglang", "vllm", "trtllm") if f"engine {s}" in suggestions]
+    assert offered, suggestions
+    for other in offered:
+        variant = "mxfp8" if f"engine {other} with model.variant mxfp8" in suggestions else "bf16"
+        planned = plan(spec_for(other, accel, variant, "auto", None, False, "auto", 1_048_576))
+        assert planned.max_model_len == 1_048_576

@@ -22,7 +22,7 @@ from m3fleet.cli import dump
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
 from m3fleet.render import render, required_secrets, service_name, set_owner
-from tests.conftest import ROOT, SAMPLE_FILES, load_sample
+from tests.conftest import ROOT, SAMPLE_FILES, SAMPLES_DIR, load_sample
 
 GOLDEN_DIR = ROOT / "tests" / "golden"
 K8S_VERSION = "1.33"
@@ -112,7 +112,7 @@ def test_every_rendered_object_validates(path: Path) -> None:
 
 
 def test_validation_catches_a_typo() -> None:
-    obj = rendered(load_sample(SAMPLE_FILES[0]))[0]
+    obj = next(o for o in rendered(load_sample(SAMPLE_FILES[0])) if o["kind"] in ("Deployment", "Service"))
     obj["spec"]["replicass"] = 1
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
@@ -205,7 +205,8 @@ def test_the_longest_accepted_name_makes_valid_children(path: Path) -> None:
 
 VLLM_FLAGS = {
     "--served-model-name": 1, "--host": 1, "--port": 1, "--tensor-parallel-size": 1, "--data-parallel-size": 1,
-    "--enable-expert-parallel": 0, "--block-size": 1, "--max-model-len": 1, "--gpu-memory-utilization": 1,
+    "--pipeline-parallel-size": 1, "--enable-expert-parallel": 0, "--block-size": 1, "--max-model-len": 1,
+    "--gpu-memory-utilization": 1,
     "--kv-cache-dtype": 1, "--attention-backend": 1, "--moe-backend": 1, "--no-enable-prefix-caching": 0,
     "--language-model-only": 0, "--mm-encoder-tp-mode": 1, "--mm-encoder-attn-backend": 1,
     "--mm-processor-cache-type": 1, "--skip-mm-profiling": 0, "--hf-overrides": 1, "--tool-call-parser": 1,
@@ -213,7 +214,8 @@ VLLM_FLAGS = {
     "--node-rank": 1, "--master-addr": 1, "--headless": 0,
 }  # fmt: skip
 SGLANG_FLAGS = {
-    "--model-path": 1, "--served-model-name": 1, "--host": 1, "--port": 1, "--tp-size": 1, "--dp-size": 1,
+    "--model-path": 1, "--served-model-name": 1, "--host": 1, "--port": 1, "--tp-size": 1, "--pp-size": 1,
+    "--dp-size": 1, "--language-model-only": 0, "--mm-attention-backend": 1,
     "--enable-dp-attention": 0, "--ep-size": 1, "--mem-fraction-static": 1, "--context-length": 1,
     "--chunked-prefill-size": 1, "--quantization": 1, "--dtype": 1, "--kv-cache-dtype": 1, "--attention-backend": 1,
     "--page-size": 1, "--moe-runner-backend": 1, "--enable-multimodal": 0, "--json-model-override-args": 1,
@@ -266,7 +268,9 @@ def trtllm_leader_argv(objs: list[dict[str, Any]]) -> list[str] | None:
     config = next((o for o in objs if o["kind"] == "ConfigMap"), None)
     if config is None or "launch-leader.sh" not in config["data"]:
         return None
-    line = next(x for x in config["data"]["launch-leader.sh"].splitlines() if "trtllm-llmapi-launch" in x)
+    line = next(
+        x for x in config["data"]["launch-leader.sh"].splitlines() if x.lstrip().startswith("trtllm-llmapi-launch")
+    )
     return shlex.split(line.split("trtllm-llmapi-launch", 1)[1])[1:]  # drop 'trtllm-serve'
 
 
@@ -361,9 +365,12 @@ def test_grid_properties(doc: dict[str, Any]) -> None:
         ns = parse_with_model(engine, argv)
         if engine == "vllm":
             assert ns.block_size == "128"
-            assert int(ns.tensor_parallel_size) * int(ns.data_parallel_size or 1) == p.gpus_per_replica
+            world = int(ns.tensor_parallel_size) * int(ns.data_parallel_size or 1) * int(ns.pipeline_parallel_size or 1)
+            assert world == p.gpus_per_replica
+            assert not ns.skip_mm_profiling  # the encoder's peak memory must be profiled, not left to chance
         if engine == "sglang":
-            assert int(ns.tp_size) == p.gpus_per_replica  # SGLang's TP is the world size
+            # SGLang's TP is the world size, or the per-stage size with --pp-size.
+            assert int(ns.tp_size) * int(ns.pp_size or 1) == p.gpus_per_replica
     if engine == "trtllm":
         options = yaml.safe_load(
             next(o for o in objs if o["kind"] == "ConfigMap")["data"]["extra-llm-api-options.yaml"]
@@ -386,13 +393,20 @@ def test_grid_properties(doc: dict[str, Any]) -> None:
 
 
 def test_multi_node_ranks_add_up_to_world_size() -> None:
-    doc = resource_for("vllm", "h200", "bf16", "tp", "bf16", 1048576, False, "auto", 1, False)
+    doc = resource_for("vllm", "h200", "bf16", "tp", "bf16", 524288, False, "auto", 1, False)
+    doc["spec"]["context"]["minSequencesAtMaxLen"] = 2
     result = rendered_or_none(doc)
     assert result is not None
     _, p, objs = result
     lws = next(o for o in objs if o["kind"] == "LeaderWorkerSet")
     leader, worker = (engine_argv(lws, "vllm")[i] for i in (0, 1))
-    assert p.tensor_parallel_size == 16 and lws["spec"]["leaderWorkerTemplate"]["size"] == 2
+    # Tensor parallel within each H200 node, one pipeline stage per node (vLLM's M3 model implements PP).
+    assert (p.tensor_parallel_size, p.pipeline_parallel_size) == (8, 2) and lws["spec"]["leaderWorkerTemplate"][
+        "size"
+    ] == 2
+    for argv in (leader, worker):
+        assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
+        assert argv[argv.index("--pipeline-parallel-size") + 1] == "2"
     assert leader[leader.index("--node-rank") + 1] == "0" and "--headless" not in leader
     assert worker[worker.index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)" and "--headless" in worker
     assert leader[leader.index("--master-addr") + 1] == "$(LWS_LEADER_ADDRESS)"
@@ -428,3 +442,202 @@ def test_harmless_extra_args_and_user_env_pass_through() -> None:
 def test_render_is_deterministic() -> None:
     doc = load_sample(SAMPLE_FILES[0])
     assert dump(rendered(doc), "yaml") == dump(rendered(doc), "yaml")
+
+
+def _engine_pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    workload = next(o for o in rendered(doc) if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+    template = workload["spec"].get("template") or workload["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    spec: dict[str, Any] = template["spec"]
+    return spec
+
+
+def test_mi355x_pods_accept_every_known_product_label_spelling() -> None:
+    spec = _engine_pod_spec(load_sample(SAMPLES_DIR / "vllm-mi355x-bf16-tp8.yaml"))
+    assert "amd.com/gpu.product-name" not in spec["nodeSelector"]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    [expression] = terms[0]["matchExpressions"]
+    assert expression["key"] == "amd.com/gpu.product-name" and expression["operator"] == "In"
+    assert "AMD_Instinct_MI355_OAM" in expression["values"]  # what live MI355X nodes carry
+
+
+def test_a_label_the_user_selects_on_replaces_the_catalogs_choice() -> None:
+    doc = load_sample(SAMPLES_DIR / "vllm-mi355x-bf16-tp8.yaml")
+    doc["spec"]["nodePool"] = {"nodeSelector": {"amd.com/gpu.product-name": "My_MI355X"}}
+    spec = _engine_pod_spec(doc)
+    assert spec["nodeSelector"]["amd.com/gpu.product-name"] == "My_MI355X"
+    assert "affinity" not in spec
+
+
+def test_single_valued_pool_labels_stay_a_node_selector() -> None:
+    spec = _engine_pod_spec(load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml"))
+    assert spec["nodeSelector"] == {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert "affinity" not in spec
+
+
+# --- placement, resources, long context, text-only ---------------------------------------------
+
+
+def pod_templates_of(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    workload = next(o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+    if workload["kind"] == "Deployment":
+        return [workload["spec"]["template"]]
+    lwt = workload["spec"]["leaderWorkerTemplate"]
+    return [lwt["leaderTemplate"], lwt["workerTemplate"]]
+
+
+def sample_named(stem: str) -> dict[str, Any]:
+    return load_sample(next(p for p in SAMPLE_FILES if p.stem == stem))
+
+
+@pytest.mark.parametrize("stem", ["trtllm-gb200-2x4-tep", "sglang-gb200-mxfp8-2x4-tp8-ep8"])
+def test_gb200_groups_stay_in_one_nvlink_domain(stem: str) -> None:
+    doc = sample_named(stem)
+    objs = rendered(doc)
+    name = doc["metadata"]["name"]
+    for template in pod_templates_of(objs):
+        affinity = template["spec"]["affinity"]
+        assert affinity["podAffinity"] == {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"m3fleet.dev/name": name}},
+                    "matchLabelKeys": ["leaderworkerset.sigs.k8s.io/group-key"],
+                    "topologyKey": "nvidia.com/gpu.clique",
+                }
+            ]
+        }
+        # The pod matches its own term (the first pod of a group may start a clique); nothing keeps other
+        # groups out of the clique (LWS's exclusive-topology anti-affinity would reserve a whole NVL72 rack).
+        assert template["metadata"]["labels"]["m3fleet.dev/name"] == name
+        assert "podAntiAffinity" not in affinity
+    assert "exclusive-topology" not in json.dumps(objs)
+
+
+def test_pods_outside_an_nvlink_domain_get_no_pod_affinity() -> None:
+    single = rendered(resource_for("sglang", "gb200", "mxfp8", "tp", "bf16", 131072, False, "auto", 1, False))
+    h200_two_nodes = rendered(resource_for("sglang", "h200", "bf16", "tp", "bf16", 1048576, False, "auto", 1, False))
+    for objs in (single, h200_two_nodes):
+        for template in pod_templates_of(objs):
+            assert "podAffinity" not in template["spec"].get("affinity", {})
+
+
+@pytest.mark.parametrize("path", SAMPLE_FILES, ids=[p.stem for p in SAMPLE_FILES])
+def test_engine_pods_request_cpu_and_memory(path: Path) -> None:
+    objs = rendered(load_sample(path))
+    for template in pod_templates_of(objs):
+        container = template["spec"]["containers"][0]
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        # Burstable, never BestEffort: CPU and memory are requested; memory is limited to its request (the pod is
+        # never ranked for eviction by usage above request), CPU is not limited (no CFS throttling).
+        assert int(requests["cpu"]) >= 8 and requests["memory"].endswith("Gi")
+        assert limits["memory"] == requests["memory"] and "cpu" not in limits
+        # /dev/shm stays memory-backed, and fits in the pod's memory with room for the engine.
+        (shm,) = [v for v in template["spec"]["volumes"] if v["name"] == "dshm"]
+        assert shm["emptyDir"]["medium"] == "Memory"
+        assert int(requests["memory"][:-2]) >= 2 * int(shm["emptyDir"]["sizeLimit"][:-2])
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_pod_resources_are_sized_per_gpu_and_overridable() -> None:
+    doc = resource_for("vllm", "mi355x", "mxfp8", "tp", "bf16", 8192, False, "auto", 2, False)
+    resource = parse_resource(doc)
+    p = plan(resource.spec)
+    assert p.gpus_per_node == 4 and (p.cpu_per_pod, p.memory_gib_per_pod) == (32, 256)  # half an 8-GPU node's share
+    doc["spec"]["nodePool"]["resources"] = {"cpu": 48, "memoryGiB": 384}
+    container = pod_templates_of(rendered(doc))[0]["spec"]["containers"][0]
+    assert container["resources"]["requests"]["cpu"] == "48"
+    assert container["resources"]["requests"]["memory"] == container["resources"]["limits"]["memory"] == "384Gi"
+    doc["spec"]["nodePool"]["resources"] = {"memoryGiB": 32}
+    with pytest.raises(SpecError) as info:
+        plan(parse_resource(doc).spec)
+    assert info.value.field == "spec.nodePool.resources.memoryGiB" and "/dev/shm" in str(info.value)
+
+
+# The YaRN override must carry the checkpoint's whole RoPE block: SGLang 0.5.23 replaces text_config's
+# rope_parameters with it and falls back to theta 10,000 when rope_theta is missing.
+YARN_2X = {
+    "text_config": {
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "rope_theta": 5_000_000,
+            "partial_rotary_factor": 0.5,
+            "factor": 2.0,
+            "original_max_position_embeddings": 524_288,
+        }
+    }
+}
+
+
+def _flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_sglang_one_million_override_keeps_rope_theta() -> None:
+    objs = rendered(resource_for("sglang", "h200", "bf16", "tp", "bf16", 1048576, False, "auto", 1, False))
+    lws = next(o for o in objs if o["kind"] == "LeaderWorkerSet")
+    for argv in engine_argv(lws, "sglang"):
+        (override,) = _flag_values(argv, "--json-model-override-args")
+        assert json.loads(override) == YARN_2X
+        assert _flag_values(argv, "--context-length") == ["1048576"]
+        # TP within each H200 node, one pipeline stage per node.
+        assert _flag_values(argv, "--tp-size") == ["8"] and _flag_values(argv, "--pp-size") == ["2"]
+
+
+def test_vllm_one_million_hf_overrides_keep_rope_theta() -> None:
+    objs = rendered(sample_named("vllm-mi355x-1m-fp8kv"))
+    deployment = next(o for o in objs if o["kind"] == "Deployment")
+    (argv,) = engine_argv(deployment, "vllm")
+    (override,) = _flag_values(argv, "--hf-overrides")
+    assert json.loads(override) == YARN_2X
+
+
+def test_vllm_on_nvidia_refuses_contexts_past_the_native_window() -> None:
+    # vLLM 0.33.0's NVIDIA M3 model builds RoPE from rope_theta alone: a YaRN override would be silently ignored.
+    doc = resource_for("vllm", "h200", "bf16", "tp", "bf16", 1048576, False, "auto", 1, False)
+    with pytest.raises(SpecError) as info:
+        plan(parse_resource(doc).spec)
+    assert info.value.field == "spec.context.maxModelLen" and "ignores rope_scaling" in str(info.value)
+    assert "variant mxfp8" in info.value.fix and "engine sglang" in info.value.fix
+
+
+def test_skip_mm_profiling_is_never_rendered() -> None:
+    for max_len in (8192, 131072, 524288):
+        for accel in ("h200", "mi355x"):
+            objs = rendered(resource_for("vllm", accel, "bf16", "tp", "fp8", max_len, False, "auto", 1, False))
+            assert "--skip-mm-profiling" not in json.dumps(objs)
+
+
+def test_language_model_only_does_what_each_engine_really_does() -> None:
+    def both(engine: str, accel: str) -> tuple[Any, Any, list[dict[str, Any]]]:
+        text = resource_for(engine, accel, "bf16", "tp", "bf16", 8192, True, "auto", 1, False)
+        mm = resource_for(engine, accel, "bf16", "tp", "bf16", 8192, False, "auto", 1, False)
+        return plan(parse_resource(text).spec), plan(parse_resource(mm).spec), rendered(text)
+
+    text, mm, objs = both("vllm", "h200")
+    (argv,) = engine_argv(next(o for o in objs if o["kind"] == "Deployment"), "vllm")
+    assert "--language-model-only" in argv and "--mm-encoder-tp-mode" not in argv
+    assert text.weights_gib_per_gpu < mm.weights_gib_per_gpu  # the vision tower is never built
+
+    text, mm, objs = both("sglang", "h200")
+    (argv,) = engine_argv(next(o for o in objs if o["kind"] == "Deployment"), "sglang")
+    assert "--language-model-only" in argv and "--enable-multimodal" not in argv
+    assert text.weights_gib_per_gpu == mm.weights_gib_per_gpu  # SGLang still loads the vision tower
+    assert any("still builds and loads the vision tower" in n for n in text.notes)
+
+    doc = resource_for("trtllm", "gb200", "bf16", "tp", "bf16", 8192, True, "auto", 1, False)
+    with pytest.raises(SpecError) as info:
+        plan(parse_resource(doc).spec)
+    assert info.value.field == "spec.model.languageModelOnly" and "MiniMaxM3SparseForCausalLM" in str(info.value)
+
+
+@pytest.mark.parametrize("accel", ["gb200", "h200"])
+def test_trtllm_chat_template_exists_for_a_hugging_face_source(accel: str) -> None:
+    objs = rendered(resource_for("trtllm", accel, "bf16", "tp-ep", "bf16", 131072, False, "auto", 1, True))
+    config = next(o for o in objs if o["kind"] == "ConfigMap")["data"]
+    scripts = {k: v for k, v in config.items() if k.endswith(".sh") and k != "launch-worker.sh"}
+    (script,) = scripts.values()
+    # The hub id is not a directory: the template is fetched into the shared HF cache and that file is passed.
+    assert "MiniMaxAI/MiniMax-M3/chat_template.jinja" not in json.dumps(objs)
+    assert "hf_hub_download" in script and '--chat_template "${chat_template}"' in script
+    assert script.index('chat_template="$(') < script.index('"${chat_template}"')
+    pvc = rendered(resource_for("trtllm", accel, "bf16", "tp-ep", "bf16", 131072, False, "auto", 1, False))
+    assert "/models/m3/chat_template.jinja" in json.dumps(pvc) and "hf_hub_download" not in json.dumps(pvc)

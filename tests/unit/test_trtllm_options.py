@@ -79,7 +79,7 @@ def test_rank_count_equals_tensor_parallel_size(rendered: grid.Rendered) -> None
     config_map = next(o for o in rendered.objects if o["kind"] == "ConfigMap")
     workload = next(o for o in rendered.objects if o["kind"] in ("Deployment", "LeaderWorkerSet"))
     if workload["kind"] == "LeaderWorkerSet":
-        ranks = int(re.search(r"mpirun .*?-np (\d+)", config_map["data"][LEADER_SCRIPT])[1])  # type: ignore[index]
+        ranks = int(re.search(r" -np (\d+) ", config_map["data"][LEADER_SCRIPT])[1])  # type: ignore[index]
     else:
         ranks = workload["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     opts = options(rendered)

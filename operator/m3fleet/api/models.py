@@ -277,6 +277,24 @@ class EngineSpec(CamelModel):
 # --- placement, parallelism, context ---------------------------------------------------------
 
 
+class PodResourcesSpec(CamelModel):
+    cpu: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="CPU cores each engine pod requests; 0 means the catalog's size for the accelerator "
+        "(per GPU the pod holds). No CPU limit is set: a CFS quota would throttle the engine's host threads.",
+    )
+    memory_gib: int = Field(
+        default=0,
+        ge=0,
+        le=16384,
+        alias="memoryGiB",
+        description="Memory (GiB) each engine pod requests and is limited to; 0 means the catalog's size for the "
+        "accelerator. It also holds the memory-backed /dev/shm (32Gi), so at least 64.",
+    )
+
+
 class NodePoolSpec(CamelModel):
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Extra node labels, merged with the accelerator's own."
@@ -290,6 +308,10 @@ class NodePoolSpec(CamelModel):
     extra_resources: dict[str, int] = Field(
         default_factory=dict,
         description='Extra per-pod resources, e.g. {"rdma/ib": 1}; adds the IPC_LOCK capability RDMA needs.',
+    )
+    resources: PodResourcesSpec = Field(
+        default_factory=PodResourcesSpec,
+        description="CPU and memory of each engine pod; zeros take the catalog's size for the accelerator.",
     )
 
 
@@ -640,11 +662,20 @@ class Plan(CamelModel):
     image: str = Field(description="Engine image.")
     strategy: Strategy = Field(description="Resolved strategy (never auto).")
     tensor_parallel_size: int = Field(description="Engine TP size.")
-    data_parallel_size: int = Field(description="Engine DP size; world size = TP x DP.")
-    expert_parallel_size: int = Field(description="Ranks the routed experts are sharded over (1 when EP is off).")
+    data_parallel_size: int = Field(description="Engine DP size; world size = TP x DP x PP.")
+    pipeline_parallel_size: int = Field(
+        default=1, description="Pipeline stages (one per node when a replica spans nodes without NVLink between them)."
+    )
+    expert_parallel_size: int = Field(
+        description="Ranks the routed experts of one stage are sharded over (TP x DP with EP, 1 without)."
+    )
     gpus_per_node: int = Field(description="GPUs each pod requests.")
     gpus_per_replica: int = Field(description="GPUs in one replica.")
     nodes_per_replica: int = Field(description="Pods (one per node) in one replica.")
+    cpu_per_pod: int = Field(default=0, description="CPU cores each engine pod requests.")
+    memory_gib_per_pod: int = Field(
+        default=0, alias="memoryGiBPerPod", description="Memory (GiB) each engine pod requests and is limited to."
+    )
     gpu_memory_utilization: float = Field(description="Share of GPU memory the engine may use.")
     max_model_len: int = Field(description="Context served.")
     native_max_model_len: int = Field(description="The checkpoint's native context.")

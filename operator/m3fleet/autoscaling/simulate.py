@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from m3fleet.api.models import MiniMaxM3Deployment, Plan
+from m3fleet.api.models import MiniMaxM3Deployment, Plan, Variant
 from m3fleet.api.parse import parse_resource
 from m3fleet.autoscaling.forecast import DAY, demand_history
 from m3fleet.autoscaling.policy import PolicyConfig, PolicyState, decide
@@ -36,6 +36,7 @@ from m3fleet.autoscaling.simulator import (
     cold_start_range,
     scenario_duration,
 )
+from m3fleet.catalog import VARIANTS
 from m3fleet.planner import plan as make_plan
 
 # manifests/samples/vllm-h200-tp8.yaml, the default resource.
@@ -99,6 +100,11 @@ def prepare(
                 f" with spec.context.maxModelLen {scenario.max_model_len}: the scenario's prompts reach 1M tokens, "
                 "so the deployment must serve them (the planner picks the layout)"
             )
+            if scenario.max_model_len > VARIANTS[Variant.BF16].native_max_model_len:
+                # vLLM's NVIDIA MiniMax-M3 model applies no YaRN, so past the BF16 checkpoint's native 512K the
+                # deployment serves the MXFP8 checkpoint, whose native window is 1M.
+                body["spec"]["model"]["variant"] = Variant.MXFP8.value
+                note += " and model.variant mxfp8 (native 1M context; vLLM on NVIDIA cannot YaRN-extend bf16)"
         resource = parse_resource(body)
     else:
         note = "the resource given with -f, as written"

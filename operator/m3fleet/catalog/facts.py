@@ -28,11 +28,17 @@ SOURCES: Final[dict[str, str]] = {
     "SGL-CB": "sgl-project/sglang docs_new/cookbook/autoregressive/MiniMax/MiniMax-M3.mdx",
     "NV-BLOG": "NVIDIA developer blog 'Deploy Long-Context Reasoning ... MiniMax M3' (shared/seeds/000)",
     "LWS-API": "kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go",
+    "LWS-WEBHOOK": "kubernetes-sigs/lws v0.9.0 pkg/webhooks/pod_webhook.go (group-key label, exclusive affinities)",
+    "DYN-TRT": "ai-dynamo/dynamo deploy/operator/internal/dynamo/backend_trtllm.go (multi-node TRT-LLM, mpirun/SSH)",
     "GFD": "NVIDIA/k8s-device-plugin docs/gpu-feature-discovery/README.md",
     "DRA": "NVIDIA/k8s-dra-driver-gpu api/nvidia.com/resource/v1beta1/computedomain.go",
     "AMD-DP": "ROCm/k8s-device-plugin docs/advanced/node-labelling.md",
     "3P-CALC": "third-party KV-calculator dataset quoting MiniMaxAI/MiniMax-M3 config.json",
     "ENGINE-ARGPARSE": "shared/docs/engine-argparse.md (the pinned wheels, inspected on CPU)",
+    "VLLM-SRC": "vllm 0.33.0 wheel: vllm/models/minimax_m3/{nvidia,amd}/model.py, common/mm_preprocess.py, "
+    "config/cache.py",
+    "SGL-SRC": "sglang 0.5.23 wheel: srt/models/minimax_m3{,_vl}.py, srt/arg_groups/model_overrides/minimax_m3.py, "
+    "srt/utils/hf_transformers/{config,common}.py, srt/arg_groups/fields/{parallel,disagg}.py",
     "DERIVED": "computed in this file from the sourced numbers above it",
 }
 
@@ -50,7 +56,8 @@ class KvLayout:
     layers: int = 60  # every layer keeps full paged K/V; MSA selects blocks, it does not shrink the cache
     kv_heads: int = 4  # GQA, head_dim 128
     head_dim: int = 128
-    index_layers: int = 57  # MSA sparse layers 3..59 add one index-K vector per token
+    dense_layers: int = 3  # layers 0..2: dense attention and a dense MLP (no index cache, no experts)
+    index_layers: int = 57  # MSA sparse layers 3..59 add one index-K vector per token; each is also a MoE layer
     index_dim: int = 128  # not sharded by TP; BF16 by default even with fp8 KV
     index_dtype_bytes: int = 2
     block_size: int = 128  # vLLM --block-size 128 is mandatory (page size == sparse block size)
@@ -136,6 +143,28 @@ VARIANTS: Final[dict[Variant, ModelVariant]] = {
 KV_LAYOUT: Final = KvLayout()
 
 
+@dataclass(frozen=True)
+class Rope:
+    """The text decoder's RoPE block (HF-CFG `text_config`). A YaRN override must carry all of it: SGLang
+    0.5.23 merges `--json-model-override-args` into `text_config` attribute by attribute, and transformers 5's
+    `rope_scaling` setter then replaces `rope_parameters` whole, so a YaRN dict without `rope_theta` makes
+    SGLang fall back to theta 10,000 (`get_rope_config`, SGL-SRC)."""
+
+    theta: float = 5_000_000  # HF-CFG default_theta; vLLM's MiniMaxM3TextConfig default (VLLM-SRC)
+    partial_rotary_factor: float = 0.5  # rotary_dim 64 of head_dim 128
+    sources: tuple[str, ...] = ("HF-CFG", "VLLM-SRC", "SGL-SRC")
+
+
+ROPE: Final = Rope()
+
+# vLLM profiles the vision encoder with the largest video M3's processor accepts: 500 frames at the per-frame
+# pixel cap, "the true worst-case ~192,000 vision tokens" (VLLM-SRC common/mm_preprocess.py
+# _MAX_FRAMES_PER_VIDEO), and sizes its encoder cache to it. The cache holds those embeddings at the text
+# hidden size (6144, BF16) on every rank: reserved from the KV budget, so --skip-mm-profiling is never needed.
+MAX_VISION_TOKENS_PER_ITEM: Final = 192_000
+TEXT_HIDDEN_SIZE: Final = 6144  # HF-CFG
+
+
 # --- accelerators ---------------------------------------------------------------------------
 
 Vendor = Literal["nvidia", "amd"]
@@ -153,7 +182,30 @@ class AcceleratorFacts:
     # device plugins' spellings differ by version); one value renders a nodeSelector, several a node
     # affinity `In` term.
     node_labels: dict[str, tuple[str, ...]]
+    # Host CPU and memory an engine pod requests per GPU it holds (so a 4-GPU pod asks for half a node's
+    # share). Sized to fit the smallest common node of the pool with room for daemonsets, and large enough
+    # for the engine's host side: tokenizer/detokenizer/scheduler processes, pinned staging buffers, the
+    # multimodal processor cache and the memory-backed /dev/shm. Override with spec.nodePool.resources.
+    cpu_per_gpu: int
+    memory_gib_per_gpu: int
+    # One NVLink domain spans several nodes (GB200 NVL72 through IMEX): tensor parallelism may cross
+    # nodes at NVLink speed. Elsewhere nodes talk over the network, so multi-node replicas prefer
+    # pipeline parallelism across nodes (VLLM-PAR).
+    nvlink_spans_nodes: bool = False
+    # Node label whose value names one NVLink domain; every pod of a multi-node group must share it.
+    nvlink_domain_label: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
+
+
+# The memory-backed /dev/shm every engine pod mounts (vLLM/SGLang pass tensors between local ranks through it):
+# 32Gi as in the AMD verified run (VLLM-RCP-AMD; the LWS vLLM example uses 15Gi, the recipe's docker run 16g).
+# A memory-backed emptyDir counts against the pod's memory limit.
+POD_SHM_GIB: Final = 32
+
+
+# Resource names that bring an RDMA NIC into the pod (device plugins for InfiniBand/RoCE, AWS EFA); a
+# multi-node replica without one sends its inter-node traffic over TCP through the pod network.
+RDMA_RESOURCE_MARKERS: Final = ("rdma", "infiniband", "/ib", "hca", "roce", "efa")
 
 
 ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
@@ -164,11 +216,17 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         gpus_per_node=8,
         arch="amd64",
         resource_name="nvidia.com/gpu",
-        node_labels={"nvidia.com/gpu.product": ("NVIDIA-H200",)},
+        node_labels={"nvidia.com/gpu.product": ("NVIDIA-H200",), "kubernetes.io/arch": ("amd64",)},
+        cpu_per_gpu=8,
+        memory_gib_per_gpu=64,
         sources={
             "memory_gib": "aiwiki H200 (141 GB); reported MiB UNVERIFIED",
-            "node_labels": "NVIDIA GPU feature discovery: gpu.product is the nvidia-smi product name with spaces "
-            "as dashes ('NVIDIA H200' -> NVIDIA-H200); override with nodePool.nodeSelector",
+            "node_labels": "nvidia.com/gpu.product: GFD (NVIDIA/k8s-device-plugin "
+            "docs/gpu-feature-discovery/README.md) publishes the nvidia-smi product name with spaces as dashes "
+            "('NVIDIA H200' -> NVIDIA-H200; the H200 string is UNVERIFIED, m3-facts §8); kubernetes.io/arch: "
+            "the kubelet's well-known label (HGX H200 hosts are x86_64). Override with nodePool.nodeSelector",
+            "cpu_per_gpu": "64 CPU / 512 GiB per 8-GPU pod fits the smallest common HGX H200 host (Azure ND H200 "
+            "v5: 96 vCPU, 1850 GiB; AWS p5en and DGX H200 are larger); a sizing choice, UNVERIFIED per provider",
         },
     ),
     Accelerator.GB200: AcceleratorFacts(
@@ -179,8 +237,17 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         arch="arm64",
         resource_name="nvidia.com/gpu",
         node_labels={"nvidia.com/gpu.product": ("NVIDIA-GB200",), "kubernetes.io/arch": ("arm64",)},
+        cpu_per_gpu=16,
+        memory_gib_per_gpu=128,
+        nvlink_spans_nodes=True,
+        nvlink_domain_label="nvidia.com/gpu.clique",
         sources={
-            "node_labels": "NVIDIA GPU feature discovery ('NVIDIA GB200' -> NVIDIA-GB200); Grace trays are arm64",
+            "node_labels": "nvidia.com/gpu.product: GFD ('NVIDIA GB200' -> NVIDIA-GB200, seen in several "
+            "manifests); kubernetes.io/arch: the kubelet's well-known label (Grace compute trays are arm64)",
+            "nvlink_domain_label": "GFD nvidia.com/gpu.clique = <GPU fabric ClusterUUID>.<CliqueID>: nodes with "
+            "equal values share one NVLink domain (GFD; pinning pods to one clique: CoreWeave IMEX docs)",
+            "cpu_per_gpu": "64 CPU / 512 GiB per 4-GPU pod out of a compute tray's 2 x 72 Grace cores and "
+            "2 x 480 GB LPDDR5X; a sizing choice, UNVERIFIED per provider",
             "memory_gib": "aiwiki GB200 NVL72 (186 GB); reported MiB UNVERIFIED",
             "gpus_per_node": "TRT-GUIDE",
         },
@@ -196,12 +263,18 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         # OAM form AMD_Instinct_MI355_OAM, and AMD_Instinct_MI355X(_OAM) appear for other firmware/labeller
         # versions (MI300X nodes likewise show AMD_Instinct_MI300X_OAM).
         node_labels={
-            "amd.com/gpu.product-name": ("AMD_Instinct_MI355_OAM", "AMD_Instinct_MI355X", "AMD_Instinct_MI355X_OAM")
+            "amd.com/gpu.product-name": ("AMD_Instinct_MI355_OAM", "AMD_Instinct_MI355X", "AMD_Instinct_MI355X_OAM"),
+            "kubernetes.io/arch": ("amd64",),
         },
+        cpu_per_gpu=8,
+        memory_gib_per_gpu=64,
         sources={
             "memory_gib": "rocm.docs.amd.com gpu-specs (288 GB); reported value UNVERIFIED",
-            "node_labels": "AMD-DP (ROCm/k8s-device-plugin docs/advanced/node-labelling.md) and live MI355X nodes; "
-            "override with nodePool.nodeSelector",
+            "node_labels": "amd.com/gpu.product-name: AMD-DP (ROCm/k8s-device-plugin "
+            "docs/advanced/node-labelling.md) and live MI355X nodes; kubernetes.io/arch: the kubelet's well-known "
+            "label (EPYC hosts). Override with nodePool.nodeSelector",
+            "cpu_per_gpu": "64 CPU / 512 GiB per 8-GPU pod out of 2 x EPYC 9005 hosts with 1.5 TB or more; a sizing "
+            "choice, UNVERIFIED per provider",
         },
     ),
 }
@@ -210,6 +283,9 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
 # --- engines --------------------------------------------------------------------------------
 
 MemoryModel = Literal["total", "static", "free_after_weights"]
+# What spec.model.languageModelOnly does on an engine: the vision tower is never built (its memory goes to the
+# KV cache), multimodal requests are refused but the tower is still built and loaded, or nothing honest.
+LanguageModelOnly = Literal["skips_encoder", "refuses_media", "unsupported"]
 
 
 @dataclass(frozen=True)
@@ -230,6 +306,17 @@ class EngineFacts:
     metrics_path: str
     ready_path: str
     live_path: str
+    # The engine's M3 model splits its layers into pipeline stages (one stage per node on pools whose nodes
+    # talk over the network).
+    pipeline_parallel: bool
+    # Vendors on which the engine's M3 model applies a YaRN rope_scaling override (serves past the native context).
+    yarn_vendors: tuple[Vendor, ...]
+    language_model_only: LanguageModelOnly
+    # vLLM reserves its multimodal encoder cache (sized by profiling the largest accepted video) out of the
+    # memory fraction, next to the activations.
+    reserves_encoder_cache: bool = False
+    # Where m3fleet departs from the engine's published command on an accelerator, and why: repeated in the plan.
+    deviations: dict[Accelerator, tuple[str, ...]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -249,7 +336,9 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             Accelerator.GB200: f"vllm/vllm-openai:v{VLLM_VERSION}",
             Accelerator.MI355X: f"vllm/vllm-openai-rocm:v{VLLM_VERSION}",
         },
-        memory_fraction={a: 0.9 for a in Accelerator},
+        # vLLM 0.33.0's own default (CacheConfig.gpu_memory_utilization = 0.92, VLLM-SRC config/cache.py); the
+        # recipes do not set it, so m3fleet does not differ from it.
+        memory_fraction={a: 0.92 for a in Accelerator},
         memory_model="total",
         activation_reserve_gib=4.0,
         reasoning_parser="minimax_m3",
@@ -258,12 +347,26 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         metrics_path="/metrics",
         ready_path="/v1/models",
         live_path="/health",
+        pipeline_parallel=True,
+        # Only the ROCm model threads rope_scaling into its RoPE (amd/model.py _build_rotary_emb). The NVIDIA
+        # model builds it from rope_theta and partial_rotary_factor alone, sized to max_position_embeddings
+        # (nvidia/model.py get_rope calls): past the native context it reads the cos/sin cache out of bounds.
+        yarn_vendors=("amd",),
+        language_model_only="skips_encoder",
+        reserves_encoder_cache=True,
         sources={
             "support": "VLLM-RCP (NVIDIA Hopper/Blackwell; AMD CDNA4 incl. MXFP4)",
             "images": "ENGINE-ARGPARSE: 0.33.0 has the M3 model classes and minimax_m3 parsers",
-            "memory_fraction": "vLLM default gpu_memory_utilization 0.9",
+            "memory_fraction": "VLLM-SRC config/cache.py: gpu_memory_utilization default 0.92",
             "activation_reserve_gib": "m3-facts §1.3 ('about 4 GiB of non-KV overhead', UNVERIFIED)",
             "parsers": "VLLM-RCP, ENGINE-ARGPARSE (underscore form registered)",
+            "pipeline_parallel": "VLLM-SRC: MiniMaxM3SparseForCausalLM/ForConditionalGeneration implement SupportsPP "
+            "(make_layers, PPMissingLayer) on both platforms; TP within a node, PP across nodes: VLLM-PAR",
+            "yarn_vendors": "VLLM-SRC nvidia/model.py (rope_parameters = rope_theta + partial_rotary_factor only) "
+            "vs amd/model.py _build_rotary_emb (applies rope_scaling); VLLM-RCP-AMD's 1M recipe is ROCm",
+            "language_model_only": "VLLM-SRC: --language-model-only skips building the vision tower "
+            "(_mark_tower_model); VLLM-RCP ('skip loading the encoder and free VRAM')",
+            "reserves_encoder_cache": "VLLM-SRC common/mm_preprocess.py (_MAX_FRAMES_PER_VIDEO, ~192,000 tokens)",
         },
     ),
     EngineName.SGLANG: EngineFacts(
@@ -280,7 +383,9 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             Accelerator.GB200: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu130",
             Accelerator.MI355X: f"lmsysorg/sglang:v{SGLANG_VERSION}-rocm720-mi35x",
         },
-        memory_fraction={Accelerator.H200: 0.75, Accelerator.GB200: 0.75, Accelerator.MI355X: 0.80},
+        # GB200 takes the NVIDIA blog's Blackwell 0.8 (NV-BLOG); SGL-CFG's GB200 cell (0.75) is "inferred, not
+        # benchmarked". H200 and MI355X keep their SGL-CFG cells.
+        memory_fraction={Accelerator.H200: 0.75, Accelerator.GB200: 0.80, Accelerator.MI355X: 0.80},
         memory_model="static",
         activation_reserve_gib=0.0,  # outside the static fraction
         reasoning_parser="minimax-m3",
@@ -289,11 +394,40 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         metrics_path="/metrics",
         ready_path="/health_generate",
         live_path="/health",
+        pipeline_parallel=True,
+        yarn_vendors=("nvidia", "amd"),
+        # SGLang's --language-model-only refuses image/video requests, but MiniMaxM3SparseForConditionalGeneration
+        # builds and loads its vision tower regardless, and the text-only class cannot load the VL checkpoint.
+        language_model_only="refuses_media",
+        deviations={
+            Accelerator.GB200: (
+                "sglang on gb200 follows the NVIDIA blog's Blackwell command (--tp-size 8 --ep-size 8 --quantization "
+                "mxfp8 --mm-attention-backend flashinfer_cudnn --chunked-prefill-size 8192 --mem-fraction-static "
+                "0.8) with these differences:",
+                "no --attention-backend flashinfer: SGLang 0.5.23's M3 selection picks fa4 with page size 128 on "
+                "SM100 (the MSA fmha_sm100 kernel), or trtllm_mha for fp8_e4m3 KV; forcing a backend turns off the "
+                "fp8-KV attention path",
+                "no --moe-runner-backend deep_gemm: SGLang's M3 selection already picks deep_gemm for MXFP8 on SM100, "
+                "and replaces it with triton on BF16 weights (deep_gemm corrupts them)",
+                "the mxfp8 variant loads the pre-quantized MiniMaxAI/MiniMax-M3-MXFP8 checkpoint where the blog "
+                "quantizes the BF16 checkpoint online (--model-path MiniMaxAI/MiniMax-M3 --quantization mxfp8)",
+                "--chunked-prefill-size 16384 above 32k context, as the SGLang cookbook advises",
+                "a replica of more than 4 GPUs spans GB200 nodes (4 GPUs each) as one LeaderWorkerSet group "
+                "(--nnodes, --node-rank, --dist-init-addr) where the blog runs one 8-GPU node",
+            )
+        },
         sources={
             "support": "SGL-CFG (H200 BF16; GB200 MXFP8; MI355X MXFP8)",
             "images": "SGL-CFG tag families (cu12 H200, cu13 multi-arch GB200, rocm720-mi35x); tags UNVERIFIED",
-            "memory_fraction": "SGL-CFG (0.75 H200/GB200, 0.80 MI355X)",
+            "memory_fraction": "SGL-CFG (0.75 H200, 0.80 MI355X); NV-BLOG (0.8 on Blackwell)",
             "parsers": "ENGINE-ARGPARSE (dash form registered; underscore rejected)",
+            "pipeline_parallel": "SGL-SRC: --pp-size (fields/parallel.py); MiniMaxM3Model splits layers with "
+            "make_pp_layers and PPMissingLayer, the VL wrapper forwards pp_proxy_tensors",
+            "yarn_vendors": "SGL-SRC minimax_m3.py: get_rope(..., rope_scaling=get_rope_config(config)) on every "
+            "platform",
+            "language_model_only": "SGL-SRC fields/disagg.py --language-model-only (tokenizer refuses media) vs "
+            "models/minimax_m3_vl.py (vision tower built unconditionally)",
+            "deviations": "NV-BLOG (shared/seeds/000); SGL-SRC arg_groups/model_overrides/minimax_m3.py; SGL-CB",
         },
     ),
     EngineName.TRTLLM: EngineFacts(
@@ -313,7 +447,15 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         metrics_path="/prometheus/metrics",
         ready_path="/health",
         live_path="/health",
+        pipeline_parallel=False,  # the M3 guide documents TEP and DEP only
+        yarn_vendors=(),
+        # The text-only MiniMaxM3SparseForCausalLM is chosen by a checkpoint whose config.json names it; the
+        # published checkpoints name MiniMaxM3SparseForConditionalGeneration and trtllm-serve has no override.
+        language_model_only="unsupported",
         sources={
+            "pipeline_parallel": "TRT-GUIDE ('TEP or DEP'); the curated YAML sets no pipeline_parallel_size",
+            "yarn_vendors": "TRT-GUIDE documents no rope scaling for M3",
+            "language_model_only": "TRT-GUIDE (architectures), seed 004",
             "support": "TRT-GUIDE ('served in BF16; no FP8/NVFP4 serving path')",
             "images": "TRT-GUIDE (nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc20)",
             "memory_fraction": "TRT-YAML (kv_cache_config.free_gpu_memory_fraction 0.7)",
@@ -368,7 +510,8 @@ VALIDATED_SHAPES: Final[tuple[Shape, ...]] = (
     _s(V, M, Variant.MXFP4, TP, 8, 1, 1, "VLLM-RCP MXFP4 emulation MoE TP8"),
     _s(S, H, Variant.BF16, TP, 8, 1, 1, "SGL-CFG H200 BF16 --tp 8"),
     _s(S, M, Variant.MXFP8, TP, 8, 1, 1, "SGL-CFG MI355X MXFP8 --tp 8"),
-    _s(S, M, Variant.MXFP8, TPEP, 8, 1, 1, "NV-BLOG SGLang 8-GPU --tp-size 8 --ep-size 8 (MXFP8)"),
+    # NV-BLOG's SGLang TP8+EP8 command is CUDA-only (flashinfer, flashinfer_cudnn, deep_gemm) on one 8-GPU
+    # Blackwell node: no published recipe runs it on MI355X, nor as 2 x 4 GB200.
     _s(S, G, Variant.MXFP8, TP, 4, 1, 1, "SGL-CFG GB200 MXFP8 --tp 4 (inferred, not benchmarked)"),
     _s(T, G, Variant.BF16, TPEP, 8, 1, 2, "TRT-GUIDE 2x4 GB200 TEP"),
     _s(T, G, Variant.BF16, DPEP, 1, 8, 2, "TRT-GUIDE 2x4 GB200 DEP (enable_attention_dp)"),

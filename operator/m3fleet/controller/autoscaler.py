@@ -1,15 +1,17 @@
 """The autoscaler in the operator: one tick = read -> decide (pure policy) -> record -> apply.
 
-Per resource with `spec.autoscaling.enabled`, every `intervalSeconds`:
+The operator's scheduler ticks each resource whose spec has `autoscaling.enabled`, every
+`intervalSeconds` (a resource without autoscaling is never ticked and costs nothing):
 1. read the engine metrics from Prometheus (the adapter never raises: failures become a snapshot that
    makes the policy hold) and the fleet from Kubernetes (the workload's replicas, its serving pods'
    ages, and how long the ready ones took to become ready: the measured cold start);
 2. `policy.decide(...)` — pure, time is an input;
 3. record the decision in `status.autoscaling` (with the policy state, so a restarted operator keeps its
    stabilization history) — only when the decision changed, so a steady fleet causes no writes;
-4. in `act` mode, a new replica count reaches the child workload through the normal reconcile, which
-   renders `status.autoscaling.desiredReplicas`: one field manager owns the child, and `spec` (GitOps's)
-   and `/scale` are never written. `advisory` mode stops after step 3.
+4. in `act` mode, a new replica count reaches the child workload through the normal reconcile (the
+   scheduler runs one right after such a tick), which renders `status.autoscaling.desiredReplicas`: one
+   field manager owns the child, and `spec` (GitOps's) and `/scale` are never written. `advisory` mode
+   stops after step 3.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from m3fleet.autoscaling.metrics import PrometheusAdapter
 from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot, quantile
 from m3fleet.controller import kube, metrics
+from m3fleet.controller.events import Events
 from m3fleet.controller.kube import KubeApi
-from m3fleet.controller.reconcile import Reconciler
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import labels
@@ -37,7 +39,8 @@ from m3fleet.render import labels
 # `labelmap` of __meta_kubernetes_pod_label_(.+) for annotation-based scraping).
 FLEET_LABEL = "m3fleet_dev_name"
 TIME_TO_READY_SAMPLES = 10
-IDLE_RECHECK_SECONDS = 60.0  # a resource without autoscaling is looked at again once a minute
+
+log = logging.getLogger("m3fleet.autoscaler")
 
 
 class MetricsSource(Protocol):
@@ -91,6 +94,18 @@ def fleet_from(workload: Mapping[str, Any], pods: list[dict[str, Any]], now: flo
 HEARTBEAT_SECONDS = 300.0
 
 
+def interval_of(body: Mapping[str, Any] | None) -> float | None:
+    """Seconds between ticks of this resource; None when it does not autoscale (or its spec is invalid)."""
+    scaling = ((body or {}).get("spec") or {}).get("autoscaling")
+    if not isinstance(scaling, Mapping) or scaling.get("enabled") is not True:
+        return None  # the common case, decided without parsing the resource
+    try:
+        resource = parse_resource(dict(body or {}))
+    except (SpecError, SpecErrors):
+        return None
+    return float(resource.spec.autoscaling.interval_seconds) if resource.spec.autoscaling.enabled else None
+
+
 def _worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool:
     """Record when what is decided changes (the reason's numbers drift every tick and do not count), and
     otherwise at most every HEARTBEAT_SECONDS, so the terms shown stay current without a write per tick."""
@@ -105,19 +120,26 @@ def _worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], n
     return last is None or now - last >= HEARTBEAT_SECONDS
 
 
+@dataclass(frozen=True)
+class Tick:
+    """What one tick did: the decision (None: nothing to decide on), the resource as the status write
+    returned it (None: nothing recorded), whether the workload must now be reconciled to a new count, and
+    whether the resource turned out to be gone."""
+
+    decision: Decision | None = None
+    status: dict[str, Any] | None = None
+    scale: bool = False
+    gone: bool = False
+
+
 @dataclass
 class Autoscaler:
     api: KubeApi
-    reconciler: Reconciler
+    events: Events
     adapters: AdapterFactory = prometheus_adapter
     clock: Callable[[], float] = time.time
     _states: dict[tuple[str, str], PolicyState] = field(default_factory=dict)
     _sources: dict[tuple[str, str], tuple[tuple[Any, ...], MetricsSource]] = field(default_factory=dict)
-    _intervals: dict[tuple[str, str], float] = field(default_factory=dict)
-
-    def interval(self, namespace: str, name: str) -> float:
-        """Seconds until this resource's next tick: its intervalSeconds, or a minute when autoscaling is off."""
-        return self._intervals.get((namespace, name), IDLE_RECHECK_SECONDS)
 
     def _source(self, key: tuple[str, str], engine: str, url: str, overrides: Mapping[str, str]) -> MetricsSource:
         signature = (engine, url, tuple(sorted(overrides.items())))
@@ -131,27 +153,25 @@ class Autoscaler:
     def forget(self, namespace: str, name: str) -> None:
         self._states.pop((namespace, name), None)
         self._sources.pop((namespace, name), None)
-        self._intervals.pop((namespace, name), None)
 
-    async def tick(self, namespace: str, name: str, logger: logging.Logger | Any) -> Decision | None:
-        """One decision for one resource; None when there is nothing to decide on yet."""
-        body = await self.api.get(kube.M3D, namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return None
+    async def tick(self, body: Mapping[str, Any]) -> Tick:
+        """One decision for one resource, as the watch last delivered it."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        if body["metadata"].get("deletionTimestamp"):
+            return Tick()
         try:
-            resource = parse_resource(body)
+            resource = parse_resource(dict(body))
             plan = make_plan(resource.spec)
         except (SpecError, SpecErrors):
-            return None  # the reconcile reports it (Degraded/InvalidSpec); nothing to scale
+            return Tick()  # the reconcile reports it (Degraded/InvalidSpec); nothing to scale
         scaling = resource.spec.autoscaling
         if not scaling.enabled:
             self.forget(namespace, name)
-            return None
-        self._intervals[(namespace, name)] = float(scaling.interval_seconds)
+            return Tick()
         workload_kind = kube.LEADER_WORKER_SET if plan.nodes_per_replica > 1 else kube.DEPLOYMENT
         workload = await self.api.get(workload_kind, namespace, name)
         if workload is None:
-            return None  # not applied yet (or blocked): the reconcile owns that
+            return Tick()  # not applied yet (or blocked): the reconcile owns that
         pods = await self.api.list(kube.POD, namespace, labels.serving_selector_string(name))
         key = (namespace, name)
         source = self._source(key, str(plan.engine), scaling.prometheus.url, scaling.prometheus.query_overrides)
@@ -165,44 +185,18 @@ class Autoscaler:
         record = decision.to_status()
         metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decision.desired_replicas)
         if not _worth_recording(previous, record, decision.time):
-            return decision
+            return Tick(decision)
         metrics.AUTOSCALER_DECISIONS.labels(namespace, name, str(record.get("action", "hold"))).inc()
-        await self.api.patch_status(namespace, name, {"autoscaling": {**record, "state": state.to_dict()}})
+        written = await self.api.patch_status(namespace, name, {"autoscaling": {**record, "state": state.to_dict()}})
+        if written is None:
+            return Tick(decision, gone=True)
         reason = str(record.get("reason", ""))
         if decision.applied:
-            self.reconciler.events.info(body, "Scaled", reason)
-            logger.info("Autoscaler: %s", reason)
-            await self.reconciler.reconcile_by_name(namespace, name, logger)
+            self.events.info(body, "Scaled", reason)
+            log.info("%s/%s: %s", namespace, name, reason)
         elif previous.get("desiredReplicas") != record.get("desiredReplicas"):
             # Advisory mode (or a change held back): the recommendation changed, say so where people look.
-            self.reconciler.events.info(body, "ScaleRecommended", reason)
+            self.events.info(body, "ScaleRecommended", reason)
         if decision.unservable_requests and not previous.get("unservableRequests"):
-            self.reconciler.events.warn(body, "UnservableRequests", reason)
-        return decision
-
-
-TICK_SECONDS = 5.0  # how often the loop looks for resources whose interval has elapsed
-
-
-async def run_forever(
-    autoscaler: Autoscaler, known: set[tuple[str, str]], logger: logging.Logger, tick_seconds: float = TICK_SECONDS
-) -> None:
-    """Tick every known resource each `spec.autoscaling.intervalSeconds`. One operator-wide task, not a kopf
-    daemon or timer: kopf puts a finalizer on every object those serve, which would block deletion while
-    the operator is down. A resource without autoscaling costs one read a minute."""
-    due: dict[tuple[str, str], float] = {}
-    loop = asyncio.get_running_loop()
-    while True:
-        now = loop.time()
-        for key in sorted(known):
-            if due.get(key, 0.0) > now:
-                continue
-            try:
-                await autoscaler.tick(key[0], key[1], logger)
-            except Exception as exc:  # one failing resource must not stop the others
-                logger.warning("Autoscaler tick for %s/%s failed: %s", key[0], key[1], exc)
-            due[key] = now + autoscaler.interval(*key)
-        for key in set(due) - known:
-            del due[key]
-            autoscaler.forget(*key)
-        await asyncio.sleep(tick_seconds)
+            self.events.warn(body, "UnservableRequests", reason)
+        return Tick(decision, written, scale=decision.applied)

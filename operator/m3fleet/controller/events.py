@@ -1,7 +1,7 @@
 """Kubernetes Events for a MiniMaxM3Deployment (what `kubectl describe` shows under Events).
 
-Posted through kopf's event queue in the running operator. The reconciler and autoscaler take any
-`Events`, so they also run outside kopf (tests, tools) with a sink that records instead.
+Posted through kopf's event queue in the running operator (the manager starts its tasks from a kopf
+handler so that they carry kopf's posting context). The reconciler and autoscaler take any `Events`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,33 @@
 """The only module that talks to the Kubernetes API (besides kopf itself).
 
-A thin async wrapper over the official client's generic `call_api`: server-side apply, list by label
-selector, delete with a uid precondition, status patch, and "is this API group served". Calls run in
-a worker thread so the operator's event loop never blocks. Every path it touches is listed in `RBAC`,
-which the chart's ClusterRole is generated from and tests hold it to.
+A thin async wrapper over the official client's generic `call_api`: server-side apply (for real or as
+a dry run), list by label selector, delete with a uid precondition, status patch, "is this API group
+served", and following one object through a watch. Calls run in worker threads so the operator's event
+loop never blocks, and every call has a timeout. Every path it touches is listed in `RBAC`, which the
+chart's ClusterRole is generated from and tests hold it to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import threading
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
+import urllib3
 
 FIELD_MANAGER = "m3fleet-operator"
+CONNECT_TIMEOUT = 10.0  # seconds to establish a connection
+REQUEST_TIMEOUT = 60.0  # seconds a response may stall
+WATCH_SECONDS = 300  # the server ends each watch after this long; the client then resumes it
+RETRY_SECONDS = (1.0, 60.0)  # a broken watch is retried after 1 s, doubling up to 60 s
+
+log = logging.getLogger("m3fleet.kube")
 
 
 @dataclass(frozen=True)
@@ -23,14 +35,15 @@ class Kind:
     api_version: str
     kind: str
     plural: str
+    namespaced: bool = True
 
     @property
     def group(self) -> str:
         return self.api_version.rpartition("/")[0]
 
-    def collection(self, namespace: str) -> str:
+    def collection(self, namespace: str | None) -> str:
         base = f"/apis/{self.api_version}" if "/" in self.api_version else f"/api/{self.api_version}"
-        return f"{base}/namespaces/{namespace}/{self.plural}"
+        return f"{base}/namespaces/{namespace}/{self.plural}" if self.namespaced else f"{base}/{self.plural}"
 
 
 DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
@@ -40,28 +53,35 @@ SERVICE = Kind("v1", "Service", "services")
 CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
 SECRET = Kind("v1", "Secret", "secrets")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
-POD = Kind("v1", "Pod", "pods")  # read only: the autoscaler measures serving pods' time to ready
+# Read only: why pods wait for a node (status), and serving pods' time to ready (the autoscaler).
+POD = Kind("v1", "Pod", "pods")
+PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
+CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False)
 
-# Children found by listing with the owned-label selector. Secrets are never listed (that would read every
-# Secret in scope): the one generated Secret is addressed by its deterministic name.
+# Children found by listing with the owned-label selector, and watched (kopf, filtered by the managed-by
+# label) so that a change to any of them reconciles its owner. Secrets are never listed or watched (that
+# would read every Secret in scope): the one generated Secret is addressed by its deterministic name.
 CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, SERVICE)
 BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D)}
 
 # Every (group, resource, verbs) the operator uses: this module's calls plus kopf's own watches, event
 # posting and peering. charts/ renders its ClusterRole/Role from this list; tests check both directions.
 RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("m3fleet.dev", "minimaxm3deployments", ("get", "list", "watch", "patch")),
-    ("m3fleet.dev", "minimaxm3deployments/status", ("get", "patch")),
+    ("m3fleet.dev", "minimaxm3deployments", ("get", "list", "watch")),
+    ("m3fleet.dev", "minimaxm3deployments/status", ("patch",)),
+    # Children set blockOwnerDeletion, which the OwnerReferencesPermissionEnforcement admission plugin (on in
+    # OpenShift) allows only to whoever may update the owner's finalizers.
+    ("m3fleet.dev", "minimaxm3deployments/finalizers", ("update",)),
     ("apps", "deployments", ("get", "list", "watch", "create", "patch", "delete")),
     ("leaderworkerset.x-k8s.io", "leaderworkersets", ("get", "list", "watch", "create", "patch", "delete")),
-    ("resource.nvidia.com", "computedomains", ("get", "list", "create", "patch", "delete")),
-    ("", "services", ("get", "list", "create", "patch", "delete")),
-    ("", "configmaps", ("get", "list", "create", "patch", "delete")),
+    ("resource.nvidia.com", "computedomains", ("list", "watch", "create", "patch", "delete")),
+    ("", "services", ("list", "watch", "create", "patch", "delete")),
+    ("", "configmaps", ("list", "watch", "create", "patch", "delete")),
     # Only the generated TensorRT-LLM SSH key Secret, by its name: created once, deleted when no longer needed.
     # No list or watch: the operator never enumerates (and so never reads) other Secrets.
     ("", "secrets", ("get", "create", "delete")),
     ("", "events", ("create",)),
-    ("", "pods", ("list",)),
+    ("", "pods", ("list", "watch")),
     # kopf's scanning: notices CRDs (e.g. LeaderWorkerSet) installed after the operator started.
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     ("", "namespaces", ("list", "watch")),
@@ -84,20 +104,40 @@ def _error(exc: kubernetes.client.ApiException) -> ApiError:
     try:
         body = json.loads(exc.body or "{}")
         message = body.get("message", message)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, AttributeError):
         pass
     headers = exc.headers or {}
     retry = headers.get("Retry-After") if hasattr(headers, "get") else None
-    return ApiError(int(exc.status or 0), str(exc.reason or ""), str(message), float(retry) if retry else None)
+    try:
+        retry_after = float(retry) if retry else None
+    except ValueError:
+        retry_after = None
+    return ApiError(int(exc.status or 0), str(exc.reason or ""), str(message), retry_after)
+
+
+# No HTTP answer: refused, reset, timed out (urllib3's errors), or a malformed URL or answer (ValueError).
+NETWORK_ERRORS = (OSError, ValueError, urllib3.exceptions.HTTPError)
+
+
+def _transport_error(exc: Exception) -> ApiError:
+    """A request that got no HTTP answer (refused, reset, timed out): retried like a 503."""
+    return ApiError(503, "Unavailable", f"{type(exc).__name__}: {exc}")
 
 
 class KubeApi:
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._client = client
 
-    def _call_sync(
-        self, method: str, path: str, body: Any = None, query: list[tuple[str, str]] | None = None, content: str = ""
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content: str = "",
+        read_timeout: float = REQUEST_TIMEOUT,
     ) -> Any:
+        """One request; returns the client's response object, unread (the caller reads or streams it)."""
         headers = {"Accept": "application/json"}
         if content:
             headers["Content-Type"] = content
@@ -106,22 +146,42 @@ class KubeApi:
             method, url, headers, payload, post = client.param_serialize(
                 method, path, query_params=query or [], header_params=headers, body=body, auth_settings=["BearerToken"]
             )
-            response = client.call_api(method, url, header_params=headers, body=payload, post_params=post)
-            response.read()  # type: ignore[no-untyped-call]
+            response = client.call_api(
+                method,
+                url,
+                header_params=headers,
+                body=payload,
+                post_params=post,
+                _request_timeout=(CONNECT_TIMEOUT, read_timeout),
+            )
         except kubernetes.client.ApiException as exc:
             raise _error(exc) from None
+        except NETWORK_ERRORS as exc:
+            raise _transport_error(exc) from None
         if response.status >= 400:
+            response.read()  # type: ignore[no-untyped-call]
             raise _error(kubernetes.client.ApiException(http_resp=response))
+        return response
+
+    def _call_sync(self, *args: Any, **kwargs: Any) -> Any:
+        response = self._send(*args, **kwargs)
+        try:
+            response.read()
+        except NETWORK_ERRORS as exc:
+            raise _transport_error(exc) from None
         return json.loads(response.data) if response.data else {}
 
     async def _call(self, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(self._call_sync, *args, **kwargs)
 
-    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply of our full intent, forcing ownership of the fields we set."""
+    async def apply(self, obj: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
+        """Server-side apply of our full intent, forcing ownership of the fields we set. As a dry run, the
+        answer is what the object would be (defaults, admission and other managers' fields included)."""
         kind = BY_KIND[(obj["apiVersion"], obj["kind"])]
         path = f"{kind.collection(obj['metadata']['namespace'])}/{obj['metadata']['name']}"
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        if dry_run:
+            query.append(("dryRun", "All"))
         result: dict[str, Any] = await self._call("PATCH", path, obj, query, "application/apply-patch+yaml")
         return result
 
@@ -167,9 +227,18 @@ class KubeApi:
             if exc.status not in (404, 409):
                 raise
 
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge `status` into the resource's status; the resource as stored, or None when it is gone."""
         path = f"{M3D.collection(namespace)}/{name}/status"
-        await self._call("PATCH", path, {"status": status}, None, "application/merge-patch+json")
+        try:
+            result: dict[str, Any] = await self._call(
+                "PATCH", path, {"status": status}, None, "application/merge-patch+json"
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
 
     async def served(self, kind: Kind) -> bool:
         """Is this custom API installed (its CRD present and served)?"""
@@ -180,3 +249,79 @@ class KubeApi:
                 return False
             raise
         return any(r.get("name") == kind.plural for r in data.get("resources") or [])
+
+    async def follow(self, kind: Kind, namespace: str | None, name: str) -> AsyncIterator[dict[str, Any] | None]:
+        """One object as it changes, forever: its state now (None while it does not exist), then every
+        change. Lists, then watches from the list's resourceVersion; re-lists when the watch expires
+        (410) and retries failures with a backoff. Its own stream, independent of kopf's watches."""
+        collection = kind.collection(namespace)
+        selector = ("fieldSelector", f"metadata.name={name}")
+        delay = RETRY_SECONDS[0]
+        while True:
+            try:
+                listing = await self._call("GET", collection, query=[selector])
+                items = listing.get("items") or []
+                yield items[0] if items else None
+                version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+                while version:  # each watch ends after WATCH_SECONDS; resume where it ended
+                    query = [selector, ("watch", "true"), ("resourceVersion", version)]
+                    query += [("allowWatchBookmarks", "true"), ("timeoutSeconds", str(WATCH_SECONDS))]
+                    async with contextlib.aclosing(self._stream(collection, query)) as stream:
+                        async for event in stream:
+                            obj = event.get("object") or {}
+                            if event.get("type") == "ERROR" and obj.get("code") == 410:
+                                version = ""  # expired: list again
+                                break
+                            if event.get("type") == "ERROR":
+                                code, reason, message = obj.get("code") or 500, obj.get("reason"), obj.get("message")
+                                raise ApiError(int(code), str(reason), str(message))
+                            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                            if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                                yield None if event["type"] == "DELETED" else obj
+                    delay = RETRY_SECONDS[0]
+            except ApiError as exc:
+                log.warning("Watching %s %s/%s failed (retrying in %.0f s): %s", kind.kind, namespace, name, delay, exc)
+                if exc.status == 404:
+                    yield None  # the API itself is not served: there is no such object
+                await asyncio.sleep(delay)
+                delay = min(RETRY_SECONDS[1], delay * 2)
+
+    async def _stream(self, path: str, query: Sequence[tuple[str, str]]) -> AsyncGenerator[dict[str, Any], None]:
+        """The events of one watch request. Read in a daemon thread of its own (a watch blocks for minutes,
+        which must hold neither the shared worker threads nor the process's exit)."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[dict[str, Any] | Exception | None] = asyncio.Queue()
+        opened: dict[str, Any] = {}  # the response, once the thread has it
+        stopped = threading.Event()
+
+        def post(item: dict[str, Any] | Exception | None) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens any more
+                loop.call_soon_threadsafe(events.put_nowait, item)
+
+        def pump() -> None:
+            try:
+                response = self._send("GET", path, query=list(query), read_timeout=WATCH_SECONDS + 30.0)
+                opened["response"] = response
+                for line in response.response:
+                    if stopped.is_set():
+                        return
+                    if line.strip():
+                        post(json.loads(line))
+                post(None)
+            except ApiError as exc:
+                post(exc)
+            except NETWORK_ERRORS as exc:  # a reset, a read timeout, a shutdown from below, bad JSON
+                post(_transport_error(exc))
+
+        threading.Thread(target=pump, name=f"m3fleet watch {path}", daemon=True).start()
+        try:
+            while (item := await events.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            stopped.set()
+            if "response" in opened:  # unblock the thread's read when we stop listening early
+                with contextlib.suppress(Exception):
+                    opened["response"].response.shutdown()
+                    opened["response"].response.release_conn()

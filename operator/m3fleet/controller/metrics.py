@@ -1,7 +1,7 @@
 """The operator's own Prometheus metrics (on `m3fleet run --metrics-port`, default 9090).
 
 Reconciles, their duration and errors; writes by kind; desired vs ready replicas per resource;
-the autoscaler's decisions. One registry per process, so tests can read values directly.
+the autoscaler's decisions; whether this replica stands by (peering). One registry per process.
 """
 
 from __future__ import annotations
@@ -39,6 +39,17 @@ AUTOSCALER_DESIRED = Gauge(
     "m3fleet_autoscaler_desired_replicas",
     "The autoscaler's last desired replica count.",
     ["namespace", "name"],
+    registry=REGISTRY,
+)
+
+PAUSED = Gauge(
+    "m3fleet_paused",
+    "1 while this replica stands by because a peer with priority is active (peering), else 0.",
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "m3fleet_reconcile_retries",
+    "Reconciles scheduled again after a failure (with backoff, or the server's Retry-After).",
     registry=REGISTRY,
 )
 

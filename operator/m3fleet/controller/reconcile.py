@@ -1,10 +1,16 @@
 """One level-triggered reconcile: validate -> plan -> render -> apply -> prune -> status.
 
-Called for create, update, resume, the periodic resync and child events; it computes from the world as it
-is, so calling it twice is harmless. Quiet at rest: a child is re-applied only when the hash of our
-intent (recorded on the child) differs, status is written only when it changes, and nothing at all is
-written for an unchanged resource. Bad input never tears anything down: an invalid spec or a missing
-API only sets `Degraded` and leaves every child exactly as it was.
+It computes from the world as it is (the resource as the watch delivered it, the children as the API
+lists them), so calling it twice is harmless. Quiet at rest: a child is applied only when the API server
+holds something other than our intent, status is written only when it changes, and nothing is written
+for an unchanged resource. Bad input never tears anything down: an invalid spec or a missing API only
+sets `Degraded` and leaves every child exactly as it was.
+
+Drift: whether a child holds our intent is asked of the API server, not of memory or of
+metadata.generation (ConfigMaps and Services have none). A server-side-apply dry run of the intent
+answers with what the child would become; when that equals the live child on every field that matters,
+nothing is applied. Such a verdict is remembered only for the exact live content it was made on, so any
+edit, by anyone, is looked at again.
 """
 
 from __future__ import annotations
@@ -19,8 +25,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import kopf
-
 from m3fleet.api import parse_resource
 from m3fleet.api.models import AutoscalingMode, MiniMaxM3Deployment, Plan
 from m3fleet.controller import kube, metrics
@@ -32,19 +36,32 @@ from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import labels, render, required_secrets, set_owner
 
-INTENT_ANNOTATION = "m3fleet.dev/intent-hash"
 Key = tuple[str, str, str]  # apiVersion, kind, name
+REJECTED = (400, 403, 404, 422)  # the API server refuses our intent (not a transient failure)
+SERVED_TTL_SECONDS = 30.0
+
+log = logging.getLogger("m3fleet.reconcile")
 
 
-def intent_hash(obj: Mapping[str, Any]) -> str:
+def digest(obj: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
 
 
-def stamped(obj: dict[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
-    """Our full intent for a child: owner reference plus the hash of that intent."""
-    child = set_owner(obj, dict(owner))
-    child["metadata"].setdefault("annotations", {})[INTENT_ANNOTATION] = intent_hash(child)
-    return child
+def what_matters(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a child that drift is judged on: labels, annotations, owner references and every
+    top-level field but metadata and status (spec, data, ...). Server bookkeeping (resourceVersion,
+    generation, managedFields) and the child controller's status do not count."""
+    meta = obj.get("metadata") or {}
+    return {
+        "labels": meta.get("labels") or {},
+        "annotations": meta.get("annotations") or {},
+        "ownerReferences": meta.get("ownerReferences") or [],
+        **{k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata", "status")},
+    }
+
+
+def owned(obj: dict[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
+    return set_owner(obj, dict(owner))
 
 
 def key_of(obj: Mapping[str, Any]) -> Key:
@@ -60,11 +77,6 @@ def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def retry_later(exc: ApiError) -> kopf.TemporaryError:
-    """A transient API failure (409/429/5xx, or any read): let kopf retry soon, honouring Retry-After."""
-    return kopf.TemporaryError(str(exc), delay=exc.retry_after or 5)
-
-
 @dataclass
 class Outcome:
     """What one reconcile did (for logs, tests and the benchmark)."""
@@ -72,7 +84,8 @@ class Outcome:
     applied: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
     created_secrets: list[str] = field(default_factory=list)
-    status_written: bool = False
+    status: dict[str, Any] | None = None  # the resource as the status write returned it (None: not written)
+    gone: bool = False  # the resource no longer exists
     blocked: str | None = None
 
 
@@ -101,47 +114,34 @@ MISSING_API = {
 
 
 class Reconciler:
-    def __init__(self, api: KubeApi, clock: Callable[[], str] = utc_now, events: Events | None = None) -> None:
+    def __init__(self, api: KubeApi, events: Events | None = None, clock: Callable[[], str] = utc_now) -> None:
         self.api = api
         self.clock = clock
         self.events: Events = events or KopfEvents()
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        self._applied_generation: dict[tuple[str, str, str, str], int] = {}
+        # Per resource, per child: (digest of our intent, digest of the live child) found to agree.
+        self._agreed: dict[tuple[str, str], dict[Key, tuple[str, str]]] = {}
+        self._served: tuple[float, set[str]] | None = None  # (when asked, child kinds served)
 
-    def _lock(self, namespace: str, name: str) -> asyncio.Lock:
-        return self._locks.setdefault((namespace, name), asyncio.Lock())
+    def forget(self, namespace: str, name: str) -> None:
+        self._agreed.pop((namespace, name), None)
 
-    async def reconcile_by_name(self, namespace: str, name: str, logger: logging.Logger | Any) -> Outcome | None:
-        async with self._lock(namespace, name):
-            # Always the freshest body: another reconcile of the same resource may just have written status.
-            try:
-                body = await self.api.get(kube.M3D, namespace, name)
-            except ApiError as exc:
-                raise retry_later(exc) from exc
-            if body is None:
-                return None
-            started = time.monotonic()
-            try:
-                outcome = await self._reconcile(body, logger)
-            except ApiError as exc:  # a read or the status write failed (child writes are mapped inside)
-                metrics.RECONCILES.labels("error").inc()
-                raise retry_later(exc) from exc
-            except Exception:
-                metrics.RECONCILES.labels("error").inc()
-                raise
-            finally:
-                metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
-            metrics.RECONCILES.labels("blocked" if outcome.blocked else "ok").inc()
-            for action, names in (("apply", outcome.applied), ("prune", outcome.pruned)):
-                for item in names:
-                    metrics.CHILD_WRITES.labels(item.split("/", 1)[0], action).inc()
-            return outcome
+    async def reconcile(self, body: Mapping[str, Any]) -> Outcome:
+        """Raises ApiError when the API failed us (after reporting a rejection in status): retry later."""
+        started = time.monotonic()
+        try:
+            outcome = await self._reconcile(body)
+        except Exception:
+            metrics.RECONCILES.labels("error").inc()
+            raise
+        finally:
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        metrics.RECONCILES.labels("blocked" if outcome.blocked else "ok").inc()
+        for action, names in (("apply", outcome.applied), ("prune", outcome.pruned)):
+            for item in names:
+                metrics.CHILD_WRITES.labels(item.split("/", 1)[0], action).inc()
+        return outcome
 
-    async def reconcile(self, body: Mapping[str, Any], logger: logging.Logger | Any) -> Outcome | None:
-        meta = body["metadata"]
-        return await self.reconcile_by_name(meta["namespace"], meta["name"], logger)
-
-    async def _reconcile(self, body: Mapping[str, Any], logger: logging.Logger | Any) -> Outcome:
+    async def _reconcile(self, body: Mapping[str, Any]) -> Outcome:
         meta = body["metadata"]
         name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
         status = body.get("status") or {}
@@ -153,8 +153,7 @@ class Reconciler:
             plan = make_plan(resource.spec)
             objects = render(resource, plan, desired_replicas(resource, status))
         except (SpecError, SpecErrors) as exc:
-            blocked = Blocked("InvalidSpec", str(exc))
-            return await self._blocked(body, outcome, blocked, None, logger)
+            return await self._blocked(body, outcome, Blocked("InvalidSpec", str(exc)), None)
 
         served = await self._served_kinds()
         for obj in objects:
@@ -162,66 +161,77 @@ class Reconciler:
             if missing and obj["kind"] not in served:
                 reason, message = missing
                 blocked = Blocked(reason, message.format(nodes=plan.nodes_per_replica))
-                return await self._blocked(body, outcome, blocked, plan, logger)
+                return await self._blocked(body, outcome, blocked, plan)
 
         owner = {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": {"name": name, "uid": uid}}
         live = await self._live_children(namespace, name, served)
+        agreed = self._agreed.setdefault((namespace, name), {})
+        if any(key in agreed and key not in live for key in map(key_of, objects)) and not await self._exists(body):
+            outcome.gone = True  # its children went with it (garbage collection): never bring them back
+            return outcome
         wanted: set[Key] = set()
         try:
             secrets = await self._generated_secrets(resource, plan, owner, status, outcome)
             for obj in objects:
-                desired = stamped(obj, owner)
+                desired = owned(obj, owner)
                 key = key_of(desired)
                 wanted.add(key)
-                current = live.get(key)
-                annotations = (current or {}).get("metadata", {}).get("annotations") or {}
-                if (
-                    current
-                    and controlled_by(current, uid)
-                    and annotations.get(INTENT_ANNOTATION) == desired["metadata"]["annotations"][INTENT_ANNOTATION]
-                    and not self._edited_since_applied(namespace, key, current)
-                ):
-                    continue
-                live[key] = await self.api.apply(desired)
-                self._remember_generation(namespace, key, live[key])
-                outcome.applied.append(f"{desired['kind']}/{desired['metadata']['name']}")
+                applied = await self._converge(desired, live.get(key), agreed)
+                if applied is not None:
+                    live[key] = applied
+                    outcome.applied.append(f"{desired['kind']}/{desired['metadata']['name']}")
             for key, obj in sorted(live.items()):
                 if key not in wanted and controlled_by(obj, uid):
                     kind = kube.BY_KIND[(key[0], key[1])]
                     await self.api.delete(kind, namespace, key[2], obj["metadata"]["uid"])
+                    agreed.pop(key, None)
                     outcome.pruned.append(f"{key[1]}/{key[2]}")
         except ApiError as exc:
-            if exc.status in (400, 403, 404, 422):  # the cluster rejects our intent: say so, retry slowly
+            if exc.status in REJECTED:  # the cluster refuses our intent: say so, then retry like any failure
                 blocked = Blocked("ApplyFailed", f"the API server rejected a child: {exc}")
-                await self._blocked(body, outcome, blocked, plan, logger)
-                raise kopf.TemporaryError(str(exc), delay=300) from exc
-            raise retry_later(exc) from exc
-
-        if outcome.applied:
-            self.events.info(body, "Applied", ", ".join(outcome.applied))
-            logger.info("Applied %s", ", ".join(outcome.applied))
-        if outcome.pruned:
-            self.events.info(body, "Pruned", ", ".join(outcome.pruned))
-            logger.info("Pruned %s", ", ".join(outcome.pruned))
+                await self._blocked(body, outcome, blocked, plan)
+            raise
+        finally:  # what was done is said, also when a later step failed
+            for reason, done in (("Applied", outcome.applied), ("Pruned", outcome.pruned)):
+                if done:
+                    self.events.info(body, reason, ", ".join(done))
+                    log.info("%s/%s: %s %s", namespace, name, reason.lower(), ", ".join(done))
         workload = next(o for o in objects if o["kind"] in (kube.DEPLOYMENT.kind, kube.LEADER_WORKER_SET.kind))
         report = Workload.from_live(workload["spec"]["replicas"], live.get(key_of(workload)))
+        if not report.all_ready:  # only during a rollout: at rest this reads nothing
+            report = report.with_pods(await self.api.list(kube.POD, namespace, labels.owned_selector(name)))
         metrics.DESIRED_REPLICAS.labels(namespace, name).set(report.desired)
         metrics.READY_REPLICAS.labels(namespace, name).set(report.ready)
-        outcome.status_written = await self._write_status(body, report, None, plan, secrets)
+        await self._write_status(body, outcome, report, None, plan, secrets)
         return outcome
 
-    def _remember_generation(self, namespace: str, key: Key, applied: Mapping[str, Any]) -> None:
-        generation = (applied.get("metadata") or {}).get("generation")
-        if generation is not None:
-            self._applied_generation[(namespace, *key)] = int(generation)
+    async def _converge(
+        self,
+        desired: dict[str, Any],
+        current: Mapping[str, Any] | None,
+        agreed: dict[Key, tuple[str, str]],
+    ) -> dict[str, Any] | None:
+        """Apply `desired` unless the API server already holds it; the applied child, or None."""
+        key, intent = key_of(desired), digest(desired)
+        if current is not None:
+            seen = digest(what_matters(current))
+            if agreed.get(key) == (intent, seen):
+                return None
+            would_be = await self.api.apply(desired, dry_run=True)
+            if digest(what_matters(would_be)) == seen:
+                agreed[key] = (intent, seen)
+                return None
+        applied = await self.api.apply(desired)
+        agreed[key] = (intent, digest(what_matters(applied)))
+        return applied
 
-    def _edited_since_applied(self, namespace: str, key: Key, live: Mapping[str, Any]) -> bool:
-        """Someone changed the child's spec after our last apply (its generation moved), though our intent
-        did not change: apply again. Known only for children this process applied; status updates by the
-        child's own controller do not move the generation."""
-        recorded = self._applied_generation.get((namespace, *key))
-        generation = (live.get("metadata") or {}).get("generation")
-        return recorded is not None and generation is not None and int(generation) != recorded
+    async def _exists(self, body: Mapping[str, Any]) -> bool:
+        """Whether the resource itself still exists. Asked only before re-creating a child that is gone: the
+        resource may have been deleted while the watch was down (a re-list does not report deletions), and
+        re-creating the children of a deleted owner would fight the garbage collector."""
+        meta = body["metadata"]
+        found = await self.api.get(kube.M3D, meta["namespace"], meta["name"])
+        return found is not None and found["metadata"].get("uid") == meta["uid"]
 
     async def _generated_secrets(
         self,
@@ -238,7 +248,7 @@ class Reconciler:
         for secret_name in needed:
             if await self.api.get(kube.SECRET, namespace, secret_name) is None:
                 secret = ssh_key_secret(namespace, secret_name, labels.object_labels_for(name))
-                await self._create_if_absent(set_owner(secret, dict(owner)))
+                await self._create_if_absent(owned(secret, owner))
                 outcome.created_secrets.append(secret_name)
         for secret_name in status.get("generatedSecrets") or []:
             if secret_name in needed:
@@ -250,11 +260,18 @@ class Reconciler:
         return sorted(needed)
 
     async def _served_kinds(self) -> set[str]:
+        """The child kinds this cluster serves. Discovery is asked at most every SERVED_TTL_SECONDS (not twice
+        per reconcile): an API installed later (LeaderWorkerSet, the DRA driver) is noticed within that."""
+        now = time.monotonic()
+        if self._served is not None and now - self._served[0] < SERVED_TTL_SECONDS:
+            return self._served[1]
         optional = (kube.LEADER_WORKER_SET, kube.COMPUTE_DOMAIN)
         flags = await asyncio.gather(*(self.api.served(k) for k in optional))
-        return {k.kind for k in kube.CHILD_KINDS if k not in optional} | {
+        served = {k.kind for k in kube.CHILD_KINDS if k not in optional} | {
             k.kind for k, ok in zip(optional, flags, strict=True) if ok
         }
+        self._served = (now, served)
+        return served
 
     async def _live_children(self, namespace: str, name: str, served: set[str]) -> dict[Key, dict[str, Any]]:
         kinds: list[Kind] = [k for k in kube.CHILD_KINDS if k.kind in served]
@@ -270,9 +287,7 @@ class Reconciler:
             if exc.status != 409:
                 raise
 
-    async def _blocked(
-        self, body: Mapping[str, Any], outcome: Outcome, blocked: Blocked, plan: Plan | None, logger: Any
-    ) -> Outcome:
+    async def _blocked(self, body: Mapping[str, Any], outcome: Outcome, blocked: Blocked, plan: Plan | None) -> Outcome:
         """Report and stop: children are read (for Available) but never touched."""
         meta = body["metadata"]
         outcome.blocked = blocked.reason
@@ -283,20 +298,21 @@ class Reconciler:
         workload_obj = next(iter(live.values()), None)
         desired = int(((workload_obj or {}).get("spec") or {}).get("replicas") or 0)
         report = Workload.from_live(desired, workload_obj)
-        outcome.status_written = await self._write_status(body, report, blocked, plan)
-        if outcome.status_written:
+        await self._write_status(body, outcome, report, blocked, plan)
+        if outcome.status is not None:
             self.events.warn(body, blocked.reason, blocked.message)
-            logger.warning("%s: %s", blocked.reason, blocked.message)
+            log.warning("%s/%s: %s: %s", meta["namespace"], meta["name"], blocked.reason, blocked.message)
         return outcome
 
     async def _write_status(
         self,
         body: Mapping[str, Any],
+        outcome: Outcome,
         workload: Workload,
         blocked: Blocked | None,
         plan: Plan | None,
         secrets: list[str] | None = None,
-    ) -> bool:
+    ) -> None:
         meta = body["metadata"]
         current = dict(body.get("status") or {})
         generation = int(meta.get("generation") or 0)
@@ -311,6 +327,6 @@ class Reconciler:
         if secrets is not None and (secrets or current.get("generatedSecrets")):
             new["generatedSecrets"] = secrets  # None (blocked): leave the record as it is
         if all(current.get(k) == v for k, v in new.items()):
-            return False
-        await self.api.patch_status(meta["namespace"], meta["name"], new)
-        return True
+            return
+        outcome.status = await self.api.patch_status(meta["namespace"], meta["name"], new)
+        outcome.gone = outcome.status is None

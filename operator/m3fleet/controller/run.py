@@ -1,27 +1,52 @@
-"""`m3fleet run`: the operator process against the current kube context (or in-cluster)."""
+"""`m3fleet run`: the operator process against the current kube context (or in-cluster).
+
+Both kopf and our own API client log in the way the kubernetes client does (in-cluster service account,
+else the kubeconfig: $KUBECONFIG or ~/.kube/config): kopf through the default login handlers of its
+`SmartOperatorRegistry` (its default registry), our client through the same loaders.
+"""
 
 from __future__ import annotations
 
+import getpass
 import logging
 import os
 import random
+import socket
+import warnings
 from pathlib import Path
+from typing import Any, cast
 
 import kopf
 import kubernetes
+import urllib3
 
 from m3fleet.controller import metrics
-from m3fleet.controller.handlers import register
+from m3fleet.controller.autoscaler import Autoscaler
+from m3fleet.controller.handlers import PEERING_NAME, register
 from m3fleet.controller.kube import KubeApi
+from m3fleet.controller.manager import Manager
+from m3fleet.controller.peering import PeeringGate
+from m3fleet.controller.reconcile import Reconciler
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+PRIORITY_VARIABLE = "M3FLEET_PEERING_PRIORITY"
+
+
+class RunError(Exception):
+    """The operator cannot start as configured (no cluster credentials, a bad setting): say what to fix."""
 
 
 def api_client() -> kubernetes.client.ApiClient:
     try:
         kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+        try:
+            kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
+        except (kubernetes.config.ConfigException, OSError) as exc:
+            raise RunError(
+                f"no cluster to talk to: not in a pod, and no usable kubeconfig ({exc}); "
+                "set KUBECONFIG or run inside the cluster"
+            ) from None
     return kubernetes.client.ApiClient()
 
 
@@ -31,25 +56,67 @@ def current_namespace() -> str:
     try:
         _, context = kubernetes.config.list_kube_config_contexts()  # type: ignore[no-untyped-call]
         return str(context.get("context", {}).get("namespace") or "default")
-    except (kubernetes.config.ConfigException, TypeError):
+    except (kubernetes.config.ConfigException, TypeError, OSError):
         return "default"
+
+
+def peering_priority() -> int:
+    """Peers with equal priority freeze each other (kopf's rule); a random one lets exactly one replica be
+    active unless the chart pins it."""
+    value = os.environ.get(PRIORITY_VARIABLE, "")
+    if not value:
+        return random.randint(1, 10_000)
+    try:
+        return int(value)
+    except ValueError:
+        raise RunError(f"{PRIORITY_VARIABLE}={value!r} is not an integer; set a whole number, or unset it") from None
+
+
+def peering_identity() -> str:
+    """Who we are among peers: the pod's name (POD_ID, set by the chart), else user@host with the process."""
+    pod = os.environ.get("POD_ID")
+    if pod:
+        return pod
+    return f"{getpass.getuser()}@{socket.gethostname()}/{os.getpid()}/{random.randrange(16**4):04x}"
 
 
 def run(namespace: str | None, all_namespaces: bool, standalone: bool, liveness_port: int, metrics_port: int) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event ("Handler succeeded")
+    # A kubeconfig with insecure-skip-tls-verify: say so once, not on every request.
+    warnings.filterwarnings("once", category=urllib3.exceptions.InsecureRequestWarning)
+    scope = None if all_namespaces else (namespace or current_namespace())
+    priority, identity = peering_priority(), peering_identity()
+    api = KubeApi(api_client())
+    reconciler = Reconciler(api)
+    manager = Manager(reconciler, Autoscaler(api, reconciler.events))
+    if not standalone:
+        manager.gate = PeeringGate(
+            api,
+            name=PEERING_NAME,
+            namespace=scope,
+            identity=identity,
+            priority=priority,
+            pause=manager.queue.pause,
+            resume=manager.queue.resume,
+        )
+    # kopf's default registry is its SmartOperatorRegistry, the one that carries kopf's default login handlers
+    # (a plain OperatorRegistry has none and ends in "LoginError: Ran out of valid credentials").
+    registry = kopf.get_default_registry()
+    register(registry, manager)
     if metrics_port:
-        metrics.serve(metrics_port)
-    registry = kopf.OperatorRegistry()
-    register(registry, KubeApi(api_client()))
-    # Peers with equal priority freeze each other; a random priority lets exactly one replica be active.
-    priority = int(os.environ.get("M3FLEET_PEERING_PRIORITY", random.randint(1, 10_000)))
+        try:
+            metrics.serve(metrics_port)
+        except OSError as exc:
+            raise RunError(f"cannot serve metrics on port {metrics_port}: {exc}; pick a free --metrics-port") from None
     kopf.run(
         registry=registry,
-        clusterwide=all_namespaces,
-        namespaces=[] if all_namespaces else [namespace or current_namespace()],
+        clusterwide=scope is None,
+        namespaces=[] if scope is None else [scope],
         standalone=standalone,
+        identity=cast(Any, identity),  # kopf's Identity is a NewType of str it does not export
         priority=priority,
-        peering_name="m3fleet",
+        peering_name="m3fleet",  # = PEERING_NAME; the chart names its peering object so (tests/chart)
         liveness_endpoint=f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None,
     )
     return 0

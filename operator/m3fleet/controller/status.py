@@ -3,9 +3,11 @@
 Condition types (metav1.Condition, a map list keyed by `type`):
 
 * `Ready` — every replica of the current generation is ready (the summary `kubectl wait` uses).
-  Reasons: AllReplicasReady, ScaledToZero, RolloutInProgress, InvalidSpec, LeaderWorkerSetNotInstalled,
+  Reasons: AllReplicasReady, ScaledToZero, RolloutInProgress, Unschedulable (pods wait for a node: the
+  message carries the scheduler's reason), InvalidSpec, LeaderWorkerSetNotInstalled,
   ComputeDomainNotInstalled, ApplyFailed.
-* `Available` — at least one replica serves. Reasons: MinimumReplicasAvailable, NoReplicasReady.
+* `Available` — at least one replica serves. Reasons: MinimumReplicasAvailable; when False, NoReplicasReady,
+  or ScaledToZero (none asked for, none serving).
 * `Progressing` — a rollout or scale is under way. Reasons: RolloutInProgress, RolloutComplete, plus the
   blocking reasons above (False: nothing progresses until the spec or cluster is fixed).
 * `Degraded` — negative polarity: True when the operator cannot do what the spec asks. Reasons:
@@ -17,6 +19,7 @@ compares equal and the operator writes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +36,7 @@ class Workload:
     ready: int = 0
     updated: int = 0
     observed_current: bool = False  # the child's controller has seen its latest spec
+    unschedulable: str | None = None  # why pods wait for a node, when some do (the scheduler's own words)
 
     @classmethod
     def from_live(cls, desired: int, live: dict[str, Any] | None) -> Workload:
@@ -51,6 +55,9 @@ class Workload:
             observed_current=current and "status" in live,
         )
 
+    def with_pods(self, pods: list[dict[str, Any]]) -> Workload:
+        return dataclasses.replace(self, unschedulable=unschedulable(pods))
+
     @property
     def all_ready(self) -> bool:
         return (
@@ -59,6 +66,26 @@ class Workload:
             and self.updated == self.desired
             and self.replicas == self.desired
         )
+
+
+def unschedulable(pods: list[dict[str, Any]]) -> str | None:
+    """ "N of M pods cannot be scheduled: <the scheduler's message>" when some pod is Pending because no node
+    fits (PodScheduled=False, reason Unschedulable), else None. The scheduler's message says which nodes
+    failed which check, e.g. "0/15 nodes are available: 15 node(s) didn't match Pod's node affinity/selector"."""
+    waiting: list[str] = []
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if (
+                cond.get("type") == "PodScheduled"
+                and cond.get("status") == "False"
+                and cond.get("reason") == "Unschedulable"
+            ):
+                waiting.append(str(cond.get("message") or "no node fits"))
+    if not waiting:
+        return None
+    return f"{len(waiting)} of {len(pods)} pods cannot be scheduled: {waiting[0]}"
 
 
 @dataclass(frozen=True)
@@ -94,11 +121,12 @@ def conditions(
     def c(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
         return condition(previous, type_, "True" if ok else "False", reason, message, generation, now)
 
-    serving = workload.ready >= 1 or workload.desired == 0
+    # Available means something answers requests: never with no ready replica, even when none is asked for.
+    serving = workload.ready >= 1
     available = c(
         AVAILABLE,
         serving,
-        "MinimumReplicasAvailable" if serving else "NoReplicasReady",
+        "MinimumReplicasAvailable" if serving else "ScaledToZero" if workload.desired == 0 else "NoReplicasReady",
         f"{workload.ready} of {workload.desired} replicas ready",
     )
     if blocked is not None:
@@ -108,10 +136,17 @@ def conditions(
             c(PROGRESSING, False, blocked.reason, "nothing is applied until this is fixed; running children are kept"),
             c(DEGRADED, True, blocked.reason, blocked.message),
         ]
-    if workload.desired == 0:
+    if workload.desired == 0 and workload.all_ready:  # the scale-down to zero is complete
         ready = c(READY, True, "ScaledToZero", "0 replicas requested")
     elif workload.all_ready:
         ready = c(READY, True, "AllReplicasReady", f"all {workload.desired} replicas ready")
+    elif workload.unschedulable:
+        ready = c(
+            READY,
+            False,
+            "Unschedulable",
+            f"{workload.ready} of {workload.desired} replicas ready; {workload.unschedulable}",
+        )
     else:
         ready = c(
             READY,

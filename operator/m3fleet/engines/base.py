@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 
 from m3fleet.api.models import MiniMaxM3DeploymentSpec, Plan
-from m3fleet.catalog import ACCELERATORS, ENGINES, AcceleratorFacts, EngineFacts
+from m3fleet.catalog import ACCELERATORS, ENGINES, ROPE, AcceleratorFacts, EngineFacts
 from m3fleet.errors import SpecError
 
 MODEL_MOUNT = "/models"
@@ -177,11 +177,19 @@ def check_extra_args(extra_args: list[str], owned: frozenset[str], engine: str) 
 
 
 def yarn_overrides(plan: Plan) -> dict[str, Any]:
-    """YaRN on the text decoder's config (a top-level override misses it, VLLM-RCP-AMD)."""
+    """YaRN on the text decoder's config (a top-level override misses it, VLLM-RCP-AMD), as the whole RoPE block.
+
+    Under transformers 5 setting `rope_scaling` replaces `rope_parameters` wholesale. SGLang 0.5.23 applies a
+    nested override with `text_config.update(...)` and then reads `rope_parameters.get("rope_theta", 10000)`, so
+    a YaRN dict without the checkpoint's theta (5,000,000) silently rotates with 10,000 and every position past
+    the native context is wrong. vLLM merges the same dict and back-fills theta, so carrying it is harmless there.
+    """
     return {
         "text_config": {
             "rope_scaling": {
                 "rope_type": "yarn",
+                "rope_theta": ROPE.theta,
+                "partial_rotary_factor": ROPE.partial_rotary_factor,
                 "factor": plan.rope_scaling_factor,
                 "original_max_position_embeddings": plan.native_max_model_len,
             }

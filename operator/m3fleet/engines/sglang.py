@@ -1,7 +1,15 @@
 """SGLang (`python3 -m sglang.launch_server`) for MiniMax-M3 (SGL-CFG, SGL-CB, NV-BLOG).
 
 Multi-node: every node runs the same command with `--dist-init-addr <leader>:<port> --nnodes N
---node-rank R`, TP is the total across nodes; only the leader serves HTTP (LWS-EX).
+--node-rank R`; TP is the total across nodes unless the plan has pipeline stages (`--pp-size`, one per node,
+`--tp-size` then per stage); only the leader serves HTTP (LWS-EX).
+
+Kernels: SGLang 0.5.23 picks M3's attention backend, page size and MoE runner itself per platform
+(`srt/arg_groups/model_overrides/minimax_m3.py`), but only for flags left unset: fa3 + page 128 on Hopper; fa4 +
+page 128 (the MSA fmha_sm100 kernel), or trtllm_mha with fp8_e4m3 KV, plus deep_gemm for MXFP8 on SM100; triton
+on ROCm; triton whenever the MoE weights are BF16. Forcing any of them only loses paths (on GB200 the fp8-KV
+attention GEMMs), so none is rendered; the NVIDIA blog's Blackwell command (NV-BLOG, seed 000) is followed
+otherwise, and each difference is listed in `catalog.ENGINES[sglang].deviations` and the plan's notes.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ OWNED_FLAGS = frozenset(
         "--tp-size",
         "--tp",
         "--tensor-parallel-size",
+        "--pp-size",
+        "--pipeline-parallel-size",
         "--dp-size",
         "--dp",
         "--data-parallel-size",
@@ -37,6 +47,8 @@ OWNED_FLAGS = frozenset(
         "--reasoning-parser",
         "--tool-call-parser",
         "--json-model-override-args",
+        "--enable-multimodal",
+        "--language-model-only",
         "--dist-init-addr",
         "--nnodes",
         "--node-rank",
@@ -48,20 +60,21 @@ DIST_INIT_PORT = 20000  # the LWS SGLang example's rendezvous port
 LONG_CONTEXT = 32_768  # above it the cookbook raises the chunked-prefill size (SGL-CB)
 
 
-def backend_args(ctx: Context) -> list[str]:
-    """Per-accelerator kernels from the SGLang M3 configs (SGL-CFG)."""
-    accel = ctx.plan.accelerator
-    if accel == Accelerator.H200:
-        return ["--attention-backend", "fa3", "--moe-runner-backend", "triton"]
-    if accel == Accelerator.GB200:
-        # fa4 with page 128 engages the MSA fmha_sm100 kernel (SGL-CB).
-        return ["--attention-backend", "fa4", "--page-size", "128", "--moe-runner-backend", "deep_gemm"]
-    return []  # MI355X: AITER kernels via SGLANG_USE_AITER=1
+def multimodal_args(ctx: Context) -> list[str]:
+    """The vision side: NV-BLOG's encoder attention on Blackwell, or text-only serving."""
+    if ctx.spec.model.language_model_only:
+        # Refuses image/video requests; SGLang's M3 model still loads the vision tower (the plan counts it).
+        return ["--language-model-only"]
+    args = ["--enable-multimodal"]
+    if ctx.plan.accelerator == Accelerator.GB200:
+        args += ["--mm-attention-backend", "flashinfer_cudnn"]  # NV-BLOG's Blackwell vision-encoder attention
+    return args
 
 
 def serve_args(ctx: Context) -> list[str]:
-    plan, spec = ctx.plan, ctx.spec
-    world = plan.tensor_parallel_size * plan.data_parallel_size
+    plan = ctx.plan
+    # With DP attention SGLang's TP is the whole world (DP splits it); with pipeline stages it is per stage.
+    tp = plan.tensor_parallel_size * plan.data_parallel_size
     args = [
         "--model-path",
         ctx.model_path,
@@ -72,8 +85,10 @@ def serve_args(ctx: Context) -> list[str]:
         "--port",
         str(ctx.engine.port),
         "--tp-size",
-        str(world),  # SGLang's TP is the whole world; DP attention splits it
+        str(tp),
     ]
+    if plan.pipeline_parallel_size > 1:
+        args += ["--pp-size", str(plan.pipeline_parallel_size)]
     if plan.strategy == Strategy.DP_EP:
         args += ["--dp-size", str(plan.data_parallel_size), "--enable-dp-attention"]
     if plan.expert_parallel_size > 1:
@@ -84,16 +99,16 @@ def serve_args(ctx: Context) -> list[str]:
         "--context-length",
         str(plan.max_model_len),
         "--chunked-prefill-size",
+        # NV-BLOG's 8192, raised above 32k context as the cookbook advises (SGL-CB).
         "16384" if plan.max_model_len > LONG_CONTEXT else "8192",
     ]
     if plan.variant == Variant.MXFP8:
         args += ["--quantization", "mxfp8", "--dtype", "bfloat16"]
     if plan.kv_cache_dtype == "fp8":
         args += ["--kv-cache-dtype", "fp8_e4m3"]
-    args += backend_args(ctx)
-    if not spec.model.language_model_only:
-        args.append("--enable-multimodal")
+    args += multimodal_args(ctx)
     if plan.rope_scaling_factor > 1:
+        # The whole RoPE block, rope_theta included (engines.base.yarn_overrides).
         args += ["--json-model-override-args", compact_json(yarn_overrides(plan))]
     args += [
         "--trust-remote-code",

@@ -1,13 +1,18 @@
 """TensorRT-LLM (`trtllm-serve`) for MiniMax-M3, as its deployment guide runs it (TRT-GUIDE, TRT-YAML).
 
 Parallelism, batching, KV cache and the sparse-attention backend live in the
-`extra_llm_api_options` YAML (a ConfigMap). A multi-node replica is one MPI job: the leader runs
-`mpirun` over SSH (keys in a Secret the controller generates; offline render only names it) to
-`trtllm-llmapi-launch` one rank per GPU; workers run sshd (the Dynamo operator's pattern, DYN-MN).
+`extra_llm_api_options` YAML (a ConfigMap). A multi-node replica is one MPI job, launched the way NVIDIA
+Dynamo's operator launches multi-node TensorRT-LLM (DYN-TRT, DYN-MN): the leader runs `mpirun` over SSH
+(port 2222, keys in a Secret the controller generates; offline render only names it) to start
+`trtllm-llmapi-launch trtllm-serve` once per GPU, forwarding the environment with `-x`; workers run only sshd
+with a TCP readiness check. The LeaderWorkerSet TensorRT-LLM example (LWS-EX) is not followed: it starts ranks
+through `kubectl exec` (`plm_rsh_agent kubessh`) and needs a ServiceAccount allowed to exec into pods. Where
+m3fleet differs from Dynamo is in templates/trtllm-leader.sh.j2.
 """
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import yaml
@@ -48,6 +53,9 @@ OWNED_FLAGS = frozenset(
 CONFIG_FILE = "extra-llm-api-options.yaml"
 LEADER_SCRIPT = "launch-leader.sh"
 WORKER_SCRIPT = "launch-worker.sh"
+SINGLE_SCRIPT = "launch.sh"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # shipped with the checkpoint, passed explicitly (TRT-GUIDE)
+CHAT_TEMPLATE_VAR = "chat_template"  # the launch scripts' shell variable when the path is only known at start
 SSH_PORT = 2222
 # sshd (run as root, as the TensorRT-LLM image does) switches users and chroots for privilege separation.
 SSHD_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "SETGID", "SETUID", "SYS_CHROOT")
@@ -96,7 +104,25 @@ def llm_api_options(ctx: Context) -> dict[str, Any]:
     }
 
 
+def chat_template_path(ctx: Context) -> str | None:
+    """The checkpoint's chat template when its path is known at render time: a mounted checkpoint directory.
+    A Hugging Face source has none (the file lands in a snapshot directory of the cache), so the launch script
+    fetches it into the shared cache first and passes the cached path (`hub_chat_template_lookup`)."""
+    if ctx.spec.model.source.pvc is None:
+        return None
+    return f"{ctx.model_path}/{CHAT_TEMPLATE_FILE}"
+
+
+def hub_chat_template_lookup(ctx: Context) -> str:
+    """Shell that sets $chat_template to the hub checkpoint's template, downloaded into HF_HOME (the shared cache
+    claim every pod of the group mounts at the same path) with the image's huggingface_hub and HF_TOKEN."""
+    code = "import sys; from huggingface_hub import hf_hub_download; print(hf_hub_download(sys.argv[1], sys.argv[2]))"
+    words = ["python3", "-c", code, ctx.plan.checkpoint, CHAT_TEMPLATE_FILE]
+    return f'{CHAT_TEMPLATE_VAR}="$({shlex.join(words)})"'
+
+
 def serve_command(ctx: Context) -> list[str]:
+    """trtllm-serve's argv; the chat template is `$chat_template` when only the launch script can know it."""
     model = ctx.model_path
     return [
         "trtllm-serve",
@@ -111,14 +137,17 @@ def serve_command(ctx: Context) -> list[str]:
         "--tool_parser",
         ctx.engine.tool_parser,
         "--chat_template",
-        f"{model}/chat_template.jinja",
+        chat_template_path(ctx) or f"${CHAT_TEMPLATE_VAR}",
         "--extra_llm_api_options",
         f"{CONFIG_MOUNT}/{CONFIG_FILE}",
         *ctx.spec.engine.extra_args,
     ]
 
 
-FORWARDED_ENV = ("HF_HOME", "HF_TOKEN", "NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE", "OMPI_MCA_orte_keep_fqdn_hostnames")
+def shell_words(argv: list[str]) -> str:
+    """argv as shell words: each quoted, except the chat-template variable, which the shell must expand."""
+    variable = f"${CHAT_TEMPLATE_VAR}"
+    return " ".join(f'"${{{CHAT_TEMPLATE_VAR}}}"' if arg == variable else shlex.quote(arg) for arg in argv)
 
 
 def env(ctx: Context) -> dict[str, str]:
@@ -130,19 +159,28 @@ def launch(ctx: Context) -> EngineLaunch:
     port = ctx.engine.port
     config = {CONFIG_FILE: yaml.safe_dump(llm_api_options(ctx), sort_keys=False)}
     probes = http_probes(port, ctx.engine.live_path, ctx.engine.ready_path)
+    cmd = serve_command(ctx)
+    lookup = hub_chat_template_lookup(ctx) if chat_template_path(ctx) is None else ""
     if not ctx.multi_node:
         # One node: trtllm-serve spawns its own MPI ranks.
-        cmd = serve_command(ctx)
-        return EngineLaunch({Role.SINGLE: Container(cmd[:1], cmd[1:], env(ctx), probes, {"http": port}, True)}, config)
+        if not lookup:
+            single = Container(cmd[:1], cmd[1:], env(ctx), probes, {"http": port}, True)
+        else:
+            script = {"chat_template_lookup": lookup, "serve": shell_words(cmd)}
+            config[SINGLE_SCRIPT] = templates().get_template("trtllm-single.sh.j2").render(script)
+            single = Container(
+                ["/bin/bash"], [f"{CONFIG_MOUNT}/{SINGLE_SCRIPT}"], env(ctx), probes, {"http": port}, True
+            )
+        return EngineLaunch({Role.SINGLE: single}, config)
     plan = ctx.plan
-    values = {
+    values: dict[str, Any] = {
         "nodes": plan.nodes_per_replica,
         "gpus_per_node": plan.gpus_per_node,
         "world": plan.gpus_per_replica,
         "ssh_port": SSH_PORT,
         "ssh_mount": SSH_MOUNT,
-        "serve": serve_command(ctx),
-        "forwarded_env": FORWARDED_ENV,
+        "serve": shell_words(cmd),
+        "chat_template_lookup": lookup,
     }
     config[LEADER_SCRIPT] = templates().get_template("trtllm-leader.sh.j2").render(values)
     config[WORKER_SCRIPT] = templates().get_template("trtllm-worker.sh.j2").render(values)

@@ -22,6 +22,7 @@ from m3fleet.engines.base import (
 OWNED_FLAGS = frozenset(
     {
         "--tensor-parallel-size",
+        "--pipeline-parallel-size",
         "--data-parallel-size",
         "--enable-expert-parallel",
         "--block-size",
@@ -31,6 +32,7 @@ OWNED_FLAGS = frozenset(
         "--tool-call-parser",
         "--reasoning-parser",
         "--hf-overrides",
+        "--language-model-only",
         "--nnodes",
         "--node-rank",
         "--master-addr",
@@ -39,8 +41,11 @@ OWNED_FLAGS = frozenset(
     }
 )
 
-# Above this context vLLM's multimodal profiling run would itself need the long-context memory (VLLM-RCP-AMD).
-SKIP_MM_PROFILING_ABOVE = 32_768
+# --skip-mm-profiling is never rendered. The AMD recipe needed it above ~32k context because the dummy video grew
+# with max_model_len; vLLM 0.33.0 caps it at the largest video M3's processor accepts (500 frames, ~192k tokens,
+# models/minimax_m3/common/mm_preprocess.py), so profiling stays bounded and reserves the encoder's peak memory.
+# Skipping it would leave that memory to the KV cache, and the first large image or video would run the engine
+# out of memory. The planner counts the reserved encoder cache (planner.encoder_cache_gib).
 
 
 def moe_backend(ctx: Context) -> str | None:
@@ -65,6 +70,9 @@ def serve_args(ctx: Context) -> list[str]:
         "--tensor-parallel-size",
         str(plan.tensor_parallel_size),
     ]
+    if plan.pipeline_parallel_size > 1:
+        # One stage per node, TP within it (VLLM-PAR's multi-node example: TP8 x PP2 with --nnodes 2).
+        args += ["--pipeline-parallel-size", str(plan.pipeline_parallel_size)]
     if plan.strategy == Strategy.DP_EP:
         args += ["--data-parallel-size", str(plan.data_parallel_size)]
     if plan.expert_parallel_size > 1:
@@ -97,8 +105,6 @@ def serve_args(ctx: Context) -> list[str]:
             "--mm-processor-cache-type",
             "shm",
         ]
-        if plan.max_model_len > SKIP_MM_PROFILING_ABOVE:
-            args.append("--skip-mm-profiling")
     if plan.rope_scaling_factor > 1:
         args += ["--hf-overrides", compact_json(yarn_overrides(plan))]
     args += [

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from m3fleet.api.models import Accelerator
+from m3fleet.catalog.facts import POD_SHM_GIB
 from m3fleet.engines.base import (
     CONFIG_MOUNT,
     HF_CACHE_MOUNT,
@@ -15,9 +16,12 @@ from m3fleet.engines.base import (
     Probe,
     Role,
 )
-from m3fleet.render.labels import pod_labels
+from m3fleet.render.labels import NAME, pod_labels
 
-SHM_SIZE = "32Gi"  # the AMD verified run used 32g; vLLM/SGLang pass tensors between ranks through /dev/shm
+SHM_SIZE = f"{POD_SHM_GIB}Gi"  # the AMD verified run used 32g; vLLM/SGLang pass tensors between ranks through /dev/shm
+# The label LeaderWorkerSet puts on every pod of one group (LWS-API GroupUniqueHashLabelKey; the leader gets it from
+# the LWS pod webhook, workers from their StatefulSet template, both before the apiserver reads matchLabelKeys).
+LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 TERMINATION_GRACE_SECONDS = 600  # let in-flight long-context requests finish (a 1M-token decode takes minutes)
 DRAIN_SECONDS = 15  # endpoints stop routing before the engine gets SIGTERM
 COMPUTE_DOMAIN_CLAIM = "compute-domain-channel"
@@ -103,9 +107,16 @@ def _security(ctx: Context, container: Container) -> dict[str, Any]:
 
 
 def _resources(ctx: Context) -> dict[str, Any]:
-    limits: dict[str, Any] = {ctx.accelerator.resource_name: ctx.plan.gpus_per_node}
-    limits.update(ctx.spec.node_pool.extra_resources)
-    resources: dict[str, Any] = {"limits": limits, "requests": dict(limits)}
+    """GPUs and extra devices; CPU and memory sized for the pool (plan.cpuPerPod, plan.memoryGiBPerPod), so the pod is
+    never BestEffort. Memory limit = request: the engine never runs above its request, so under node memory
+    pressure the kubelet evicts other pods first (it ranks pods by usage above request); the limit also bounds the
+    memory-backed /dev/shm. No CPU limit: a CFS quota would throttle the tokenizer and scheduler threads."""
+    devices: dict[str, Any] = {ctx.accelerator.resource_name: ctx.plan.gpus_per_node}
+    devices.update(ctx.spec.node_pool.extra_resources)
+    memory = f"{ctx.plan.memory_gib_per_pod}Gi"
+    requests = {"cpu": str(ctx.plan.cpu_per_pod), "memory": memory, **devices}
+    limits = {"memory": memory, **devices}
+    resources: dict[str, Any] = {"limits": dict(sorted(limits.items())), "requests": dict(sorted(requests.items()))}
     if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
         resources["claims"] = [{"name": COMPUTE_DOMAIN_CLAIM}]
     return resources
@@ -126,12 +137,31 @@ def _placement(ctx: Context) -> dict[str, Any]:
     gpu_taint = {"key": ctx.accelerator.resource_name, "operator": "Exists", "effect": "NoSchedule"}
     tolerations = [gpu_taint, *ctx.spec.node_pool.tolerations]
     placement: dict[str, Any] = {"nodeSelector": dict(sorted(selector.items())), "tolerations": tolerations}
+    affinity: dict[str, Any] = {}
     if choices:
         terms = [{"matchExpressions": choices}]
-        placement["affinity"] = {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
-        }
+        affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+    domain = ctx.accelerator.nvlink_domain_label
+    if ctx.multi_node and domain is not None:
+        affinity["podAffinity"] = _same_nvlink_domain(ctx, domain)
+    if affinity:
+        placement["affinity"] = affinity
     return placement
+
+
+def _same_nvlink_domain(ctx: Context, domain_label: str) -> dict[str, Any]:
+    """Every pod of one LWS group in one NVLink domain (GB200: one nvidia.com/gpu.clique), or multi-node NVLink
+    cannot join them. A required pod affinity to the pods of this resource, narrowed by matchLabelKeys to the
+    pod's own group: the apiserver adds `group-key In (<this pod's value>)` at creation (MatchLabelKeysInPodAffinity,
+    beta and on by default since Kubernetes 1.31). The group's first pod matches itself, so it may start any
+    clique; the others follow it. Not LWS's exclusive-topology annotation: its anti-affinity keeps every other
+    group out of the clique, reserving a whole NVL72 rack per replica."""
+    term = {
+        "labelSelector": {"matchLabels": {NAME: ctx.name}},
+        "matchLabelKeys": [LWS_GROUP_KEY],
+        "topologyKey": domain_label,
+    }
+    return {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
 
 
 def pod_template(

@@ -1,0 +1,226 @@
+"""The operator's one scheduler: what the watches deliver goes in, reconciles and autoscaler ticks come out.
+
+kopf's handlers only hand events to the `Manager`; everything the operator does runs from its work queue,
+one resource at a time:
+
+* Resources are cached as the watch delivers them (and as our own status writes return them, never going
+  back to an older resourceVersion), so a reconcile starts from the cache and reads no parent.
+* A reconcile is due when a resource is first seen (so every resource reconciles when the operator starts),
+  when its generation, labels, annotations or deletion change, and when one of its children is added,
+  changed or deleted. Status-only changes (our own writes among them) are not a reason: no loops.
+* A failed reconcile is retried after 1 s, doubling up to 60 s, or after the server's Retry-After if
+  longer; any new event for the resource makes it due at once.
+* Resources whose spec has autoscaling enabled are ticked every `intervalSeconds`; the others are never
+  looked at between events. There is no periodic resync: drift shows up as a child event.
+* With peering, the queue stands still whenever kopf's peering would pause kopf (see peering.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from m3fleet.controller import kube, metrics
+from m3fleet.controller.autoscaler import Autoscaler, interval_of
+from m3fleet.controller.kube import ApiError
+from m3fleet.controller.peering import PeeringGate
+from m3fleet.controller.queue import WorkQueue
+from m3fleet.controller.reconcile import Reconciler
+from m3fleet.render.labels import NAME
+
+Key = tuple[str, str]  # namespace, name
+BACKOFF = (1.0, 60.0)  # first retry after a failure, and the longest wait
+WORKERS = 8  # resources reconciled at once
+# Metadata whose change makes a resource due for a reconcile (anything but status).
+TRIGGERS = ("uid", "generation", "labels", "annotations", "deletionTimestamp")
+
+log = logging.getLogger("m3fleet.manager")
+
+
+def key_of(body: Mapping[str, Any]) -> Key:
+    return body["metadata"]["namespace"], body["metadata"]["name"]
+
+
+def newer(body: Mapping[str, Any], than: Mapping[str, Any]) -> bool:
+    """Whether `body` is a later version than `than` (resourceVersions compare as numbers when both are)."""
+    new, old = (str(b["metadata"].get("resourceVersion") or "") for b in (body, than))
+    if new.isdigit() and old.isdigit():
+        return int(new) > int(old)
+    return new != old
+
+
+def worth_reconciling(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    if old is None:
+        return True
+    return any(old["metadata"].get(k) != new["metadata"].get(k) for k in TRIGGERS)
+
+
+def controller_owner(child: Mapping[str, Any]) -> str | None:
+    for ref in child.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == kube.M3D.kind and ref.get("apiVersion") == kube.M3D.api_version:
+            name: str = ref["name"]
+            return name
+    return None
+
+
+def backoff(failures: int, retry_after: float | None) -> float:
+    first, longest = BACKOFF
+    return max(min(longest, first * 2.0 ** max(0, failures - 1)), retry_after or 0.0)
+
+
+@dataclass
+class Work:
+    """When a resource is next due for each kind of work (loop time; None: not due)."""
+
+    reconcile_at: float | None = None
+    tick_at: float | None = None
+    ticked_at: float | None = None
+    failures: int = 0
+
+
+class Manager:
+    def __init__(self, reconciler: Reconciler, autoscaler: Autoscaler, workers: int = WORKERS) -> None:
+        self.reconciler = reconciler
+        self.autoscaler = autoscaler
+        self.queue: WorkQueue[Key] = WorkQueue(self._process, workers)
+        self.gate: PeeringGate | None = None
+        self._bodies: dict[Key, dict[str, Any]] = {}
+        self._work: dict[Key, Work] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- what kopf hands over -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the queue (and the peering gate). Called from a kopf handler, so that the tasks inherit
+        kopf's context, which posting Events (kopf.info) needs. Idempotent."""
+        if self._tasks:
+            return
+        if self.gate is not None:
+            self.queue.pause()  # until the gate has looked at the peering object
+            self._tasks.append(asyncio.create_task(self.gate.run(), name="m3fleet peering gate"))
+        self._tasks.append(asyncio.create_task(self.queue.run(), name="m3fleet work queue"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def resource_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        if event_type == "DELETED":
+            self._drop(key_of(body))
+        else:
+            self._observe(body)
+
+    def child_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A child was added, changed or deleted: its owner is due. The initial listing (type None) is not
+        news: every resource reconciles when first seen anyway."""
+        owner = controller_owner(body)
+        if event_type is None or owner is None:
+            return
+        key = (body["metadata"]["namespace"], owner)
+        if key in self._bodies:
+            self._reconcile_soon(key)
+
+    def pod_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """An engine pod changed (scheduled, became ready, went away): its resource is due."""
+        name = ((body.get("metadata") or {}).get("labels") or {}).get(NAME)
+        if event_type is None or not name:
+            return
+        key = (body["metadata"]["namespace"], name)
+        if key in self._bodies:
+            self._reconcile_soon(key)
+
+    # -- the cache ----------------------------------------------------------------------------------
+
+    def _observe(self, body: Mapping[str, Any], *, ours: bool = False) -> None:
+        """Cache a version of a resource: from the watch, or as our own write returned it (`ours`: only while
+        the resource is still known, so a write that raced its deletion does not bring it back)."""
+        key = key_of(body)
+        old = self._bodies.get(key)
+        if (old is None and ours) or (old is not None and not newer(body, old)):
+            return  # gone meanwhile, or a version we already have (our write's answer came first), or older
+        self._bodies[key] = copy.deepcopy(dict(body))
+        if worth_reconciling(old, body):
+            self._reconcile_soon(key)
+
+    def _drop(self, key: Key) -> None:
+        self._bodies.pop(key, None)
+        self._work.pop(key, None)
+        self.queue.forget(key)
+        self.reconciler.forget(*key)
+        self.autoscaler.forget(*key)
+
+    def _reconcile_soon(self, key: Key) -> None:
+        self._work.setdefault(key, Work()).reconcile_at = self._now()
+        self.queue.add(key)
+
+    @staticmethod
+    def _now() -> float:
+        return asyncio.get_running_loop().time()
+
+    # -- the work -----------------------------------------------------------------------------------
+
+    async def _process(self, key: Key) -> None:
+        work = self._work.get(key)
+        if work is None or key not in self._bodies:
+            return
+        now = self._now()
+        if work.tick_at is not None and work.tick_at <= now:  # first: a new count is applied right after
+            work.tick_at, work.ticked_at = None, now
+            await self._tick(key, work)
+        if work.reconcile_at is not None and work.reconcile_at <= now and key in self._bodies:
+            work.reconcile_at = None
+            await self._reconcile(key, work)
+        if key in self._bodies:
+            self._schedule(key, work)
+
+    async def _tick(self, key: Key, work: Work) -> None:
+        try:
+            tick = await self.autoscaler.tick(self._bodies[key])
+        except Exception as exc:  # the next tick tries again; one failure must not stop the others
+            log.warning("%s/%s: autoscaler tick failed: %s", *key, exc)
+            return
+        if tick.gone:
+            self._drop(key)
+            return
+        if tick.status is not None:
+            self._observe(tick.status, ours=True)
+        if tick.scale:
+            work.reconcile_at = self._now()
+
+    async def _reconcile(self, key: Key, work: Work) -> None:
+        try:
+            outcome = await self.reconciler.reconcile(self._bodies[key])
+        except Exception as exc:
+            work.failures += 1
+            delay = backoff(work.failures, exc.retry_after if isinstance(exc, ApiError) else None)
+            if work.reconcile_at is None:  # an event that came meanwhile has made it due already
+                work.reconcile_at = self._now() + delay
+            metrics.RETRIES.inc()
+            if isinstance(exc, ApiError):
+                log.warning("%s/%s: %s; retrying in %.0f s", *key, exc, delay)
+            else:  # a bug: say where
+                log.exception("%s/%s: reconcile failed; retrying in %.0f s", *key, delay)
+            return
+        work.failures = 0
+        if outcome.gone:
+            self._drop(key)
+        elif outcome.status is not None:
+            self._observe(outcome.status, ours=True)
+
+    def _schedule(self, key: Key, work: Work) -> None:
+        now = self._now()
+        interval = interval_of(self._bodies.get(key))
+        if interval is None:
+            work.tick_at = work.ticked_at = None
+            self.autoscaler.forget(*key)
+        elif work.tick_at is None:
+            work.tick_at = now if work.ticked_at is None else work.ticked_at + interval
+        due = [t for t in (work.reconcile_at, work.tick_at) if t is not None]
+        if due:
+            self.queue.add(key, min(due) - now)

