@@ -49,14 +49,20 @@ VLLM_DEPS=("${TORCH_CUDA[@]}" filelock typing-extensions 'setuptools>=77.0.3,<81
   packaging regex cachetools psutil numpy 'requests>=2.33.0' tqdm 'pydantic>=2.12.0' pyyaml msgspec
   'pyzmq>=25.0.0' cloudpickle cbor2 'transformers>=5.16.1,<5.21.0' 'aiohttp>=3.14.4' 'oss-harmony>=0.0.11'
   'openai>=2.25.0' 'pillow>=13.0.0' pybase64 uvloop py-cpuinfo 'fastapi>=0.133.0,<0.137.0' 'starlette>=1.0.1'
-  'prometheus_client>=0.18.0' partial-json-parser 'llguidance>=1.7.0,<1.8.0' uvicorn watchfiles 'orjson>=3.11.6')
-VLLM_SMOKE="import torch, vllm, vllm.entrypoints.cli.main; $(torch_pin_check vllm VLLM_TORCH)"
+  'prometheus_client>=0.18.0' partial-json-parser 'llguidance>=1.7.0,<1.8.0' uvicorn watchfiles 'orjson>=3.11.6'
+  einops)  # einops: `vllm bench serve` (m3fleet bench; tests/engine_parsers/test_bench_clients.py) imports it
+VLLM_SMOKE="import torch, vllm, vllm.entrypoints.cli.main, vllm.benchmarks.serve; $(torch_pin_check vllm VLLM_TORCH)"
 # triton only here (the version torch pins): sglang/srt/utils/common.py imports it at top level; vLLM's
 # parse path does not.
-SGL_NODEPS=("torch==$SGL_TORCH" "sglang==$SGLANG_VERSION" triton==3.8.0)
+# The second line of each SGLang list: what its benchmark client (`python3 -m sglang.benchmark.serving`, for
+# m3fleet bench) imports beyond the parser, found the same way; torchvision is the release built for
+# SGL_TORCH (change them together), the others as sglang's Requires-Dist pins them.
+SGL_NODEPS=("torch==$SGL_TORCH" "sglang==$SGLANG_VERSION" triton==3.8.0
+  torchvision==0.29.2 apache-tvm-ffi==0.1.11 compressed-tensors==0.18.0)
 SGL_DEPS=("${TORCH_CUDA[@]}" filelock typing-extensions 'setuptools>=77.0.3' sympy networkx jinja2 fsspec
-  numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic 'pyzmq>=25.1.2' tqdm IPython aiohttp)
-SGL_SMOKE="import torch, triton, sglang; $(torch_pin_check sglang SGL_TORCH)"
+  numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic 'pyzmq>=25.1.2' tqdm IPython aiohttp
+  transformers==5.19.0 datasets sentencepiece gguf loguru)
+SGL_SMOKE="import torch, triton, sglang, sglang.benchmark.serving; $(torch_pin_check sglang SGL_TORCH)"
 
 mkdir -p "$ROOT"
 exec 9>"$ROOT/.lock" && flock 9   # two concurrent runs must not build the same env twice

@@ -1,4 +1,4 @@
-"""`m3fleet` command line: plan | render | crd | run | simulate.
+"""`m3fleet` command line: plan | render | crd | run | simulate | bench.
 
 Exit status: 0 success; 2 invalid input or an impossible spec (one message per failing resource
 on stderr, nothing on stdout); 1 an internal error. Never a traceback (set M3FLEET_DEBUG=1 to
@@ -202,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     from m3fleet.autoscaling.cli import register as register_simulate
 
     register_simulate(sub)
+
+    from m3fleet.bench.cli import register as register_bench
+
+    register_bench(sub)
 
     p_run = sub.add_parser("run", help="the operator, against the current kube context")
     scope = p_run.add_mutually_exclusive_group()

@@ -12,6 +12,7 @@ Helm has no CLI on these machines: `helm lint/template` run through the Helm v4 
 from __future__ import annotations
 
 import io
+import json
 import re
 import shlex
 import subprocess
@@ -137,6 +138,8 @@ RENDER_STDIN = "m3fleet render -f - <<'EOF'"
 RUN_LOCAL = "m3fleet run -n llm --standalone"
 GENERATE_CHECK = "python3 charts/generate.py --check"
 PORT_FORWARD = "kubectl -n llm port-forward service/m3-vllm-h200-tp8-api 8000:8000"
+BENCH_DRY_RUN = "m3fleet bench -f manifests/samples/vllm-h200-tp8.yaml --dry-run"
+SIMULATE_MEASURED = "m3fleet simulate --scenario bursty --throughput-from result.json"
 
 EXERCISED = {
     INSTALL,
@@ -154,6 +157,8 @@ EXERCISED = {
     RENDER_STDIN,
     RUN_LOCAL,  # argument parsing only: running it needs a cluster
     GENERATE_CHECK,
+    BENCH_DRY_RUN,
+    SIMULATE_MEASURED,  # on a result file made from the real vLLM client's output (tests/bench/fixtures)
 }
 NEEDS_CLUSTER = {
     "kubectl apply --server-side -f charts/m3fleet/crds/",
@@ -167,6 +172,9 @@ NEEDS_CLUSTER = {
     "kubectl wait m3d/m3-vllm-h200-tp8 -n llm --for=condition=Ready --timeout=90m",
     PORT_FORWARD,
     "curl -s localhost:8000/v1/models",
+    "m3fleet bench -f manifests/samples/vllm-h200-tp8.yaml",
+    "m3fleet bench -f manifests/samples/vllm-h200-tp8.yaml -o json > result.json",
+    "kubectl get configmap -n llm -l app.kubernetes.io/component=benchmark",
 }
 
 
@@ -306,3 +314,26 @@ def test_run_arguments_parse(command: str, fragment: str) -> None:
 
 def test_generate_check() -> None:
     assert generate().main(shlex.split(GENERATE_CHECK)[2:]) == 0
+
+
+def test_bench_dry_run_prints_the_job() -> None:
+    code, out, err = run_cli(shlex.split(BENCH_DRY_RUN)[1:])
+    assert (code, err) == (0, "")
+    (job,) = [d for d in yaml.safe_load_all(out) if d]
+    validate_any(job)
+    env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["M3FLEET_BENCH_URL"] == "http://m3-vllm-h200-tp8-api.llm.svc:8000"  # the engine Service
+    assert (
+        "vllm bench serve --backend vllm --endpoint /v1/completions"
+        in job["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    )
+
+
+def test_simulate_with_a_measured_throughput(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.autoscaling.test_throughput_prior import measured_from_fixture
+
+    (tmp_path / "result.json").write_text(json.dumps(measured_from_fixture().to_document()))
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(shlex.split(SIMULATE_MEASURED)[1:])
+    assert (code, err) == (0, "")
+    assert "throughput: measured by m3fleet bench (result.json: vllm bench serve on llm/m3-vllm-h200-tp8" in out

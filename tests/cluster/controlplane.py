@@ -320,6 +320,9 @@ class ControlPlane:
             "--audit-log-mode=blocking",
             "--audit-log-maxsize=0",
             "--profiling=false",
+            # Logs, exec and port-forward go to the kubelet at the node's InternalIP (127.0.0.x), never through
+            # a DNS lookup of the node's name, which would leave loopback.
+            "--kubelet-preferred-address-types=InternalIP",
         ]
 
     def _start_apiserver(self) -> None:

@@ -11,9 +11,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from m3fleet.autoscaling.scenarios import SCENARIOS
+
+if TYPE_CHECKING:
+    from m3fleet.api.models import MiniMaxM3Deployment
+    from m3fleet.bench.results import BenchResult
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INVALID = 0, 1, 2
 
@@ -38,6 +43,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--minutes", type=float, help="simulate only the first N minutes of the scenario")
+    parser.add_argument(
+        "--throughput-from",
+        metavar="RESULT",
+        help="an m3fleet bench result (its -o json output, or its ConfigMap): measured decode and prefill speed "
+        "replace the assumed ones; without -f the benchmarked resource is simulated",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -81,13 +92,27 @@ def _run(args: argparse.Namespace) -> int:
                 "fix: pass a file with one resource"
             )
         resource = parse_resource(docs[0].body)
+    measured = None
+    if args.throughput_from:
+        measured = (read_result(args.throughput_from), args.throughput_from)
+        if resource is None:
+            resource = benchmarked_resource(measured[0])
     seeds = [args.seed] if args.seeds is None else parse_seeds(args.seeds)
     if seeds is None:
         return _invalid(
             f"--seeds: {args.seeds!r} is not a seed range; fix: give A-B (e.g. 1-10) or a list (e.g. 1,4,7)"
         )
     reports = [
-        run_report(prepare(args.scenario, resource, seed=seed, minutes=args.minutes, cold_start=args.cold_start))
+        run_report(
+            prepare(
+                args.scenario,
+                resource,
+                seed=seed,
+                minutes=args.minutes,
+                cold_start=args.cold_start,
+                measured=measured,
+            )
+        )
         for seed in seeds
     ]
     if args.output == "json":
@@ -95,6 +120,26 @@ def _run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(format_text(reports))
     return EXIT_OK
+
+
+def read_result(path: str) -> BenchResult:
+    """An m3fleet bench result from a file (or - for stdin). Raises InputError, SpecError."""
+    from m3fleet.bench.results import load
+    from m3fleet.cli import InputError
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"--throughput-from: {path}: {exc.strerror or exc}") from None
+    return load(text, f"--throughput-from {path}")
+
+
+def benchmarked_resource(result: BenchResult) -> MiniMaxM3Deployment:
+    from m3fleet.api.models import API_VERSION, KIND
+    from m3fleet.api.parse import parse_resource
+
+    meta = {"name": result.resource.get("name") or "benchmarked", "namespace": result.resource.get("namespace")}
+    return parse_resource({"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": result.spec})
 
 
 def parse_seeds(text: str) -> list[int] | None:
@@ -108,6 +153,17 @@ def parse_seeds(text: str) -> list[int] | None:
     except ValueError:
         return None
     return seeds or None
+
+
+def _prior_line(prior: Any) -> str:
+    if not isinstance(prior, dict):
+        return f"throughput: {prior or 'assumed'}"
+    m = prior["measured"]
+    return (
+        f"throughput: measured by m3fleet bench ({prior['source']}: {m['client']} on {m['resource']}, "
+        f"{m['completionTime']}): decode time x{prior['decodeScale']:g}, prefill time x{prior['prefillScale']:g} "
+        "the assumed"
+    )
 
 
 def _pct(x: float) -> str:
@@ -125,6 +181,7 @@ def format_text(reports: list[dict[str, Any]]) -> str:
         f"plan: {plan['engine']} on {plan['accelerator']} {plan['variant']}, TP{plan['tensorParallelSize']} x "
         f"DP{plan['dataParallelSize']}, {plan['gpusPerReplica']} GPUs/replica on {plan['nodesPerReplica']} node(s), "
         f"{plan['kvCacheTokensPerReplica']} KV tokens/replica, maxModelLen {plan['maxModelLen']}",
+        _prior_line(params.get("throughputPrior")),
         f"cold start {cold_text}; SLO: {params['slo']}",
         "",
         f"{'SEED':>5}{'REQUESTS':>10}{'SLO MET':>10}{'GPU-H':>9}{'PEAK':>6}{'SCALE-EVENTS':>14}"

@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from m3fleet.api.models import MiniMaxM3Deployment, Plan, Variant
 from m3fleet.api.parse import parse_resource
+from m3fleet.autoscaling.calibration import calibrate
 from m3fleet.autoscaling.forecast import DAY, demand_history
 from m3fleet.autoscaling.policy import PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.scenarios import SCENARIOS, Request, Scenario, describe_phases
@@ -36,6 +37,7 @@ from m3fleet.autoscaling.simulator import (
     cold_start_range,
     scenario_duration,
 )
+from m3fleet.bench.results import BenchResult
 from m3fleet.catalog import VARIANTS
 from m3fleet.planner import plan as make_plan
 
@@ -80,6 +82,7 @@ class Setup:
     clock_offset: float = EPOCH
     earlier_days: tuple[Day, ...] = ()  # recurring scenarios: the days before the measured one
     settings: SimSettings = field(default_factory=SimSettings)
+    prior: dict[str, Any] | None = None  # how a measured benchmark replaced the model's assumed speed
 
 
 def prepare(
@@ -88,8 +91,10 @@ def prepare(
     seed: int = 1,
     minutes: float | None = None,
     cold_start: float | None = None,
+    measured: tuple[BenchResult, str] | None = None,
 ) -> Setup:
-    """Resolve the resource and plan, draw the requests and cold starts. Raises KeyError, SpecError(s)."""
+    """Resolve the resource and plan, draw the requests and cold starts; with `measured` (an `m3fleet bench`
+    result and where it came from), its speeds replace the model's. Raises KeyError, SpecError(s)."""
     scenario = SCENARIOS[scenario_name]
     if resource is None:
         body = copy.deepcopy(DEFAULT_RESOURCE)
@@ -115,6 +120,9 @@ def prepare(
             )
     plan = make_plan(resource.spec)
     model = PerfModel.from_plan(plan)
+    prior = None
+    if measured is not None:
+        model, prior = calibrate(model, plan, *measured)
     duration = scenario_duration(scenario, minutes)
     low, high = cold_start_range(plan)
     measured_day = scenario.days - 1
@@ -139,6 +147,7 @@ def prepare(
         cold_start=cold_start,
         clock_offset=opening,
         earlier_days=earlier,
+        prior=prior,
     )
 
 
@@ -243,6 +252,7 @@ def parameters(setup: Setup) -> dict[str, Any]:
         "coldStartSeconds": cold,
         "gpuHours": "billed per replica from creation (loading included) to deletion, over the scenario window",
         "perfModel": setup.model.describe(),
+        "throughputPrior": setup.prior or "assumed: per-accelerator speeds from the catalog (not measured)",
         "simulator": setup.settings.describe(),
         "router": "most free KV net of queued prompt tokens; requests wait at the gateway while no replica is ready",
         "policy": config_summary(policy_config(setup)),

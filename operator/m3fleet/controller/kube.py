@@ -124,6 +124,20 @@ def _transport_error(exc: Exception) -> ApiError:
     return ApiError(503, "Unavailable", f"{type(exc).__name__}: {exc}")
 
 
+def call(
+    client: kubernetes.client.ApiClient,
+    method: str,
+    path: str,
+    body: Any = None,
+    query: list[tuple[str, str]] | None = None,
+    content: str = "",
+    text: bool = False,
+) -> Any:
+    """One REST call, blocking, outside the operator (m3fleet bench): the decoded JSON (or, with `text`, the
+    body as text). The same request, timeouts and errors as the operator's calls. Raises ApiError."""
+    return KubeApi(client)._call_sync(method, path, body, query, content, text=text)
+
+
 class KubeApi:
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._client = client
@@ -136,9 +150,11 @@ class KubeApi:
         query: list[tuple[str, str]] | None = None,
         content: str = "",
         read_timeout: float = REQUEST_TIMEOUT,
+        *,
+        accept: str = "application/json",
     ) -> Any:
         """One request; returns the client's response object, unread (the caller reads or streams it)."""
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if content:
             headers["Content-Type"] = content
         client = self._client
@@ -163,13 +179,16 @@ class KubeApi:
             raise _error(kubernetes.client.ApiException(http_resp=response))
         return response
 
-    def _call_sync(self, *args: Any, **kwargs: Any) -> Any:
-        response = self._send(*args, **kwargs)
+    def _call_sync(self, *args: Any, text: bool = False, **kwargs: Any) -> Any:
+        response = self._send(*args, accept="*/*" if text else "application/json", **kwargs)
         try:
             response.read()
         except NETWORK_ERRORS as exc:
             raise _transport_error(exc) from None
-        return json.loads(response.data) if response.data else {}
+        data: bytes = response.data or b""
+        if text:
+            return data.decode("utf-8", errors="replace")
+        return json.loads(data) if data else {}
 
     async def _call(self, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(self._call_sync, *args, **kwargs)

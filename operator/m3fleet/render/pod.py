@@ -41,18 +41,41 @@ def _probe(probe: Probe | None) -> dict[str, Any] | None:
     }
 
 
+def model_env(ctx: Context) -> list[dict[str, Any]]:
+    """HF_HOME, and HF_TOKEN from its Secret, when the weights come from the Hugging Face cache."""
+    hf = ctx.spec.model.source.hugging_face
+    if hf is None:
+        return []
+    env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HF_CACHE_MOUNT}]
+    if hf.token_secret_ref is not None:  # referenced, never copied: the operator never reads the token
+        ref = {"name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def model_volumes(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The checkpoint's volume and mount: its claim read-only at MODEL_MOUNT, or the shared Hugging Face cache."""
+    source = ctx.spec.model.source
+    if source.pvc is not None:
+        claim = {"claimName": source.pvc.claim_name, "readOnly": True}
+        return [{"name": "model", "persistentVolumeClaim": claim}], [
+            {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}
+        ]
+    if source.hugging_face is not None:
+        claim = {"claimName": source.hugging_face.cache_claim_name}
+        return [{"name": "hf-cache", "persistentVolumeClaim": claim}], [
+            {"name": "hf-cache", "mountPath": HF_CACHE_MOUNT}
+        ]
+    return [], []
+
+
 def _env(ctx: Context, container: Container) -> list[dict[str, Any]]:
     values: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in container.env.items()}
     if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
         # Multi-node NVLink through the IMEX channel (third-party GB200 guides; UNVERIFIED as official).
         for name in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE"):
             values[name] = {"name": name, "value": "1"}
-    hf = ctx.spec.model.source.hugging_face
-    if hf is not None:
-        values["HF_HOME"] = {"name": "HF_HOME", "value": HF_CACHE_MOUNT}
-        if hf.token_secret_ref is not None:  # referenced, never copied: the operator never reads the token
-            ref = {"name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}
-            values["HF_TOKEN"] = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}}
+    values.update((entry["name"], entry) for entry in model_env(ctx))
     for user in ctx.spec.engine.env:  # the user's variables win over the rendered ones
         entry: dict[str, Any] = {"name": user.name}
         if user.value_from is not None:
@@ -64,18 +87,9 @@ def _env(ctx: Context, container: Container) -> list[dict[str, Any]]:
 
 
 def _volumes(ctx: Context, launch_config: bool, ssh_secret: str | None) -> tuple[list[Any], list[Any]]:
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
-    source = ctx.spec.model.source
-    if source.pvc is not None:
-        volumes.append(
-            {"name": "model", "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True}}
-        )
-        mounts.append({"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True})
-    elif source.hugging_face is not None:
-        claim = source.hugging_face.cache_claim_name
-        volumes.append({"name": "hf-cache", "persistentVolumeClaim": {"claimName": claim}})
-        mounts.append({"name": "hf-cache", "mountPath": HF_CACHE_MOUNT})
+    model, model_mounts = model_volumes(ctx)
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}, *model]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, *model_mounts]
     if launch_config:
         volumes.append({"name": "engine-config", "configMap": {"name": ctx.resource_name("engine-config")}})
         mounts.append({"name": "engine-config", "mountPath": CONFIG_MOUNT, "readOnly": True})
@@ -122,9 +136,11 @@ def _resources(ctx: Context) -> dict[str, Any]:
     return resources
 
 
-def _placement(ctx: Context) -> dict[str, Any]:
-    """The pool's labels: one known value as a nodeSelector, several (spellings differ between device
-    plugin versions) as a required node affinity `In` term. A key the user selects on is theirs alone."""
+def placement(ctx: Context) -> dict[str, Any]:
+    """Where the accelerator pool is (the engine image is pulled there). Its labels: one known value as a
+    nodeSelector, several (spellings differ between device plugin versions) as a required node affinity
+    `In` term. A key the user selects on is theirs alone. Any pod may use it (m3fleet bench's Job does);
+    engine pods add their group's NVLink-domain affinity (`_placement`)."""
     user = ctx.spec.node_pool.node_selector
     selector = {k: v[0] for k, v in ctx.accelerator.node_labels.items() if len(v) == 1 and k not in user}
     selector["kubernetes.io/arch"] = ctx.accelerator.arch
@@ -136,17 +152,22 @@ def _placement(ctx: Context) -> dict[str, Any]:
     ]
     gpu_taint = {"key": ctx.accelerator.resource_name, "operator": "Exists", "effect": "NoSchedule"}
     tolerations = [gpu_taint, *ctx.spec.node_pool.tolerations]
-    placement: dict[str, Any] = {"nodeSelector": dict(sorted(selector.items())), "tolerations": tolerations}
-    affinity: dict[str, Any] = {}
+    where: dict[str, Any] = {"nodeSelector": dict(sorted(selector.items())), "tolerations": tolerations}
     if choices:
         terms = [{"matchExpressions": choices}]
-        affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        where["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+        }
+    return where
+
+
+def _placement(ctx: Context) -> dict[str, Any]:
+    """An engine pod's placement: the pool's, and for a multi-node group one NVLink domain."""
+    where = placement(ctx)
     domain = ctx.accelerator.nvlink_domain_label
     if ctx.multi_node and domain is not None:
-        affinity["podAffinity"] = _same_nvlink_domain(ctx, domain)
-    if affinity:
-        placement["affinity"] = affinity
-    return placement
+        where["affinity"] = {**where.get("affinity", {}), "podAffinity": _same_nvlink_domain(ctx, domain)}
+    return where
 
 
 def _same_nvlink_domain(ctx: Context, domain_label: str) -> dict[str, Any]:
