@@ -94,17 +94,29 @@ def prometheus(workdir: Path, config: str, tsdb: Path | None = None) -> Iterator
         log.close()
 
 
-# --- engine-format metrics ------------------------------------------------------------------------
+# --- engine-format metrics (a stand-in exporter) ---------------------------------------------------
+#
+# Each renderer writes /metrics text the way the pinned engine does for a replica of the given shape,
+# following its metrics code (label sets, which ranks emit, per-rank vs summed values):
+#   vLLM 0.33.0   vllm/v1/metrics/loggers.py; cache_config_info labels from CacheConfig.metrics_info()
+#                 with num_gpu_blocks summed over DP engines (v1/engine/core_client.py) and
+#                 kv_cache_size_tokens per engine.
+#   SGLang 0.5.23 srt/observability/metrics_collector.py: scheduler gauges per rank with model_name,
+#                 engine_type, tp_rank, pp_rank, moe_ep_rank (+ dp_rank with DP attention); only
+#                 attention-TP rank 0 emits unless --enable-metrics-for-all-schedulers (then every TP
+#                 rank repeats its group's values). Token counters come from the tokenizer manager.
+#   TRT-LLM       trtllm_ names on /prometheus/metrics, KV in blocks plus trtllm_kv_cache_tokens_per_block.
 
 
 @dataclass(frozen=True)
 class EngineState:
-    """One replica's load: gauges, rates (per second) and the one prompt length/TTFT it observes."""
+    """One replica's load (totals over its ranks): gauges, rates (per second) and the one prompt
+    length/TTFT it observes."""
 
     running: float
     waiting: float
     kv_usage: float
-    capacity_tokens: float
+    capacity_tokens: float  # the whole replica's KV tokens
     prompt_tokens_rate: float
     generation_tokens_rate: float
     request_rate: float  # requests reaching first token and finishing, per second
@@ -114,7 +126,7 @@ class EngineState:
 
 
 def _histogram(name: str, labels: str, bounds: tuple[float, ...], value: float, count: float) -> list[str]:
-    lines = [f"# TYPE {name} histogram"]
+    lines = [f"# HELP {name} histogram", f"# TYPE {name} histogram"]
     for bound in (*bounds, math.inf):
         le = "+Inf" if bound == math.inf else f"{bound:.1f}"
         lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count if value <= bound else 0}')
@@ -122,32 +134,49 @@ def _histogram(name: str, labels: str, bounds: tuple[float, ...], value: float, 
     return lines
 
 
-def vllm_text(state: EngineState, elapsed: float, old_names: bool = False, max_model_len: int = 1_048_576) -> str:
-    """vLLM /metrics (two DP engines splitting the load, like `--data-parallel-size 2`)."""
-    lines: list[str] = []
-    usage = "vllm:gpu_cache_usage_perc" if old_names else "vllm:kv_cache_usage_perc"
-    for engine in ("0", "1"):
-        labels = f'model_name="MiniMaxAI/MiniMax-M3",engine="{engine}"'
-        requests_ = state.request_rate * elapsed / 2
-        blocks = int(state.capacity_tokens / 2 / 128)
-        lines += [
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{labels}}} {state.running / 2}",
-            "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{labels}}} {state.waiting / 2}",
-            f"# TYPE {usage} gauge",
-            f"{usage}{{{labels}}} {state.kv_usage}",
-            "# TYPE vllm:cache_config_info gauge",
-            f'vllm:cache_config_info{{{labels},block_size="128",num_gpu_blocks="{blocks}",cache_dtype="auto"}} 1',
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{{{labels}}} {state.prompt_tokens_rate * elapsed / 2}",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{{{labels}}} {state.generation_tokens_rate * elapsed / 2}",
-            "# TYPE vllm:request_success_total counter",
-            f'vllm:request_success_total{{{labels},finished_reason="stop"}} {requests_}',
-            "# TYPE vllm:num_preemptions_total counter",
-            f"vllm:num_preemptions_total{{{labels}}} {state.preemption_rate * elapsed / 2}",
-        ]
+def _family(name: str, kind: str, samples: list[tuple[str, float]]) -> list[str]:
+    """One metric family as prometheus_client prints it (counters get their _total suffix)."""
+    base = name.removesuffix("_total")
+    out = [f"# HELP {base} {kind}", f"# TYPE {base} {kind}"]
+    out += [f"{name}{{{labels}}} {value}" for labels, value in samples]
+    return out
+
+
+def vllm_text(state: EngineState, elapsed: float, dp: int = 1, max_model_len: int = 1_048_576) -> str:
+    """vLLM /metrics of one replica with `dp` engines (`--data-parallel-size dp`; TP does not show:
+    a TP group is one engine). Each engine holds 1/dp of the load and of the KV."""
+    model = 'model_name="MiniMaxAI/MiniMax-M3"'
+    engines = [f'{model},engine="{e}"' for e in range(dp)]
+    per_engine_tokens = int(state.capacity_tokens / dp)
+    blocks = per_engine_tokens // 128
+    requests_ = state.request_rate * elapsed / dp
+
+    def each(value: float) -> list[tuple[str, float]]:
+        return [(labels, value) for labels in engines]
+
+    info = [
+        (
+            f'block_size="128",cache_dtype="auto",engine="{e}",kv_cache_size_tokens="{per_engine_tokens}",'
+            f'num_gpu_blocks="{blocks * dp}",num_cpu_blocks="None",enable_prefix_caching="True"',
+            1.0,
+        )
+        for e in range(dp)
+    ]
+    lines = [
+        *_family("vllm:num_requests_running", "gauge", each(state.running / dp)),
+        *_family("vllm:num_requests_waiting", "gauge", each(state.waiting / dp)),
+        *_family("vllm:kv_cache_usage_perc", "gauge", each(state.kv_usage)),
+        *_family("vllm:cache_config_info", "gauge", info),
+        *_family("vllm:prompt_tokens_total", "counter", each(state.prompt_tokens_rate * elapsed / dp)),
+        *_family("vllm:generation_tokens_total", "counter", each(state.generation_tokens_rate * elapsed / dp)),
+        *_family(
+            "vllm:request_success_total",
+            "counter",
+            [(f'{labels},finished_reason="stop"', requests_) for labels in engines],
+        ),
+        *_family("vllm:num_preemptions_total", "counter", each(state.preemption_rate * elapsed / dp)),
+    ]
+    for labels in engines:
         lines += _histogram("vllm:time_to_first_token_seconds", labels, TTFT_BUCKETS, state.ttft_seconds, requests_)
         lines += _histogram(
             "vllm:request_prompt_tokens", labels, one_two_five_buckets(max_model_len), state.prompt_tokens, requests_
@@ -155,36 +184,71 @@ def vllm_text(state: EngineState, elapsed: float, old_names: bool = False, max_m
     return "\n".join(lines) + "\n"
 
 
-def sglang_text(state: EngineState, elapsed: float) -> str:
-    labels = 'model_name="MiniMaxAI/MiniMax-M3"'
+def sglang_text(state: EngineState, elapsed: float, tp: int = 8, dp: int = 1, all_schedulers: bool = True) -> str:
+    """SGLang /metrics of one replica: `--tp tp` and, with dp > 1, `--dp dp --enable-dp-attention`
+    (attention TP = tp / dp, one KV pool per DP rank). Only attention-TP rank 0 of each pool emits,
+    unless `all_schedulers` (--enable-metrics-for-all-schedulers): then every rank repeats its pool."""
+    model = 'model_name="MiniMaxAI/MiniMax-M3",engine_type="unified"'
+    attn_tp = tp // dp
+    ranks = []
+    for rank in range(tp):
+        pool = rank // attn_tp
+        if rank % attn_tp and not all_schedulers:
+            continue
+        labels = f'{model},tp_rank="{rank}",pp_rank="0",moe_ep_rank="{rank}"'
+        ranks.append((labels + (f',dp_rank="{pool}"' if dp > 1 else ""), pool))
+    share = 1.0 / dp
+    pool_tokens = int(state.capacity_tokens * share)
+
+    def gauge(value: float) -> list[tuple[str, float]]:
+        return [(labels, value) for labels, _ in ranks]
+
     requests_ = state.request_rate * elapsed
     lines = [
-        f"sglang:num_running_reqs{{{labels}}} {state.running}",
-        f"sglang:num_queue_reqs{{{labels}}} {state.waiting}",
-        f"sglang:token_usage{{{labels}}} {state.kv_usage}",
-        f"sglang:num_used_tokens{{{labels}}} {state.kv_usage * state.capacity_tokens}",
-        f"sglang:max_total_num_tokens{{{labels}}} {state.capacity_tokens}",
-        f"sglang:prompt_tokens_total{{{labels}}} {state.prompt_tokens_rate * elapsed}",
-        f"sglang:generation_tokens_total{{{labels}}} {state.generation_tokens_rate * elapsed}",
+        *_family("sglang:num_running_reqs", "gauge", gauge(state.running * share)),
+        *_family("sglang:num_queue_reqs", "gauge", gauge(state.waiting * share)),
+        *_family("sglang:token_usage", "gauge", gauge(state.kv_usage)),
+        *_family("sglang:num_used_tokens", "gauge", gauge(round(state.kv_usage * pool_tokens))),
+        *_family("sglang:max_total_num_tokens", "gauge", gauge(pool_tokens)),
+        *_family("sglang:page_size", "gauge", gauge(1)),
+        *_family("sglang:num_retracted_requests_total", "counter", gauge(state.preemption_rate * elapsed * share)),
+        *_family(
+            "sglang:prompt_tokens_total",
+            "counter",
+            [(f'{model},is_streaming="true"', state.prompt_tokens_rate * elapsed)],
+        ),
+        *_family(
+            "sglang:generation_tokens_total",
+            "counter",
+            [(f'{model},is_streaming="true"', state.generation_tokens_rate * elapsed)],
+        ),
     ]
-    lines += _histogram("sglang:time_to_first_token_seconds", labels, TTFT_BUCKETS, state.ttft_seconds, requests_)
-    lines += _histogram("sglang:e2e_request_latency_seconds", labels, TTFT_BUCKETS, 10.0, requests_)
+    lines += _histogram("sglang:time_to_first_token_seconds", model, TTFT_BUCKETS, state.ttft_seconds, requests_)
+    lines += _histogram("sglang:e2e_request_latency_seconds", model, TTFT_BUCKETS, 10.0, requests_)
+    lines += _histogram(
+        "sglang:prompt_tokens_histogram", model, one_two_five_buckets(1_048_576), state.prompt_tokens, requests_
+    )
     return "\n".join(lines) + "\n"
 
 
-def trtllm_text(state: EngineState, elapsed: float, tokens_per_block: int = 32) -> str:
+def trtllm_text(state: EngineState, elapsed: float, tokens_per_block: int = 64, export_block_size: bool = True) -> str:
     labels = 'model_name="MiniMaxAI/MiniMax-M3",engine_type="trtllm"'
     max_blocks = state.capacity_tokens / tokens_per_block
     requests_ = state.request_rate * elapsed
     lines = [
-        f"trtllm_num_requests_running{{{labels}}} {state.running}",
-        f"trtllm_num_requests_waiting{{{labels}}} {state.waiting}",
-        f"trtllm_kv_cache_utilization{{{labels}}} {state.kv_usage}",
-        f"trtllm_kv_cache_max_blocks{{{labels}}} {max_blocks}",
-        f"trtllm_kv_cache_used_blocks{{{labels}}} {state.kv_usage * max_blocks}",
-        f"trtllm_prompt_tokens_total{{{labels}}} {state.prompt_tokens_rate * elapsed}",
-        f"trtllm_generation_tokens_total{{{labels}}} {state.generation_tokens_rate * elapsed}",
-        f"trtllm_request_success_total{{{labels}}} {requests_}",
+        *_family("trtllm_num_requests_running", "gauge", [(labels, state.running)]),
+        *_family("trtllm_num_requests_waiting", "gauge", [(labels, state.waiting)]),
+        *_family("trtllm_kv_cache_utilization", "gauge", [(labels, state.kv_usage)]),
+        *_family("trtllm_kv_cache_max_blocks", "gauge", [(labels, max_blocks)]),
+        *_family("trtllm_kv_cache_used_blocks", "gauge", [(labels, state.kv_usage * max_blocks)]),
+        *(
+            _family("trtllm_kv_cache_tokens_per_block", "gauge", [(labels, tokens_per_block)])
+            if export_block_size
+            else []
+        ),
+        *_family("trtllm_prompt_tokens_total", "counter", [(labels, state.prompt_tokens_rate * elapsed)]),
+        *_family("trtllm_generation_tokens_total", "counter", [(labels, state.generation_tokens_rate * elapsed)]),
+        *_family("trtllm_request_success_total", "counter", [(labels, requests_)]),
     ]
     lines += _histogram("trtllm_time_to_first_token_seconds", labels, TTFT_BUCKETS, state.ttft_seconds, requests_)
     return "\n".join(lines) + "\n"

@@ -1,8 +1,8 @@
 """Adapter arithmetic against a real Prometheus on backfilled data (promtool), so numbers are exact.
 
 Samples every 15 s over 2 minutes, three hours in the past (outside the head block), queried at a
-fixed time: rates, histogram increases, `new or old` name fallbacks, DP engines summed per replica,
-vLLM's capacity from cache_config_info labels, TRT-LLM blocks in tokens, staleness and overrides.
+fixed time: rates, histogram increases, DP engines summed per replica,
+vLLM's capacity from cache_config_info labels, TRT-LLM blocks in tokens of its exported size, staleness and overrides.
 """
 
 from __future__ import annotations
@@ -81,7 +81,11 @@ def _data() -> str:
     om.gauge("vllm:gpu_cache_usage_perc", {'pod="v-1"': 0.9, 'pod="v-2"': 0.8})
     om.gauge(
         "vllm:cache_config_info",
-        {f'{e0},block_size="128",num_gpu_blocks="2000"': 1, f'{e1},block_size="128",num_gpu_blocks="2000"': 1},
+        {
+            f'{e0},block_size="128",num_gpu_blocks="4000",kv_cache_size_tokens="256000"': 1,
+            f'{e1},block_size="128",num_gpu_blocks="4000",kv_cache_size_tokens="256000"': 1,
+            'pod="v-2",engine="0",block_size="128",num_gpu_blocks="1000"': 1,  # no kv_cache_size_tokens label
+        },
     )
     om.counter("vllm:prompt_tokens_total", {e0: 1500, e1: 1500})  # 3000 per 15 s = 200 tokens/s
     om.counter("vllm:generation_tokens_total", {e0: 300, e1: 300})
@@ -100,6 +104,7 @@ def _data() -> str:
     om.gauge("trtllm_kv_cache_utilization", {'pod="t-0"': 0.25})
     om.gauge("trtllm_kv_cache_max_blocks", {'pod="t-0"': 1000})
     om.gauge("trtllm_kv_cache_used_blocks", {'pod="t-0"': 250})
+    om.gauge("trtllm_kv_cache_tokens_per_block", {'pod="t-0"': 32})
     om.gauge("gateway_queue", {'pod="v-0"': 9})
     return om.text()
 
@@ -130,7 +135,7 @@ def test_vllm_sums_dp_engines_and_reads_capacity_from_cache_config_info(prom: st
     r = read(prom, "vllm")["v-0"]
     assert (r.running, r.waiting) == (8, 1)  # 3 + 5 running, 1 + 0 waiting
     assert r.kv_usage == pytest.approx(0.5)  # both engines, equal capacity
-    assert r.kv_capacity_tokens == 2 * 2000 * 128
+    assert r.kv_capacity_tokens == 2 * 256_000 and r.kv_capacity_tokens_per_rank == 256_000  # per engine
     assert r.prompt_tokens_rate == pytest.approx(200)
     assert r.generation_tokens_rate == pytest.approx(40)
     assert r.finished_rate == pytest.approx(1)
@@ -148,10 +153,16 @@ def test_vllm_histograms_are_increases_over_the_window(prom: str) -> None:
     assert r.ttft_seconds.bounds[-1] == float("inf") and r.ttft_seconds.count == 60
 
 
-def test_old_vllm_kv_name_is_a_fallback_only(prom: str) -> None:
+def test_removed_vllm_kv_name_is_not_read(prom: str) -> None:
     replicas = read(prom, "vllm")
-    assert replicas["v-1"].kv_usage == pytest.approx(0.9)  # only gpu_cache_usage_perc exported
-    assert replicas["v-2"].kv_usage == pytest.approx(0.3)  # both exported: the new name wins
+    assert replicas["v-1"].kv_usage is None  # only gpu_cache_usage_perc (removed in vLLM 0.12): unknown
+    assert replicas["v-2"].kv_usage == pytest.approx(0.3)
+
+
+def test_vllm_without_kv_cache_size_tokens_takes_the_summed_blocks_once(prom: str) -> None:
+    r = read(prom, "vllm")["v-2"]
+    assert r.kv_capacity_tokens == 1000 * 128
+    assert r.kv_used_tokens == pytest.approx(0.3 * 128_000)
 
 
 def test_sglang_reads_tokens_directly(prom: str) -> None:

@@ -2,8 +2,11 @@
 
 One Prometheus for the module scrapes every scripted scenario at once (1 s interval), each target
 labelled with its `scenario` and `pod`; the adapters read them back through prometheus-api-client.
-Scenarios: steady chat, a long-context burst, a metrics outage (targets answer 503), vLLM's renamed
-KV metric, plus SGLang and TensorRT-LLM replicas. Prometheus itself unreachable is the last case.
+The exposition text follows each pinned engine's own metrics code (see prom.py), in the shapes that
+matter for combining per-rank series: vLLM TP8 (one engine) and DP8 (eight engines, one pod),
+SGLang TP8 with every scheduler reporting (eight repeats of one pool) and DP8 with DP attention
+(eight pools), TensorRT-LLM with and without its block size. Plus steady chat, a long-context
+burst, a metrics outage (targets answer 503) and Prometheus itself unreachable.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import pytest
 from prometheus_api_client import PrometheusConnect
 
 from m3fleet.autoscaling.metrics import PrometheusAdapter
-from m3fleet.autoscaling.policy import Action, Decision, PolicyState, decide
+from m3fleet.autoscaling.policy import Action, Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
 
 from .plans import config
@@ -25,7 +28,7 @@ pytestmark = pytest.mark.prometheus
 WINDOW = 4.0  # rate and histogram window: a few 1 s scrapes fit in it
 
 STEADY = EngineState(
-    running=30,
+    running=32,
     waiting=0,
     kv_usage=0.7,
     capacity_tokens=480_000,
@@ -45,11 +48,11 @@ BURST = EngineState(
     prompt_tokens=300_000,
     ttft_seconds=30,
 )
-SGLANG = EngineState(
-    running=12,
-    waiting=3,
+POOLED = EngineState(  # a replica of eight KV pools (or one pool repeated by eight ranks)
+    running=16,
+    waiting=8,
     kv_usage=0.5,
-    capacity_tokens=108_800,
+    capacity_tokens=800_000,
     prompt_tokens_rate=8_000,
     generation_tokens_rate=900,
     request_rate=3,
@@ -70,13 +73,14 @@ TRTLLM = EngineState(
 TARGETS = {
     ("steady", "steady-0"): lambda t: (200, vllm_text(STEADY, t)),
     ("steady", "steady-1"): lambda t: (200, vllm_text(STEADY, t)),
-    ("renamed", "renamed-0"): lambda t: (200, vllm_text(STEADY, t, old_names=True)),
-    ("renamed", "renamed-1"): lambda t: (200, vllm_text(STEADY, t, old_names=True)),
+    ("vllm-dp8", "vllm-dp8-0"): lambda t: (200, vllm_text(POOLED, t, dp=8)),
     ("burst", "burst-0"): lambda t: (200, vllm_text(BURST, t)),
     ("outage", "outage-0"): lambda t: (503, "engine restarting\n"),
     ("outage", "outage-1"): lambda t: (503, "engine restarting\n"),
-    ("sglang", "sglang-0"): lambda t: (200, sglang_text(SGLANG, t)),
-    ("trtllm", "trtllm-0"): lambda t: (200, trtllm_text(TRTLLM, t)),
+    ("sglang-tp8", "sglang-tp8-0"): lambda t: (200, sglang_text(POOLED, t, tp=8, dp=1)),
+    ("sglang-dp8", "sglang-dp8-0"): lambda t: (200, sglang_text(POOLED, t, tp=8, dp=8)),
+    ("trtllm", "trtllm-0"): lambda t: (200, trtllm_text(TRTLLM, t, tokens_per_block=64)),
+    ("trtllm-noblock", "trtllm-noblock-0"): lambda t: (200, trtllm_text(TRTLLM, t, export_block_size=False)),
 }
 
 
@@ -117,9 +121,11 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def _decide(snapshot: MetricsSnapshot, current: int, max_model_len: int = 131072) -> tuple[Action, int, Decision]:
+def _decide(
+    snapshot: MetricsSnapshot, current: int, max_model_len: int = 131072, policy: PolicyConfig | None = None
+) -> tuple[Action, int, Decision]:
     fleet = FleetState(now=snapshot.time, current_replicas=current, ready_replicas=current)
-    decision, _ = decide(config(max_model_len), PolicyState(), snapshot, fleet)
+    decision, _ = decide(policy or config(max_model_len), PolicyState(), snapshot, fleet)
     return decision.action, decision.desired_replicas, decision
 
 
@@ -128,15 +134,25 @@ def test_steady_chat_reads_every_signal_and_holds(prom: str) -> None:
     assert snapshot.error is None
     assert [r.replica for r in snapshot.replicas] == ["steady-0", "steady-1"]
     for r in snapshot.replicas:
-        assert r.up and r.running == 30 and r.waiting == 0 and r.kv_usage == pytest.approx(0.7)
-        assert r.kv_capacity_tokens == 480_000  # cache_config_info: num_gpu_blocks x block_size, both DP engines
+        assert r.up and r.running == 32 and r.waiting == 0 and r.kv_usage == pytest.approx(0.7)
+        assert r.kv_capacity_tokens == 480_000 and r.kv_ranks == 1  # kv_cache_size_tokens of its one engine
         assert r.prompt_tokens_rate == pytest.approx(16_000, rel=0.2)
         assert r.first_token_rate == pytest.approx(4, rel=0.2)
         assert r.finished_rate == pytest.approx(4, rel=0.2)
         assert r.prompt_tokens is not None and r.prompt_tokens.mean() == pytest.approx(4_000)
         assert r.sample_time is not None and snapshot.time - r.sample_time < 5
-    action, desired, decision = _decide(snapshot, current=2)
+    action, desired, decision = _decide(snapshot, current=2, policy=config(kv_tokens_per_replica=480_000))
     assert (action, desired) == (Action.HOLD, 2), decision
+    assert decision.warnings == ()
+
+
+def test_vllm_dp8_sums_engines_and_counts_the_summed_blocks_once(prom: str) -> None:
+    (r,) = adapter(prom, "vllm", "vllm-dp8").read().replicas
+    assert (r.running, r.waiting, r.kv_ranks) == (16, 8, 8)
+    # Eight engines of 100k tokens each: kv_cache_size_tokens per engine, summed once per engine. (Summing
+    # num_gpu_blocks x block_size over the eight series would read 64x, as the frontend already summed it.)
+    assert r.kv_capacity_tokens == 8 * 100_000 and r.kv_capacity_tokens_per_rank == 100_000
+    assert r.kv_used_tokens == pytest.approx(400_000) and r.kv_usage == pytest.approx(0.5)
 
 
 def test_long_context_burst_scales_up_at_once(prom: str) -> None:
@@ -147,16 +163,7 @@ def test_long_context_burst_scales_up_at_once(prom: str) -> None:
     action, desired, decision = _decide(snapshot, current=1, max_model_len=1_048_576)
     assert action == Action.SCALE_UP and desired >= 3, decision
     assert decision.panic  # need >= 2x the one ready replica: no waiting for the step limit
-    assert decision.terms["prefillReplicas"] >= 2.5
-
-
-def test_renamed_vllm_metric_reads_and_decides_like_the_new_name(prom: str) -> None:
-    new, old = adapter(prom, "vllm", "steady").read(), adapter(prom, "vllm", "renamed").read()
-    assert [r.kv_usage for r in old.replicas] == [r.kv_usage for r in new.replicas] == [0.7, 0.7]
-    assert _decide(old, current=2)[:2] == _decide(new, current=2)[:2]
-    assert _decide(old, current=2)[2].terms["kvReplicas"] == pytest.approx(
-        _decide(new, current=2)[2].terms["kvReplicas"], rel=0.05
-    )
+    assert decision.terms["prefillReplicas"] >= 2.0
 
 
 def test_metrics_outage_holds_and_never_scales_down(prom: str) -> None:
@@ -168,20 +175,38 @@ def test_metrics_outage_holds_and_never_scales_down(prom: str) -> None:
     assert "no fresh metrics" in decision.reason
 
 
-def test_sglang_adapter(prom: str) -> None:
-    (r,) = adapter(prom, "sglang", "sglang").read().replicas
-    assert (r.running, r.waiting, r.kv_usage) == (12, 3, 0.5)
-    assert (r.kv_used_tokens, r.kv_capacity_tokens) == (54_400, 108_800)
+def test_sglang_tp8_reads_one_pool_not_eight(prom: str) -> None:
+    # --enable-metrics-for-all-schedulers: eight TP ranks repeat one pool's gauges.
+    (r,) = adapter(prom, "sglang", "sglang-tp8").read().replicas
+    assert (r.running, r.waiting, r.kv_ranks) == (16, 8, 1)
+    assert (r.kv_used_tokens, r.kv_capacity_tokens, r.kv_capacity_tokens_per_rank) == (400_000, 800_000, 800_000)
     assert r.finished_rate == pytest.approx(3, rel=0.2)  # from e2e_request_latency_seconds_count
-    assert r.prompt_tokens is None  # older SGLang builds have no prompt-length histogram
+    assert r.prompt_tokens is not None and r.prompt_tokens.mean() == pytest.approx(2_500)
 
 
-def test_trtllm_adapter_counts_blocks_in_tokens(prom: str) -> None:
+def test_sglang_dp8_sums_the_dp_ranks(prom: str) -> None:
+    snapshot = adapter(prom, "sglang", "sglang-dp8").read()
+    (r,) = snapshot.replicas
+    assert (r.running, r.waiting, r.kv_ranks) == (16, 8, 8)
+    assert (r.kv_capacity_tokens, r.kv_capacity_tokens_per_rank) == (800_000, 100_000)
+    assert r.kv_used_tokens == 400_000 and r.kv_usage == pytest.approx(0.5)
+    # The policy takes it as the plan's DP8 shape: no capacity mismatch.
+    policy = config(kv_tokens_per_replica=800_000, kv_tokens_per_rank=100_000, ranks_per_replica=8)
+    assert _decide(snapshot, current=1, policy=policy)[2].warnings == ()
+
+
+def test_trtllm_adapter_counts_blocks_of_the_size_the_engine_exports(prom: str) -> None:
     (r,) = adapter(prom, "trtllm", "trtllm").read().replicas
     assert (r.running, r.waiting) == (20, 1)
-    assert r.kv_capacity_tokens == pytest.approx(1_320_192)
+    assert r.kv_capacity_tokens == pytest.approx(1_320_192)  # 20,628 blocks x 64 tokens
     assert r.kv_used_tokens == pytest.approx(0.25 * 1_320_192)
     assert r.first_token_rate == pytest.approx(2, rel=0.2)
+
+
+def test_trtllm_without_a_block_size_has_no_token_capacity(prom: str) -> None:
+    (r,) = adapter(prom, "trtllm", "trtllm-noblock").read().replicas
+    assert r.kv_capacity_tokens is None and r.kv_used_tokens is None  # never a guessed block size
+    assert r.kv_usage == pytest.approx(0.25)
 
 
 def test_prometheus_unreachable_holds() -> None:

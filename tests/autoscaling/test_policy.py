@@ -346,7 +346,14 @@ def test_to_status_is_the_camelcase_last_decision() -> None:
         "reason",
         "time",
         "terms",
+        "bounds",
+        "forecast",
+        "capacity",
+        "prefillThroughput",
+        "warnings",
     }
+    assert status["bounds"] == {"minReplicas": 1, "maxReplicas": 16, "schedule": []}
+    assert status["capacity"]["source"] == "plan" and status["warnings"] == []
     assert status["time"] == "2027-01-15T08:00:00Z" and status["desiredReplicas"] == 2
     assert {"kvReplicas", "binReplicas", "prefillReplicas", "needReplicas", "kvDemandTokens"} <= set(status["terms"])
     json.dumps(status)  # plain JSON, ready for the status subresource

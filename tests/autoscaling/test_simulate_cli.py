@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from m3fleet.autoscaling import benchmark
+from m3fleet.autoscaling import simulate as simulate_module
 from m3fleet.autoscaling.cli import register, run
 from tests.conftest import SAMPLES_DIR
 
@@ -22,45 +22,55 @@ def simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, 
     return code, out, err
 
 
-def test_json_report(capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_report_is_the_contracts_list(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = simulate(capsys, "--scenario", "steady-chat", "--seed", "7", "--minutes", "3", "-o", "json")
+    assert (code, err) == (0, "")
+    (report,) = json.loads(out)
+    assert (report["scenario"], report["seed"], report["coldStartSeconds"]) == ("steady-chat", 7, None)
+    assert report["plan"]["tensorParallelSize"] == 8 and report["parameters"]["durationMinutes"] == 3
+    assert set(report["policies"]) == {"context-aware"}  # the product simulates its own autoscaler only
+    assert {"sloAttainment", "gpuHours", "preemptions", "rejected", "scaleEvents"} <= set(
+        report["policies"]["context-aware"]
+    )
+
+
+def test_nothing_in_the_product_output_speaks_of_the_projects_aims(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["-o", "json"], []):
+        _, out, _ = simulate(capsys, "--scenario", "bursty", "--minutes", "4", *argv)
+        assert "aim" not in out.lower() and "oracle" not in out and "request-count" not in out
+
+
+def test_several_seeds_and_a_cold_start(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = simulate(
-        capsys, "--scenario", "steady-chat", "--seed", "7", "--minutes", "3", "--no-sweep", "-o", "json"
+        capsys,
+        "--scenario",
+        "long-context-burst",
+        "--seeds",
+        "1-2",
+        "--minutes",
+        "3",
+        "--cold-start",
+        "90",
+        "-o",
+        "json",
     )
     assert (code, err) == (0, "")
-    report = json.loads(out)
-    assert (report["scenario"], report["seed"]) == ("steady-chat", 7)
-    assert report["plan"]["tensorParallelSize"] == 8 and report["parameters"]["durationMinutes"] == 3
-    assert set(report["policies"]) == {"context-aware", "request-count", "kv-utilization", "oracle"}
-    for policy in report["policies"].values():
-        assert {"sloAttainment", "gpuHours", "preemptions", "rejected", "scaleEvents"} <= set(policy)
-    assert "frontier" not in report
-
-
-def test_text_report_with_frontier(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = simulate(capsys, "--scenario", "bursty", "--minutes", "4")
-    assert code == 0
-    assert "POLICY" in out and "oracle (x" in out and "frontier" in out and "request-count (target)" in out
-    assert "aim met:" in out
-
-
-def test_several_seeds_summarize(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = simulate(capsys, "--scenario", "bursty", "--seeds", "1-2", "--minutes", "3", "-o", "json")
-    assert (code, err) == (0, "")
-    multi = json.loads(out)
-    assert [run["seed"] for run in multi["runs"]] == [1, 2] and multi["summary"]["seeds"] == [1, 2]
-    ours = multi["summary"]["policies"]["context-aware"]["gpuHours"]
-    assert ours["seeds"] == 2 and ours["min"] <= ours["mean"] <= ours["max"]
-    assert set(multi["summary"]["comparison"]["context-aware vs request-count"]) >= {"gpuHoursSaved", "aimMetOnSeeds"}
-    code, out, _ = simulate(capsys, "--scenario", "steady-chat", "--seeds", "3,5", "--minutes", "2", "--no-sweep")
-    assert code == 0 and "seed   3:" in out and "seed   5:" in out and "means (SLO attainment / GPU-hours):" in out
+    reports = json.loads(out)
+    assert [r["seed"] for r in reports] == [1, 2] and all(r["coldStartSeconds"] == 90 for r in reports)
+    code, out, _ = simulate(capsys, "--scenario", "steady-chat", "--seeds", "3,5", "--minutes", "2")
+    assert (
+        code == 0
+        and "SLO MET" in out
+        and len([line for line in out.splitlines() if line.strip().startswith(("3 ", "5 "))]) == 2
+    )
 
 
 def test_file_resource(capsys: pytest.CaptureFixture[str]) -> None:
     sample = SAMPLES_DIR / "vllm-mi355x-1m-fp8kv.yaml"
     code, out, _ = simulate(
-        capsys, "-f", str(sample), "--scenario", "long-context-burst", "--minutes", "21", "--no-sweep", "-o", "json"
+        capsys, "-f", str(sample), "--scenario", "long-context-burst", "--minutes", "21", "-o", "json"
     )
-    report = json.loads(out)
+    (report,) = json.loads(out)
     assert code == 0 and report["plan"]["accelerator"] == "mi355x"
     assert report["parameters"]["resource"].startswith("the resource given with -f")
 
@@ -70,6 +80,7 @@ def test_file_resource(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["--minutes", "0"], "error: --minutes: 0 is not positive; fix:"),
         (["--seeds", "1-x"], "error: --seeds: '1-x' is not a seed range; fix:"),
+        (["--cold-start", "-5"], "error: --cold-start: -5 is outside 0-7200 seconds; fix:"),
         (["-f", str(SAMPLES_DIR)], "simulate takes exactly one MiniMaxM3Deployment, found"),
         (["-f", "/no/such/file.yaml"], "error: /no/such/file.yaml: no such file or directory"),
     ],
@@ -101,7 +112,7 @@ def test_internal_error_exits_1_without_traceback(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(benchmark, "benchmark", broken)
+    monkeypatch.setattr(simulate_module, "run_report", broken)
     monkeypatch.delenv("M3FLEET_DEBUG", raising=False)
     code, out, err = simulate(capsys, "--scenario", "steady-chat", "--minutes", "1")
     assert code == 1 and out == "" and "internal error: RuntimeError: boom" in err and "Traceback" not in err

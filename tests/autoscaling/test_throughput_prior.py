@@ -99,9 +99,9 @@ def test_another_shape_is_refused() -> None:
 
 
 def simulate_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any] | None, str]:
-    code = main(["simulate", "--scenario", "steady-chat", "--minutes", "3", "--no-sweep", "-o", "json", *argv])
+    code = main(["simulate", "--scenario", "steady-chat", "--minutes", "3", "-o", "json", *argv])
     out, err = capsys.readouterr()
-    return code, json.loads(out) if out else None, err
+    return code, json.loads(out)[0] if out else None, err
 
 
 def measured_from_fixture() -> results.BenchResult:
@@ -137,7 +137,7 @@ def test_simulate_takes_a_result_from_the_real_client(capsys: pytest.CaptureFixt
         and again is not None
         and again["parameters"]["throughputPrior"]["decodeScale"] == prior["decodeScale"]
     )
-    code, text_out, _ = main(["simulate", "--scenario", "steady-chat", "--minutes", "2", "--no-sweep",
+    code, text_out, _ = main(["simulate", "--scenario", "steady-chat", "--minutes", "2",
                               "--throughput-from", str(path)]), *capsys.readouterr()  # fmt: skip
     assert code == 0 and "throughput: measured by m3fleet bench" in text_out
 

@@ -125,6 +125,26 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(parallelism__tensorParallelSize=12), "tensorParallelSize", "spec.parallelism.tensorParallelSize"),
     (with_spec(parallelism__dataParallelSize=6), "dataParallelSize", "spec.parallelism.dataParallelSize"),
     (with_spec(autoscaling__minReplicas=5, autoscaling__maxReplicas=2), "minReplicas", "spec.autoscaling.minReplicas"),
+    (with_spec(autoscaling__minReplicas=0), "wait forever", "spec.autoscaling.minReplicas"),
+    (
+        with_spec(
+            autoscaling__schedule=[
+                {"name": "peak", "start": "09:00", "end": "11:00", "minReplicas": 5, "maxReplicas": 3}
+            ]
+        ),
+        "exceeds its maxReplicas",
+        "spec.autoscaling.schedule",
+    ),
+    (
+        with_spec(autoscaling__schedule=[{"name": "peak", "start": "09:00", "end": "11:00"}]),
+        "neither minReplicas nor maxReplicas",
+        "spec.autoscaling.schedule",
+    ),
+    (
+        with_spec(autoscaling__schedule=[{"name": "peak", "start": "09:00", "end": "09:00", "minReplicas": 2}]),
+        "end equals its start",
+        "spec.autoscaling.schedule",
+    ),
     (
         with_spec(model__source={"pvc": {"claimName": "w"}, "huggingFace": {"cacheClaimName": "c"}}),
         "exactly one",
@@ -156,6 +176,12 @@ VALID_CASES = [
     with_spec(engine__name="trtllm", accelerator="h200", model__variant="bf16"),
     with_spec(parallelism__strategy="dp-ep", parallelism__tensorParallelSize=16, parallelism__dataParallelSize=2),
     with_spec(autoscaling__minReplicas=2, autoscaling__maxReplicas=2),
+    with_spec(
+        autoscaling__schedule=[
+            {"name": "peak", "start": "22:00", "end": "02:00", "days": ["mon", "fri"], "minReplicas": 3},
+            {"name": "cap", "start": "09:00", "end": "17:00", "maxReplicas": 2},
+        ]
+    ),
     with_spec(model__source={"huggingFace": {"cacheClaimName": "c", "tokenSecretRef": {"name": "hf"}}}),
     with_spec(rollout={"maxSurge": 1, "maxUnavailable": 0}),
     with_spec(rollout={"maxSurge": 0, "maxUnavailable": 1}),
@@ -229,7 +255,12 @@ def test_the_cli_rejects_what_admission_rejects(
 
 
 # The checks the model shares with the CRD word the verdict alike: the field, then the same reason and fix.
-SHARED = [case for case in CEL_CASES if case[2] in ("metadata.name", "spec.rollout.maxUnavailable")]
+SHARED = [
+    case
+    for case in CEL_CASES
+    if case[2] in ("metadata.name", "spec.rollout.maxUnavailable", "spec.autoscaling.schedule")
+    or "wait forever" in case[1]
+]
 
 
 @pytest.mark.parametrize(("resource", "expected", "field"), SHARED, ids=[f"{f}:{e}" for _, e, f in SHARED])
@@ -270,6 +301,8 @@ def test_the_model_and_the_crd_agree_on_every_name(name: str) -> None:
         ({"accelerator": "h100"}, "is not one of"),
         ({"contxt": {}}, "Additional properties"),
         ({"autoscaling__target": {"kvCacheUtilization": 0}}, "less than or equal to the minimum"),
+        ({"autoscaling__schedule": [{"name": "p", "start": "9:00", "end": "11:00", "minReplicas": 2}]}, "match"),
+        ({"autoscaling__schedule": [{"name": "p", "start": "09:00", "end": "24:00", "minReplicas": 2}]}, "match"),
     ],
 )
 def test_schema_rejects(changes: dict[str, Any], fragment: str) -> None:

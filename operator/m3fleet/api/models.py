@@ -454,6 +454,67 @@ class AutoscalingBehavior(CamelModel):
     scale_down: ScaleDownBehavior = Field(default_factory=ScaleDownBehavior, description="Scale-down behaviour.")
 
 
+MIN_REPLICAS_PROBLEM = (
+    "must be at least 1: at zero replicas no engine exports the metrics a scale-up needs (m3fleet reads no "
+    "gateway queue), so an idle fleet would stay at zero and its requests would wait forever"
+)
+MIN_REPLICAS_FIX = "set minReplicas to 1 or more (scale to zero is not supported)"
+WINDOW_BOUNDS_PROBLEM = "has a window whose minReplicas exceeds its maxReplicas"
+WINDOW_BOUNDS_FIX = "lower that window's minReplicas or raise its maxReplicas"
+WINDOW_EMPTY_PROBLEM = "has a window with neither minReplicas nor maxReplicas: it would change nothing"
+WINDOW_EMPTY_FIX = "give the window a minReplicas and/or a maxReplicas"
+WINDOW_LENGTH_PROBLEM = "has a window whose end equals its start: it would be empty"
+WINDOW_LENGTH_FIX = "give an end other than the start (an end before the start runs past midnight)"
+HHMM_PATTERN = "^([01][0-9]|2[0-3]):[0-5][0-9]$"
+
+
+class Weekday(StrEnum):
+    MON = "mon"
+    TUE = "tue"
+    WED = "wed"
+    THU = "thu"
+    FRI = "fri"
+    SAT = "sat"
+    SUN = "sun"
+
+
+class ScheduleWindowSpec(CamelModel):
+    name: str = Field(max_length=63, description="A name for the window, shown in status.autoscaling when it applies.")
+    start: str = Field(pattern=HHMM_PATTERN, max_length=5, description="Start time of day, HH:MM in UTC.")
+    end: str = Field(
+        pattern=HHMM_PATTERN,
+        max_length=5,
+        description="End time of day, HH:MM in UTC (exclusive); before start = past midnight.",
+    )
+    days: list[Weekday] = Field(
+        default_factory=list, max_length=7, description="Days the window starts on (mon..sun); empty = every day."
+    )
+    min_replicas: int = Field(
+        default=0, ge=0, le=MAX_REPLICAS, description="Fewest replicas while the window is active; 0 = the spec's."
+    )
+    max_replicas: int = Field(
+        default=0, ge=0, le=MAX_REPLICAS, description="Most replicas while the window is active; 0 = the spec's."
+    )
+
+
+class ForecastSpec(CamelModel):
+    enabled: bool = Field(
+        default=True,
+        description="Hold a floor of the replicas this resource needed at the same time in each of the last "
+        "two periods (its own recorded history); never the only input.",
+    )
+    period_seconds: int = Field(
+        default=86400, ge=3600, le=604800, description="The period traffic repeats with (86400 = daily)."
+    )
+    margin_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=3600,
+        description="How much earlier than one time-to-ready the floor rises: a peak does not come back at the "
+        "same second every period.",
+    )
+
+
 class AutoscalingSpec(CamelModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -462,7 +523,28 @@ class AutoscalingSpec(CamelModel):
                     "self.minReplicas <= self.maxReplicas",
                     "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
                     ".minReplicas",
-                )
+                ),
+                cel(
+                    "self.minReplicas >= 1",
+                    f"minReplicas {MIN_REPLICAS_PROBLEM}; fix: {MIN_REPLICAS_FIX}",
+                    ".minReplicas",
+                ),
+                cel(
+                    "!has(self.schedule) || self.schedule.all(w, "
+                    "w.minReplicas == 0 || w.maxReplicas == 0 || w.minReplicas <= w.maxReplicas)",
+                    f"schedule {WINDOW_BOUNDS_PROBLEM}; fix: {WINDOW_BOUNDS_FIX}",
+                    ".schedule",
+                ),
+                cel(
+                    "!has(self.schedule) || self.schedule.all(w, w.minReplicas > 0 || w.maxReplicas > 0)",
+                    f"schedule {WINDOW_EMPTY_PROBLEM}; fix: {WINDOW_EMPTY_FIX}",
+                    ".schedule",
+                ),
+                cel(
+                    "!has(self.schedule) || self.schedule.all(w, w.end != w.start)",
+                    f"schedule {WINDOW_LENGTH_PROBLEM}; fix: {WINDOW_LENGTH_FIX}",
+                    ".schedule",
+                ),
             ]
         }
     )
@@ -470,7 +552,9 @@ class AutoscalingSpec(CamelModel):
     mode: AutoscalingMode = Field(
         default=AutoscalingMode.ACT, description="act (apply decisions) or advisory (decide and report only)."
     )
-    min_replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS, description="Fewest replicas.")
+    min_replicas: int = Field(
+        default=1, ge=0, le=MAX_REPLICAS, description="Fewest replicas; at least 1 (no scale to zero)."
+    )
     max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS, description="Most replicas.")
     interval_seconds: int = Field(default=15, ge=5, le=3600, description="Seconds between decisions.")
     prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="Where engine metrics are read.")
@@ -493,9 +577,26 @@ class AutoscalingSpec(CamelModel):
         le=7200,
         description="Expected pod-create-to-ready time; measured values take over.",
     )
+    schedule: list[ScheduleWindowSpec] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Known peaks: daily UTC windows that raise minReplicas and/or set maxReplicas while active.",
+    )
+    forecast: ForecastSpec = Field(
+        default_factory=ForecastSpec, description="A floor from this resource's own need in earlier periods."
+    )
 
     @model_validator(mode="after")
     def _min_within_max(self) -> AutoscalingSpec:
+        if self.min_replicas < 1:
+            raise invalid(MIN_REPLICAS_PROBLEM, MIN_REPLICAS_FIX, "minReplicas")
+        for window in self.schedule:
+            if window.min_replicas and window.max_replicas and window.min_replicas > window.max_replicas:
+                raise invalid(WINDOW_BOUNDS_PROBLEM, WINDOW_BOUNDS_FIX, "schedule")
+            if not window.min_replicas and not window.max_replicas:
+                raise invalid(WINDOW_EMPTY_PROBLEM, WINDOW_EMPTY_FIX, "schedule")
+            if window.start == window.end:
+                raise invalid(WINDOW_LENGTH_PROBLEM, WINDOW_LENGTH_FIX, "schedule")
         if self.min_replicas > self.max_replicas:
             raise invalid(
                 f"{self.min_replicas} exceeds autoscaling.maxReplicas {self.max_replicas}",

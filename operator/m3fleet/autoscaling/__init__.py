@@ -1,6 +1,26 @@
 """Context-length-aware autoscaling: engine signals, Prometheus adapters, the pure policy, the simulator.
 
 Modules: `signals` (typed snapshots), `metrics` (Prometheus adapters; the only I/O), `policy` (pure
-decisions), `scenarios` / `simulator` / `baselines` / `benchmark` (the seeded benchmark) and `cli`
+decisions), `forecast` (forecast floor and scheduled bounds), `readiness` (time-to-ready from pods),
+`scenarios` / `simulator` / `simulate` (what the autoscaler would do with a resource) and `cli`
 (`m3fleet simulate`). Nothing is imported here, so importing the pure policy never pulls in I/O.
+The comparison with other autoscalers (baselines, oracle, report) lives in tests/bench/autoscaling.
+
+How an operator drives it, per resource and tick:
+
+1. `config = PolicyConfig.from_spec(spec.autoscaling, plan)` (schedule, forecast period and margin
+   included).
+2. `measured = readiness.measure(serving_pods, now, default_seconds=config.cold_start_seconds)`;
+   `fleet = FleetState(now, current_replicas, ready_replicas, starting_ages=measured.starting_ages,
+   time_to_ready_seconds=measured.total_seconds, starting_remaining=measured.starting_remaining)`.
+3. `snapshot = PrometheusAdapter.for_engine(engine, url, selector=...).read(now)`; for the forecast,
+   `snapshot = dataclasses.replace(snapshot, demand_history=forecast.demand_history(records, now,
+   config.forecast_period_seconds, config.forecast_look_ahead(fleet.time_to_ready_seconds), periods=2))`
+   where `records` are the (time, `decision.terms["demandReplicas"]`) the operator kept from earlier
+   ticks (e.g. a gauge it exports, read back from Prometheus with an offset, or a small ConfigMap).
+4. `decision, state = decide(config, state, snapshot, fleet)`; persist `state.to_dict()`; write
+   `decision.to_status()` to `status.autoscaling`; emit a Warning Event for each new entry of
+   `decision.warnings` (e.g. `KVCapacityMismatch`); apply `decision.desired_replicas` in act mode.
+   The learned prefill throughput lives in the state (`prefillRate`, `prefillSamples`) and shows in
+   `status.autoscaling.prefillThroughput`.
 """

@@ -1,4 +1,4 @@
-"""`m3fleet simulate`: the autoscaling simulator and its benchmark, from the command line.
+"""`m3fleet simulate`: what the autoscaler would do with a resource, on a seeded scenario.
 
 `register(subparsers)` adds the subcommand to the main parser; `run(args)` executes it and returns the
 exit status (0 ok, 2 invalid input with a one-line message naming the field and a fix, 1 internal
@@ -27,10 +27,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add `simulate` to an argparse subparsers object (from `add_subparsers()`)."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
-        help="simulate one deployment under each autoscaling policy and compare them",
-        description="Seeded discrete-event simulation of one MiniMaxM3Deployment: the context-aware policy, "
-        "an HPA on requests, a KEDA KV-usage recipe and a perfect-foresight oracle on the same requests, "
-        "plus a sweep of each baseline's target (the SLO-vs-GPU-hours frontier).",
+        help="simulate what the autoscaler would do with a resource on a seeded workload",
+        description="Seeded discrete-event simulation of one MiniMaxM3Deployment under its context-aware "
+        "autoscaler: SLO attainment, GPU-hours, scale events and the assumptions behind them.",
     )
     parser.add_argument(
         "-f", "--filename", help="a file with one MiniMaxM3Deployment (default: the vLLM 8xH200 TP8 sample)"
@@ -38,11 +37,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--scenario", required=True, choices=sorted(SCENARIOS), help="the workload")
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    seeds.add_argument(
-        "--seeds", help="several seeds, e.g. 1-10 or 1,4,7: one line per seed and the means and ranges over them"
+    seeds.add_argument("--seeds", help="several seeds, e.g. 1-10 or 1,4,7: one line (one JSON object) per seed")
+    parser.add_argument(
+        "--cold-start", type=float, help="seconds every new replica takes to become ready (default: the catalog's)"
     )
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    parser.add_argument("--no-sweep", action="store_true", help="skip the target sweeps and the frontier")
     parser.add_argument("--minutes", type=float, help="simulate only the first N minutes of the scenario")
     parser.add_argument(
         "--throughput-from",
@@ -70,61 +69,56 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERNAL
 
 
+def _invalid(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_INVALID
+
+
 def _run(args: argparse.Namespace) -> int:
     from m3fleet.api.parse import parse_resource
-    from m3fleet.autoscaling.benchmark import benchmark, prepare, summarize
+    from m3fleet.autoscaling.simulate import prepare, run_report
     from m3fleet.cli import read_documents
 
     if args.minutes is not None and args.minutes <= 0:
-        print(
-            f"error: --minutes: {args.minutes:g} is not positive; fix: give a duration in minutes, e.g. 20",
-            file=sys.stderr,
-        )
-        return EXIT_INVALID
+        return _invalid(f"--minutes: {args.minutes:g} is not positive; fix: give a duration in minutes, e.g. 20")
+    if args.cold_start is not None and not 0 <= args.cold_start <= 7200:
+        return _invalid(f"--cold-start: {args.cold_start:g} is outside 0-7200 seconds; fix: give e.g. 90")
     resource = None
     if args.filename:
         docs = read_documents(args.filename)
         if len(docs) != 1:
-            print(
-                f"error: {args.filename}: simulate takes exactly one MiniMaxM3Deployment, found {len(docs)}; "
-                "fix: pass a file with one resource",
-                file=sys.stderr,
+            return _invalid(
+                f"{args.filename}: simulate takes exactly one MiniMaxM3Deployment, found {len(docs)}; "
+                "fix: pass a file with one resource"
             )
-            return EXIT_INVALID
         resource = parse_resource(docs[0].body)
     measured = None
     if args.throughput_from:
         measured = (read_result(args.throughput_from), args.throughput_from)
         if resource is None:
             resource = benchmarked_resource(measured[0])
-    if args.seeds is not None:
-        seeds = parse_seeds(args.seeds)
-        if seeds is None:
-            print(
-                f"error: --seeds: {args.seeds!r} is not a seed range; fix: give A-B (e.g. 1-10) or a list (e.g. 1,4,7)",
-                file=sys.stderr,
+    seeds = [args.seed] if args.seeds is None else parse_seeds(args.seeds)
+    if seeds is None:
+        return _invalid(
+            f"--seeds: {args.seeds!r} is not a seed range; fix: give A-B (e.g. 1-10) or a list (e.g. 1,4,7)"
+        )
+    reports = [
+        run_report(
+            prepare(
+                args.scenario,
+                resource,
+                seed=seed,
+                minutes=args.minutes,
+                cold_start=args.cold_start,
+                measured=measured,
             )
-            return EXIT_INVALID
-        reports = [
-            benchmark(
-                prepare(args.scenario, resource, seed=seed, minutes=args.minutes, measured=measured),
-                with_sweep=not args.no_sweep,
-            )
-            for seed in seeds
-        ]
-        multi = {
-            "scenario": args.scenario,
-            "runs": [{k: r[k] for k in ("seed", "policies", "comparison") if k in r} for r in reports],
-            "summary": summarize(reports),
-        }
-        sys.stdout.write(json.dumps(multi, indent=2) + "\n" if args.output == "json" else format_seeds(multi))
-        return EXIT_OK
-    setup = prepare(args.scenario, resource, seed=args.seed, minutes=args.minutes, measured=measured)
-    report = benchmark(setup, with_sweep=not args.no_sweep)
+        )
+        for seed in seeds
+    ]
     if args.output == "json":
-        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        sys.stdout.write(json.dumps(reports, indent=2) + "\n")
     else:
-        sys.stdout.write(format_text(report))
+        sys.stdout.write(format_text(reports))
     return EXIT_OK
 
 
@@ -172,90 +166,31 @@ def _prior_line(prior: Any) -> str:
     )
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
 
 
-def format_text(report: dict[str, Any]) -> str:
-    plan, params = report["plan"], report["parameters"]
-    oracle = params["policySettings"]["oracle"]
+def format_text(reports: list[dict[str, Any]]) -> str:
+    first = reports[0]
+    plan, params = first["plan"], first["parameters"]
+    cold = params["coldStartSeconds"]
+    cold_text = f"{cold['seconds']:g} s" if "seconds" in cold else f"{cold['low']:.0f}-{cold['high']:.0f} s"
     lines = [
-        f"scenario {report['scenario']} (seed {report['seed']}): {params['scenario']}",
+        f"scenario {first['scenario']}: {params['scenario']}",
         f"resource: {params['resource']}",
         f"plan: {plan['engine']} on {plan['accelerator']} {plan['variant']}, TP{plan['tensorParallelSize']} x "
         f"DP{plan['dataParallelSize']}, {plan['gpusPerReplica']} GPUs/replica on {plan['nodesPerReplica']} node(s), "
         f"{plan['kvCacheTokensPerReplica']} KV tokens/replica, maxModelLen {plan['maxModelLen']}",
         _prior_line(params.get("throughputPrior")),
-        f"requests: {params['requests']} over {params['durationMinutes']:g} min; cold start "
-        f"{params['coldStartSeconds']['low']:.0f}-{params['coldStartSeconds']['high']:.0f} s",
+        f"cold start {cold_text}; SLO: {params['slo']}",
         "",
-        f"{'POLICY':<16}{'SLO':>8}{'GPU-H':>9}{'PREEMPT':>9}{'REJECTED':>10}{'SCALE-EVENTS':>14}{'PEAK':>6}",
+        f"{'SEED':>5}{'REQUESTS':>10}{'SLO MET':>10}{'GPU-H':>9}{'PEAK':>6}{'SCALE-EVENTS':>14}"
+        f"{'PREEMPT':>9}{'REJECTED':>10}",
     ]
-    for name, r in report["policies"].items():
-        label = f"oracle (x{oracle['headroom']:g})" if name == "oracle" else name
+    for report in reports:
+        r = report["policies"]["context-aware"]
         lines.append(
-            f"{label:<16}{_pct(r['sloAttainment']):>8}{r['gpuHours']:>9.1f}{r['preemptions']:>9}{r['rejected']:>10}"
-            f"{r['scaleEvents']:>14}{r['peakReplicas']:>6}"
+            f"{report['seed']:>5}{r['requests']:>10}{_pct(r['sloAttainment']):>10}{r['gpuHours']:>9.1f}"
+            f"{r['peakReplicas']:>6}{r['scaleEvents']:>14}{r['preemptions']:>9}{r['rejected']:>10}"
         )
-    if not oracle["metGoal"]:
-        lines.append("note: the oracle did not reach 99% at any headroom tried")
-    if "frontier" in report:
-        lines += ["", "frontier (setting: SLO attainment / GPU-hours; * = Pareto-optimal):"]
-        for name, points in report["frontier"].items():
-            key = next(iter(points[0])) if points else "target"
-            cells = [
-                f"{p[key]:g}: {_pct(p['sloAttainment'])}/{p['gpuHours']:.1f}{'*' if p['pareto'] else ''}"
-                for p in points
-            ]
-            lines.append(f"  {name} ({key}): " + "  ".join(cells))
-        lines += ["", "context-aware (default settings) against each baseline's frontier:"]
-        for name, c in report["comparison"].items():
-            ahead = "n/a" if c["attainmentPointsAhead"] is None else f"{c['attainmentPointsAhead']:+.1f} points"
-            saved = "n/a" if c["gpuHoursSaved"] is None else f"{100 * c['gpuHoursSaved']:.1f}%"
-            dominates = "; better on both axes than every setting" if c["dominatesEveryBaselineSetting"] else ""
-            lines.append(
-                f"  {name}: {ahead} at our GPU-hours; GPU-hours saved at our attainment {saved}{dominates}; "
-                f"{c['gpuHoursVsOracle']}x the oracle's GPU-hours; aim met: {'yes' if c['aimMet'] else 'no'}"
-            )
-    return "\n".join(lines) + "\n"
-
-
-def _range(spread: dict[str, float] | None, scale: float = 1.0, unit: str = "", digits: int = 1) -> str:
-    if spread is None:
-        return "n/a"
-    low, mean, high = (f"{scale * spread[k]:.{digits}f}" for k in ("min", "mean", "max"))
-    return f"{mean}{unit} (range {low} to {high}{unit}, {spread['seeds']} seeds)"
-
-
-def format_seeds(multi: dict[str, Any]) -> str:
-    summary = multi["summary"]
-    lines = [f"scenario {multi['scenario']}, seeds {', '.join(str(s) for s in summary['seeds'])}", ""]
-    for run in multi["runs"]:
-        cells = [
-            f"{name} {_pct(r['sloAttainment'])}/{r['gpuHours']:.1f} (peak {r['peakReplicas']})"
-            for name, r in run["policies"].items()
-        ]
-        line = f"seed {run['seed']:>3}: " + ", ".join(cells)
-        c = run.get("comparison", {}).get("context-aware vs request-count")
-        if c is not None:
-            ahead = "n/a" if c["attainmentPointsAhead"] is None else f"{c['attainmentPointsAhead']:+.1f}"
-            saved = "n/a" if c["gpuHoursSaved"] is None else f"{100 * c['gpuHoursSaved']:.1f}%"
-            line += (
-                f"; vs request-count's frontier: {ahead} points, {saved} GPU-hours saved, "
-                f"{c['gpuHoursVsOracle']}x oracle, aim {'met' if c['aimMet'] else 'not met'}"
-            )
-        lines.append(line)
-    lines += ["", "means (SLO attainment / GPU-hours):"]
-    for name, p in summary["policies"].items():
-        lines.append(f"  {name}: {_range(p['sloAttainment'], 100, '%')} / {_range(p['gpuHours'])}")
-    for name, c in summary.get("comparison", {}).items():
-        met = c["aimMetOnSeeds"]
-        lines += [
-            f"{name}:",
-            f"  points ahead at our GPU-hours: {_range(c['attainmentPointsAhead'])}",
-            f"  GPU-hours saved at our attainment: {_range(c['gpuHoursSaved'], 100, '%')}",
-            f"  GPU-hours vs the oracle: {_range(c['gpuHoursVsOracle'], 1, 'x', 2)}",
-            f"  aim met on {len(met)} of {len(summary['seeds'])} seeds"
-            + (f" ({', '.join(map(str, met))})" if met else ""),
-        ]
     return "\n".join(lines) + "\n"

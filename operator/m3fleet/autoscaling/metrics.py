@@ -3,18 +3,28 @@
 `PrometheusAdapter.for_engine("vllm", url, selector={...}).read()` runs a fixed set of instant
 queries (all at one evaluation time) and folds the results into a `ReplicaSignals` per replica,
 grouped by `replica_label` (default `pod`; for a multi-node replica that is its leader, the only
-pod that serves metrics). Engine data-parallel ranks (vLLM's `engine` label, SGLang's `dp_rank`)
-are summed per replica; KV usage is capacity-weighted.
+pod that serves metrics).
 
-Names move between engine releases, so every signal lists its current name first and older
-spellings after it, queried as `new or old` (PromQL drops the right side wherever the left has the
-same labels): vLLM's `kv_cache_usage_perc` falls back to `gpu_cache_usage_perc` (renamed in 0.9.2,
-removed in 0.12). `queryOverrides` replaces a signal's query with the user's PromQL; `$selector`,
-`$window` and `$by` are substituted and the result must carry the replica label.
+Per-rank series are combined the way each pinned engine means them (read from its metrics code):
+
+* **vLLM 0.33.0** (`vllm/v1/metrics/loggers.py`): every gauge carries `engine` (the DP rank); one
+  engine is one KV pool. `vllm:cache_config_info` is one series per engine whose labels are the
+  CacheConfig: `kv_cache_size_tokens` is that engine's capacity in tokens (group-aware), while
+  `num_gpu_blocks` is already the sum over the DP engines the frontend talks to
+  (`v1/engine/core_client.py`), so it is taken once per pod, never summed again.
+* **SGLang 0.5.23** (`srt/observability/metrics_collector.py`): scheduler gauges carry `tp_rank`,
+  `pp_rank`, `moe_ep_rank` and, with data-parallel attention, `dp_rank`. Every scheduler of one
+  attention-TP group reports the same pool (with `--enable-metrics-for-all-schedulers` each TP rank
+  repeats it), so a DP rank's value is one series (the max over its repeats) and a replica's is the
+  sum over `dp_rank`. `max_total_num_tokens` and `num_used_tokens` are tokens; preemption is
+  `num_retracted_requests_total`.
+* **TensorRT-LLM** (`/prometheus/metrics`, `trtllm_` prefix): KV in blocks, converted with the
+  exported `trtllm_kv_cache_tokens_per_block`; without it the capacity is unknown (never assumed).
 
 Errors never raise: an unreachable Prometheus gives a snapshot with `error` set; a failing or
 empty optional query leaves that signal `None`; a target whose last scrape failed is `up=False`.
-The policy holds on all of these.
+The policy holds on all of these. `queryOverrides` replaces a signal's query with the user's
+PromQL; `$selector`, `$window` and `$by` are substituted and the result must carry the replica label.
 """
 
 from __future__ import annotations
@@ -44,7 +54,8 @@ V = TypeVar("V")
 
 @dataclass(frozen=True)
 class EngineMetrics:
-    """Where one engine keeps each signal. Each tuple: the current name, then older spellings."""
+    """Where one engine keeps each signal. Each tuple: the current name, then older spellings (if any
+    the pinned release still exports; names it no longer exports are dropped, not kept as fallbacks)."""
 
     engine: str
     running: Names
@@ -54,26 +65,30 @@ class EngineMetrics:
     generation_tokens: Names
     finished: Names  # a counter, or a histogram's _count
     ttft: Names  # histogram base names
+    queue_time: Names  # histogram: seconds a request waited before it was scheduled
     prompt_histogram: Names = ()
     preemptions: Names = ()
-    kv_used: Names = ()  # resident KV, in `kv_unit_tokens` units
-    capacity: Names = ()  # KV capacity, in `kv_unit_tokens` units
-    capacity_info: str | None = None  # an info metric carrying num_gpu_blocks and block_size labels
-    kv_unit_tokens: float = 1.0  # tokens per unit of kv_used / capacity (TRT-LLM counts blocks)
+    kv_used: Names = ()  # resident KV per rank, in tokens (or blocks, see block_size)
+    capacity: Names = ()  # KV capacity per rank, in tokens (or blocks)
+    capacity_info: str | None = None  # vLLM's info metric (labels kv_cache_size_tokens, num_gpu_blocks, block_size)
+    block_size: Names = ()  # tokens per KV block when kv_used / capacity count blocks (TRT-LLM)
+    rank_label: str | None = None  # the label that tells a replica's DP ranks (KV pools) apart
 
 
 VLLM: Final = EngineMetrics(
     engine="vllm",
     running=("vllm:num_requests_running",),
     waiting=("vllm:num_requests_waiting",),
-    kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    kv_usage=("vllm:kv_cache_usage_perc",),  # gpu_cache_usage_perc was removed in 0.12
     prompt_tokens=("vllm:prompt_tokens_total",),
     generation_tokens=("vllm:generation_tokens_total",),
     finished=("vllm:request_success_total",),
     ttft=("vllm:time_to_first_token_seconds",),
+    queue_time=("vllm:request_queue_time_seconds",),
     prompt_histogram=("vllm:request_prompt_tokens",),
     preemptions=("vllm:num_preemptions_total",),
     capacity_info="vllm:cache_config_info",
+    rank_label="engine",
 )
 SGLANG: Final = EngineMetrics(
     engine="sglang",
@@ -84,13 +99,15 @@ SGLANG: Final = EngineMetrics(
     generation_tokens=("sglang:generation_tokens_total",),
     finished=("sglang:e2e_request_latency_seconds_count",),
     ttft=("sglang:time_to_first_token_seconds",),
-    prompt_histogram=("sglang:prompt_tokens_histogram",),  # newer builds only
+    queue_time=("sglang:queue_time_seconds",),
+    prompt_histogram=("sglang:prompt_tokens_histogram",),
+    preemptions=("sglang:num_retracted_requests_total",),
     kv_used=("sglang:num_used_tokens",),
     capacity=("sglang:max_total_num_tokens",),
+    rank_label="dp_rank",
 )
 # TRT-LLM's Prometheus endpoint is /prometheus/metrics (its /metrics is a JSON queue), names with the
-# trtllm_ prefix; KV gauges need `enable_iter_perf_stats`. It counts KV in blocks of tokens_per_block.
-TRTLLM_TOKENS_PER_BLOCK: Final = 32.0
+# trtllm_ prefix; KV gauges need `enable_iter_perf_stats`. It counts KV in blocks of its own size.
 TRTLLM: Final = EngineMetrics(
     engine="trtllm",
     running=("trtllm_num_requests_running",),
@@ -100,9 +117,10 @@ TRTLLM: Final = EngineMetrics(
     generation_tokens=("trtllm_generation_tokens_total",),
     finished=("trtllm_request_success_total",),
     ttft=("trtllm_time_to_first_token_seconds",),
+    queue_time=("trtllm_request_queue_time_seconds",),
     kv_used=("trtllm_kv_cache_used_blocks",),
     capacity=("trtllm_kv_cache_max_blocks",),
-    kv_unit_tokens=TRTLLM_TOKENS_PER_BLOCK,
+    block_size=("trtllm_kv_cache_tokens_per_block",),
 )
 ENGINES: Final[Mapping[str, EngineMetrics]] = {m.engine: m for m in (VLLM, SGLANG, TRTLLM)}
 
@@ -121,6 +139,8 @@ OVERRIDABLE: Final = (
     "finishedRate",
     "preemptionRate",
 )
+# Per-rank gauges: queried by replica and rank, then combined per replica (see the module docstring).
+RANK_GAUGES: Final = ("running", "waiting", "kvUsage", "kvUsedTokens", "kvCapacityTokens", "blockSize")
 
 
 def selector_string(selector: Mapping[str, str]) -> str:
@@ -136,9 +156,11 @@ def selector_string(selector: Mapping[str, str]) -> str:
 class Queries:
     """The PromQL one adapter runs, built once from the engine's names."""
 
-    scalars: dict[str, str]  # signal -> query returning one value per replica
+    scalars: dict[str, str]  # signal -> query returning one value per replica (or per replica and rank)
     histograms: dict[str, tuple[str, str, str]]  # signal -> (buckets by le, sum, count)
     capacity_info: str | None
+    rank_label: str | None = None  # set when the RANK_GAUGES in `scalars` are grouped by replica and rank
+    overridden: frozenset[str] = frozenset()  # signals replaced by queryOverrides (one series per replica)
 
 
 def build_queries(
@@ -151,12 +173,14 @@ def build_queries(
 ) -> Queries:
     sel = selector_string(selector)
     rw, hw = f"{int(rate_window)}s", f"{int(histogram_window)}s"
+    rank_by = f"{by}, {metrics.rank_label}" if metrics.rank_label else by
 
     def either(names: Names, wrap: Callable[[str], str] = lambda s: s) -> str:
         return " or ".join(wrap(f"{n}{sel}") for n in names)
 
-    def gauge(names: Names, agg: str = "sum") -> str:
-        return f"{agg} by ({by}) ({either(names)})"
+    def rank_gauge(names: Names) -> str:
+        # One value per (replica, rank): TP ranks of one pool repeat it, so the max is that value.
+        return f"max by ({rank_by}) ({either(names)})"
 
     def rate(names: Names) -> str:
         return f"sum by ({by}) ({either(names, lambda s: f'rate({s}[{rw}])')})"
@@ -164,9 +188,9 @@ def build_queries(
     scalars = {
         "up": f"max by ({by}) (up{sel})",
         "sampleTime": f"max by ({by}) (timestamp({either(metrics.running)}))",
-        "running": gauge(metrics.running),
-        "waiting": gauge(metrics.waiting),
-        "kvUsage": gauge(metrics.kv_usage, "avg"),
+        "running": rank_gauge(metrics.running),
+        "waiting": rank_gauge(metrics.waiting),
+        "kvUsage": rank_gauge(metrics.kv_usage),
         "promptTokensRate": rate(metrics.prompt_tokens),
         "generationTokensRate": rate(metrics.generation_tokens),
         "firstTokenRate": rate(tuple(f"{n}_count" for n in metrics.ttft)),
@@ -175,9 +199,11 @@ def build_queries(
     if metrics.preemptions:
         scalars["preemptionRate"] = rate(metrics.preemptions)
     if metrics.kv_used:
-        scalars["kvUsedTokens"] = gauge(metrics.kv_used)
+        scalars["kvUsedTokens"] = rank_gauge(metrics.kv_used)
     if metrics.capacity:
-        scalars["kvCapacityTokens"] = gauge(metrics.capacity)
+        scalars["kvCapacityTokens"] = rank_gauge(metrics.capacity)
+    if metrics.block_size:
+        scalars["blockSize"] = rank_gauge(metrics.block_size)
 
     def histogram(names: Names) -> tuple[str, str, str]:
         def part(suffix: str, extra: str = "") -> str:
@@ -186,15 +212,23 @@ def build_queries(
 
         return part("bucket", ", le"), part("sum"), part("count")
 
-    histograms = {"ttftSeconds": histogram(metrics.ttft)}
+    histograms = {"ttftSeconds": histogram(metrics.ttft), "queueSeconds": histogram(metrics.queue_time)}
     if metrics.prompt_histogram:
         histograms["promptTokens"] = histogram(metrics.prompt_histogram)
 
+    overridden = set()
     for name, template in (overrides or {}).items():
         if name in OVERRIDABLE:
             scalars[name] = Template(template).safe_substitute(selector=sel, window=rw, by=by)
+            overridden.add(name)
     info = f"{metrics.capacity_info}{sel}" if metrics.capacity_info else None
-    return Queries(scalars=scalars, histograms=histograms, capacity_info=info)
+    return Queries(
+        scalars=scalars,
+        histograms=histograms,
+        capacity_info=info,
+        rank_label=metrics.rank_label,
+        overridden=frozenset(overridden),
+    )
 
 
 def _number(value: Any) -> float | None:
@@ -203,6 +237,72 @@ def _number(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+RankValues = dict[str, dict[str, float]]  # replica -> rank label value ("" when none) -> value
+
+
+@dataclass(frozen=True)
+class RankCapacity:
+    """KV capacity a replica's engines report: per rank (DP engine) where known, else the replica's total."""
+
+    per_rank: dict[str, float] = field(default_factory=dict)
+    total: float | None = None  # a replica-wide figure (vLLM's num_gpu_blocks x block_size, already summed)
+
+
+def combine_replica(
+    replica: str,
+    ranks: Mapping[str, RankValues],
+    capacity: RankCapacity | None,
+    block_tokens: float | None,
+) -> dict[str, float | int | None]:
+    """One replica's pool signals from its per-rank values (pure; see the module docstring).
+
+    `block_tokens`: None when the engine counts tokens; tokens per block when it counts blocks (NaN
+    when it does not say how large a block is: then no token count is derived).
+
+    Returns running, waiting (sums over ranks), kvCapacityTokens (sum over ranks), kvCapacityPerRank
+    (the largest rank), kvUsedTokens (sum over ranks: the engine's own count, else usage x capacity),
+    kvUsage (used / capacity, else the mean of the ranks' usage) and ranks (how many KV pools).
+    """
+
+    def values(signal: str) -> dict[str, float]:
+        return dict(ranks.get(signal, {}).get(replica, {}))
+
+    running, waiting, usage = values("running"), values("waiting"), values("kvUsage")
+    used_raw, cap_raw = values("kvUsedTokens"), values("kvCapacityTokens")
+    unit = 1.0 if block_tokens is None else block_tokens  # NaN: blocks of a size the engine did not export
+    caps = {r: v * unit for r, v in cap_raw.items() if v > 0 and math.isfinite(v * unit)}
+    if capacity is not None:
+        caps = {**capacity.per_rank, **caps} if capacity.per_rank else caps
+    rank_names = sorted(set(running) | set(waiting) | set(usage) | set(caps) | set(used_raw))
+    total_cap: float | None = sum(caps.values()) if caps else None
+    if total_cap is None and capacity is not None and capacity.total:
+        total_cap = capacity.total
+    per_rank: float | None = max(caps.values()) if caps else None
+    if per_rank is None and total_cap is not None:
+        per_rank = total_cap / max(1, len(rank_names))
+    used: float | None = None
+    if used_raw and math.isfinite(unit):
+        used = sum(v * unit for v in used_raw.values())
+    elif usage and caps and set(usage) <= set(caps):
+        used = sum(u * caps[r] for r, u in usage.items())
+    elif usage and total_cap is not None:
+        used = sum(usage.values()) / len(usage) * total_cap
+    kv_usage: float | None = None
+    if used is not None and total_cap:
+        kv_usage = used / total_cap
+    elif usage:
+        kv_usage = sum(usage.values()) / len(usage)
+    return {
+        "running": sum(running.values()) if running else None,
+        "waiting": sum(waiting.values()) if waiting else None,
+        "kvUsage": kv_usage,
+        "kvUsedTokens": used,
+        "kvCapacityTokens": total_cap,
+        "kvCapacityPerRank": per_rank,
+        "ranks": len(rank_names) or None,
+    }
 
 
 @dataclass
@@ -253,6 +353,17 @@ class PrometheusAdapter:
                 out[replica] = value
         return out
 
+    def _by_rank(self, query: str, at: float) -> dict[str, dict[str, float]]:
+        rank = self.metrics.rank_label
+        out: dict[str, dict[str, float]] = {}
+        for series in self._query(query, at):
+            labels = series.get("metric", {})
+            replica = labels.get(self.replica_label)
+            value = _number(series.get("value", [None, None])[1])
+            if replica is not None and value is not None:
+                out.setdefault(replica, {})[str(labels.get(rank, "")) if rank else ""] = value
+        return out
+
     def _histograms(self, queries: tuple[str, str, str], at: float) -> dict[str, Histogram]:
         buckets_q, sum_q, count_q = queries
         buckets: dict[str, dict[float, float]] = {}
@@ -276,16 +387,27 @@ class PrometheusAdapter:
             )
         return out
 
-    def _capacity_from_info(self, query: str, at: float) -> dict[str, float]:
-        """vLLM's cache_config_info: KV tokens = num_gpu_blocks x block_size, summed over engines."""
-        out: dict[str, float] = {}
+    def _capacity_from_info(self, query: str, at: float) -> dict[str, RankCapacity]:
+        """vLLM's cache_config_info, one series per engine: `kv_cache_size_tokens` is that engine's
+        capacity; `num_gpu_blocks` x `block_size` is the frontend's total over its engines (taken once)."""
+        per_rank: dict[str, dict[str, float]] = {}
+        totals: dict[str, float] = {}
         for series in self._query(query, at):
             labels = series.get("metric", {})
             replica = labels.get(self.replica_label)
+            if replica is None:
+                continue
+            engine = str(labels.get(self.metrics.rank_label or "", ""))
+            tokens = _number(labels.get("kv_cache_size_tokens"))
+            if tokens:
+                per_rank.setdefault(replica, {})[engine] = tokens
             blocks, size = _number(labels.get("num_gpu_blocks")), _number(labels.get("block_size"))
-            if replica is not None and blocks and size:
-                out[replica] = out.get(replica, 0.0) + blocks * size
-        return out
+            if blocks and size:
+                totals[replica] = max(totals.get(replica, 0.0), blocks * size)
+        return {
+            replica: RankCapacity(per_rank=per_rank.get(replica, {}), total=totals.get(replica))
+            for replica in set(per_rank) | set(totals)
+        }
 
     def read(self, at: float | None = None) -> MetricsSnapshot:
         """One snapshot at `at` (Unix seconds; now when None). Never raises."""
@@ -296,33 +418,45 @@ class PrometheusAdapter:
             up = self._by_replica(queries.scalars["up"], at)
         except Exception as exc:  # connection refused, timeout, HTTP 5xx, bad PromQL in an override
             return replace(base, error=f"prometheus at {self.url}: {type(exc).__name__}: {_short(exc)}")
-        values: dict[str, dict[str, float]] = {
-            name: _safe(self._by_replica, query, at) for name, query in queries.scalars.items() if name != "up"
-        }
+        ranks: dict[str, RankValues] = {}
+        values: dict[str, dict[str, float]] = {}
+        for name, query in queries.scalars.items():
+            if name == "up":
+                continue
+            if name in RANK_GAUGES and name not in queries.overridden:
+                ranks[name] = _safe(self._by_rank, query, at)
+            else:
+                values[name] = _safe(self._by_replica, query, at)
+        for name, by_replica in values.items():  # an override gives one value per replica: one "rank"
+            if name in RANK_GAUGES:
+                ranks[name] = {replica: {"": v} for replica, v in by_replica.items()}
         histograms = {name: _safe(self._histograms, qs, at) for name, qs in queries.histograms.items()}
-        if queries.capacity_info:
-            info = _safe(self._capacity_from_info, queries.capacity_info, at)
-            values.setdefault("kvCapacityTokens", {}).update(info)
+        info = _safe(self._capacity_from_info, queries.capacity_info, at) if queries.capacity_info else {}
 
-        unit = self.metrics.kv_unit_tokens
-        replicas = sorted(set(up) | set(values.get("running", {})) | set(values.get("kvUsage", {})))
+        replicas = sorted(set(up) | set(ranks.get("running", {})) | set(ranks.get("kvUsage", {})))
         signals = []
         for name in replicas:
 
             def get(signal: str, replica: str = name) -> float | None:
                 return values.get(signal, {}).get(replica)
 
-            capacity, used = get("kvCapacityTokens"), get("kvUsedTokens")
+            sizes = ranks.get("blockSize", {}).get(name, {})
+            block_tokens = max(sizes.values()) if sizes else None
+            if self.metrics.block_size and block_tokens is None and "kvCapacityTokens" not in queries.overridden:
+                block_tokens = math.nan  # blocks of unknown size: no token counts
+            pool = combine_replica(name, ranks, info.get(name), None if block_tokens is None else block_tokens)
             signals.append(
                 ReplicaSignals(
                     replica=name,
                     up=up.get(name, 1.0) >= 1.0,
                     sample_time=get("sampleTime"),
-                    kv_usage=get("kvUsage"),
-                    kv_capacity_tokens=None if capacity is None else capacity * unit,
-                    kv_used_tokens=None if used is None else used * unit,
-                    running=get("running"),
-                    waiting=get("waiting"),
+                    kv_usage=_opt(pool["kvUsage"]),
+                    kv_capacity_tokens=_opt(pool["kvCapacityTokens"]),
+                    kv_capacity_tokens_per_rank=_opt(pool["kvCapacityPerRank"]),
+                    kv_ranks=None if pool["ranks"] is None else int(pool["ranks"]),
+                    kv_used_tokens=_opt(pool["kvUsedTokens"]),
+                    running=_opt(pool["running"]),
+                    waiting=_opt(pool["waiting"]),
                     prompt_tokens_rate=get("promptTokensRate"),
                     generation_tokens_rate=get("generationTokensRate"),
                     first_token_rate=get("firstTokenRate"),
@@ -330,9 +464,14 @@ class PrometheusAdapter:
                     preemption_rate=get("preemptionRate"),
                     prompt_tokens=histograms.get("promptTokens", {}).get(name),
                     ttft_seconds=histograms.get("ttftSeconds", {}).get(name),
+                    queue_seconds=histograms.get("queueSeconds", {}).get(name),
                 )
             )
         return replace(base, replicas=tuple(signals))
+
+
+def _opt(value: float | int | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def _safe(read: Callable[[Q, float], dict[str, V]], query: Q, at: float) -> dict[str, V]:

@@ -47,6 +47,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, Plan
+from m3fleet.autoscaling.forecast import Bounds, ScheduleWindow, bounds_at, forecast_floor, parse_hhmm
 from m3fleet.autoscaling.signals import FleetState, Histogram, MetricsSnapshot, ReplicaSignals
 
 # Prefill throughput prior, prompt tokens per second per GPU at long context (a stand-in for a
@@ -58,6 +59,10 @@ SMOOTHING_SECONDS: Final = 120.0  # EWMA time constant of the arrival estimates
 LEVEL_JUMP: Final = 2.0  # a rate this many times the estimate is a burst, a prompt length this many times less its end
 SHIFT: Final = 4.0  # resident tokens per request this many times the prompt estimate: long prompts arrived
 SHIFT_EVIDENCE: Final = 3  # running requests needed before their resident tokens can signal a shift
+LEARNING_SECONDS: Final = 3600.0  # the learned throughput bound decays to nothing over this long
+LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
+LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prior x 4]
+WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
 class Action(StrEnum):
@@ -86,7 +91,7 @@ class PolicyConfig:
     prefill_target: float | None = None
     ttft_slack_seconds: float = 2.0
     ttft_factor: float = 1.5
-    prefill_safety: float = 0.7
+    prefill_safety: float = 0.85
     prefill_target_cap: float = 0.6
     tolerance: float = 0.1
     scale_up_window_seconds: float = 0.0
@@ -108,6 +113,22 @@ class PolicyConfig:
     # replica removed and needed again within it costs a whole cold start of misses.
     burst_hold: bool = True
     burst_hold_cold_starts: float = 3.0
+    # An engine-reported KV capacity further than this share from the plan's is reported (status and an
+    # Event) and not trusted: the smaller of the two is used.
+    capacity_margin: float = 0.2
+    # Learn each replica's prefill throughput from its own counters (prompt tokens per second while it
+    # has a queue, i.e. while prefill is the bottleneck); the prior stands until LEARNED_AFTER samples.
+    learn_prefill: bool = True
+    fast_rise: bool = True  # just after a burst's start, rises in the estimates are taken at once
+    transient_release: bool = True  # the scale-down window remembers the need without backlogs
+    learn_min_prompt_tokens: float = 20_000.0  # shorter prompts teach nothing (TTFT is mostly not prefill)
+    learn_slack: float = 2.0  # an optimistic prior is capped at this multiple of the idle-replica bound
+    forecast: bool = True
+    # The forecast looks this much further than time-to-ready + one tick: a daily peak does not come back
+    # at the same second, and replicas ready a little early cost less than a cold start of misses.
+    forecast_margin_seconds: float = 300.0
+    forecast_period_seconds: float = 86400.0  # the period `demand_history` reads back (spec forecast.periodSeconds)
+    schedule: tuple[ScheduleWindow, ...] = ()
 
     @classmethod
     def from_spec(cls, autoscaling: AutoscalingSpec, plan: Plan, **overrides: Any) -> PolicyConfig:
@@ -132,6 +153,20 @@ class PolicyConfig:
             "panic_threshold": autoscaling.panic_threshold,
             "cold_start_seconds": float(autoscaling.cold_start_seconds),
             "stale_after_seconds": max(60.0, 4.0 * autoscaling.interval_seconds),
+            "forecast": autoscaling.forecast.enabled,
+            "forecast_margin_seconds": float(autoscaling.forecast.margin_seconds),
+            "forecast_period_seconds": float(autoscaling.forecast.period_seconds),
+            "schedule": tuple(
+                ScheduleWindow(
+                    name=w.name,
+                    start_minute=parse_hhmm(w.start),
+                    end_minute=parse_hhmm(w.end),
+                    min_replicas=w.min_replicas or None,
+                    max_replicas=w.max_replicas or None,
+                    days=tuple(WEEKDAYS.index(str(d)) for d in w.days),
+                )
+                for w in autoscaling.schedule
+            ),
         }
         values.update(overrides)
         return cls(**values)
@@ -139,11 +174,20 @@ class PolicyConfig:
     def clamp(self, replicas: int) -> int:
         return max(self.min_replicas, min(self.max_replicas, replicas))
 
-    def prefill_utilisation(self, prompt_tokens: float) -> float:
-        """Target prefill utilisation for prompts of this length (see `prefill_target`)."""
+    def forecast_look_ahead(self, time_to_ready: float | None) -> float:
+        """How far ahead the forecast reads the earlier periods (give it to `demand_history`)."""
+        return (time_to_ready or self.cold_start_seconds) + self.interval_seconds + self.forecast_margin_seconds
+
+    def bounds(self, now: float) -> Bounds:
+        """min/max at `now`, with the scheduled windows in force."""
+        return bounds_at(now, self.min_replicas, self.max_replicas, self.schedule)
+
+    def prefill_utilisation(self, prompt_tokens: float, per_replica: float | None = None) -> float:
+        """Target prefill utilisation for prompts of this length (see `prefill_target`), at a replica
+        throughput of `per_replica` prompt tokens/s (the prior when None)."""
         if self.prefill_target is not None:
             return self.prefill_target
-        t = prompt_tokens / self.prefill_tokens_per_second
+        t = prompt_tokens / (per_replica or self.prefill_tokens_per_second)
         allowed = 1.0 - t / (self.ttft_slack_seconds + self.ttft_factor * t)
         return max(0.05, min(self.prefill_target_cap, self.prefill_safety * allowed))
 
@@ -162,6 +206,8 @@ class PolicyState:
     request_rate: float | None = None  # arriving requests/s, smoothed
     prompt_tokens: float | None = None  # mean prompt length of arriving requests, smoothed
     bursts: tuple[tuple[float, int], ...] = ()  # (start, replicas it needed) of the last two bursts
+    prefill_rate: float | None = None  # learned prompt tokens/s one replica prefills (saturated)
+    prefill_samples: int = 0  # saturated observations behind it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,6 +218,8 @@ class PolicyState:
             "requestRate": self.request_rate,
             "promptTokens": self.prompt_tokens,
             "bursts": [[t, n] for t, n in self.bursts],
+            "prefillRate": self.prefill_rate,
+            "prefillSamples": self.prefill_samples,
         }
 
     @classmethod
@@ -190,6 +238,8 @@ class PolicyState:
                 request_rate=_opt_float(data.get("requestRate")),
                 prompt_tokens=_opt_float(data.get("promptTokens")),
                 bursts=bursts,
+                prefill_rate=_opt_float(data.get("prefillRate")),
+                prefill_samples=int(data.get("prefillSamples") or 0),
             )
         except (TypeError, ValueError):
             return cls()
@@ -214,6 +264,13 @@ class Decision:
     terms: dict[str, float] = field(default_factory=dict)
     panic: bool = False
     unservable_requests: int = 0
+    bounds: Bounds | None = None  # min/max in force (the schedule applied)
+    forecast: tuple[int, str] | None = None  # (floor, why) from the resource's own history
+    capacity: dict[str, Any] = field(default_factory=dict)  # KV capacity: plan, reported, used, mismatch
+    prefill: dict[str, Any] = field(default_factory=dict)  # prefill throughput: prior, learned, used
+    # Warnings for Events: (reason, message), e.g. ("KVCapacityMismatch", ...). The operator emits each
+    # when it first appears (compare with the previous status's `warnings`).
+    warnings: tuple[tuple[str, str], ...] = ()
 
     @property
     def applied(self) -> bool:
@@ -234,6 +291,21 @@ class Decision:
             "reason": self.reason,
             "time": datetime.fromtimestamp(self.time, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "terms": {k: _round(v) for k, v in self.terms.items()},
+            **(
+                {
+                    "bounds": {
+                        "minReplicas": self.bounds.min_replicas,
+                        "maxReplicas": self.bounds.max_replicas,
+                        "schedule": list(self.bounds.windows),
+                    }
+                }
+                if self.bounds is not None
+                else {}
+            ),
+            **({"forecast": {"replicas": self.forecast[0], "reason": self.forecast[1]}} if self.forecast else {}),
+            **({"capacity": self.capacity} if self.capacity else {}),
+            **({"prefillThroughput": self.prefill} if self.prefill else {}),
+            "warnings": [{"reason": r, "message": m} for r, m in self.warnings],
         }
 
 
@@ -353,6 +425,107 @@ class _Terms:
     in_flight: tuple[tuple[float, float], ...]
     unservable: int
     burst: bool  # demand arrived at a new level at once this tick (see _rate_estimate, _prompt_estimate)
+    capacity: _Capacity
+    prefill_rate: float | None  # the learned prefill throughput to keep
+    prefill_samples: int
+    prefill: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Capacity:
+    replica: float  # KV tokens per replica the policy plans with
+    rank: float  # KV tokens per KV pool (DP rank, or the TP group)
+    status: dict[str, Any]
+    warning: str | None
+
+
+def _capacity(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> _Capacity:
+    """The engines' reported capacity where it agrees with the plan within `capacity_margin`; otherwise the
+    smaller of the two, and a warning (a mis-combined per-rank series or an engine configured unlike the
+    plan must not silently size the fleet)."""
+    plan_cap, plan_rank = config.kv_tokens_per_replica, config.kv_tokens_per_rank
+    status: dict[str, Any] = {"planTokensPerReplica": round(plan_cap), "planTokensPerRank": round(plan_rank)}
+    reported = [r.kv_capacity_tokens for r in fresh if r.kv_capacity_tokens]
+    if not reported:
+        return _Capacity(plan_cap, plan_rank, {**status, "source": "plan"}, None)
+    seen = _median(reported)
+    ranks = [r.kv_capacity_tokens_per_rank for r in fresh if r.kv_capacity_tokens_per_rank]
+    seen_rank = _median(ranks) if ranks else plan_rank * seen / plan_cap
+    ratio, rank_ratio = seen / plan_cap, seen_rank / plan_rank
+    status.update(reportedTokensPerReplica=round(seen), reportedTokensPerRank=round(seen_rank), ratio=round(ratio, 3))
+    margin = config.capacity_margin
+    if abs(ratio - 1.0) <= margin and abs(rank_ratio - 1.0) <= margin:
+        return _Capacity(seen, seen_rank, {**status, "source": "engines", "mismatch": False}, None)
+    message = (
+        f"engines report {_tok(seen)} KV tokens per replica ({_tok(seen_rank)} per rank), {ratio:.2f}x the plan's "
+        f"{_tok(plan_cap)} ({_tok(plan_rank)} per rank), more than {margin:.0%} apart: planning with the smaller; "
+        "check the engine's memory and KV-dtype flags against the plan, and the metrics' labels"
+    )
+    return _Capacity(
+        min(seen, plan_cap),
+        min(seen_rank, plan_rank),
+        {**status, "source": "smaller of plan and engines", "mismatch": True, "message": message},
+        message,
+    )
+
+
+def _learned_prefill(
+    config: PolicyConfig, state: PolicyState, fresh: Sequence[ReplicaSignals], elapsed: float | None
+) -> tuple[float, float | None, int, dict[str, Any]]:
+    """(throughput to plan with, learned value to keep, samples, status).
+
+    Learned from the engines' own counters and histograms, on replicas serving long prompts (for chat,
+    the first decode step and scheduling dominate TTFT). Two lower bounds of a replica's prefill
+    throughput: the prompt tokens it prefilled per second (it cannot go faster; tight when it is busy),
+    and mean prompt / mean (TTFT - queue time) (a request's prefill alone is at least its prompt over
+    the throughput; processor sharing only slows it, so this is tight when it is not busy). Their best
+    over replicas is kept (decaying linearly to nothing over LEARNING_SECONDS unless seen again) and
+    lifts a pessimistic prior. It also caps an optimistic one: the prior is used at most up to the
+    busy bound, or `learn_slack` x the idle bound (a loaded replica's TTFT understates its speed).
+    Clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP]; nothing changes before LEARNED_AFTER
+    observations."""
+    prior = config.prefill_tokens_per_second
+    learned, samples = state.prefill_rate, state.prefill_samples
+    cap: float | None = None
+
+    def clamp(value: float) -> float:
+        return min(LEARN_CLAMP * prior, max(prior / LEARN_CLAMP, value))
+
+    if config.learn_prefill:
+        floors, caps = [], []
+        for r in fresh:
+            p, t, q = r.prompt_tokens, r.ttft_seconds, r.queue_seconds
+            if p is None or t is None or p.count < 3 or t.count < 3:
+                continue
+            if p.total / p.count < config.learn_min_prompt_tokens:
+                continue
+            if q is None and (r.waiting or 0.0) > 0:
+                continue  # no queue-time histogram and a queue now: the window holds the backlog's waits
+            waited = q.total / q.count if q is not None and q.count > 0 else 0.0
+            prefill = t.total / t.count - waited
+            if prefill <= 0:
+                continue
+            idle, busy = (p.total / p.count) / prefill, r.prompt_tokens_rate or 0.0
+            floors.append(max(idle, busy))
+            caps.append(max(config.learn_slack * idle, busy))
+        if floors:
+            observed = clamp(max(floors))
+            if learned is None or elapsed is None:
+                learned = observed
+            else:  # the best bound seen, slowly forgotten (a new image or shape may be slower)
+                learned = max(observed, learned * (1.0 - min(1.0, elapsed / LEARNING_SECONDS)))
+            cap = clamp(max(caps))
+            samples += 1
+    used = prior
+    if learned is not None and samples >= LEARNED_AFTER:
+        used = max(min(prior, cap if cap is not None else prior), learned)
+    status = {
+        "priorTokensPerSecond": round(prior),
+        "learnedTokensPerSecond": None if learned is None else round(learned),
+        "samples": samples,
+        "source": "prior" if used == prior else "learned",
+    }
+    return used, learned, samples, status
 
 
 def _pairing_bins(items: Sequence[float], bin_size: float) -> float:
@@ -373,9 +546,8 @@ def _terms(
     now = fleet.now
     fresh = health.fresh
     plan_cap = config.kv_tokens_per_replica
-    reported = [r.kv_capacity_tokens for r in fresh if r.kv_capacity_tokens]
-    capacity = _median(reported) if reported else plan_cap
-    rank_capacity = config.kv_tokens_per_rank * capacity / plan_cap
+    checked = _capacity(config, fresh)
+    capacity, rank_capacity = checked.replica, checked.rank
     bin_size = config.kv_target * rank_capacity
 
     resident = _sum([r.used_tokens(r.kv_capacity_tokens or plan_cap) for r in fresh])
@@ -400,6 +572,9 @@ def _terms(
         or (hist.mean() if hist else None)
         or config.default_prompt_tokens
     )
+    # Within one horizon of a burst's start the new level is still being measured: rises are taken at
+    # once (the replicas ordered now arrive one time-to-ready later, too late for a slow estimate).
+    rising = bool(state.bursts) and now - state.bursts[-1][0] < horizon
     isl, prompt_burst = _prompt_estimate(
         state.prompt_tokens,
         observed,
@@ -408,6 +583,7 @@ def _terms(
         running,
         hist.quantile(0.9) if hist else None,
         elapsed,
+        rising and config.fast_rise,
     )
     output = _ratio(gen_rate, finished_rate) or config.default_output_tokens
 
@@ -451,11 +627,13 @@ def _terms(
     # backlogs. Arrivals: requests finishing plus the growth of those in flight (conservation) times
     # the prompt length, smoothed over two minutes (one tick's delta is noise). Not the prefilled
     # rate: a backlog drains faster than requests arrive.
-    per_replica = config.prefill_tokens_per_second
+    per_replica, learned, samples, prefill_status = _learned_prefill(config, state, fresh, elapsed)
     in_flight = _window(state.in_flight, now, running + waiting, snapshot.window_seconds)
     leaving = [r.finished_rate if r.finished_rate is not None else r.first_token_rate for r in fresh]
     if any(v is not None for v in leaving):
-        rate, rate_burst = _rate_estimate(state.request_rate, _request_rate(_sum(leaving), in_flight), elapsed)
+        rate, rate_burst = _rate_estimate(
+            state.request_rate, _request_rate(_sum(leaving), in_flight), elapsed, rising and config.fast_rise
+        )
     else:  # no rate yet (a replica's first scrape): keep what we had, do not learn "zero"
         rate, rate_burst = state.request_rate or 0.0, False
     arrivals = rate * isl
@@ -465,7 +643,9 @@ def _terms(
     # moves it), so a queue keeps its replica busy for up to the horizon and never needs more than
     # that one replica: new replicas only help with what arrives after they are ready.
     pileup = horizon
-    if fleet.starting_ages:
+    if fleet.starting_remaining:
+        pileup = min(horizon, max(0.0, min(fleet.starting_remaining)))
+    elif fleet.starting_ages:
         pileup = min(horizon, max(0.0, horizon - config.interval_seconds - min(fleet.starting_ages)))
     excess = max(0.0, arrivals - fleet.ready_replicas * per_replica) * pileup
     drain = per_replica * horizon  # prompt tokens one replica prefills within the horizon
@@ -473,7 +653,7 @@ def _terms(
         at_gateway += excess
         excess = 0.0
     busy = sum(min(1.0, (tokens + excess / len(fresh)) / drain) for tokens in local) if fresh else 0.0
-    utilisation = config.prefill_utilisation(isl)
+    utilisation = config.prefill_utilisation(isl, per_replica)
     prefill_replicas = arrivals / (utilisation * per_replica) + busy + at_gateway / drain
 
     candidates = {"kv": kv_replicas, "bin": bin_replicas, "prefill": prefill_replicas}
@@ -483,6 +663,11 @@ def _terms(
         "binReplicas": bin_replicas,
         "prefillReplicas": prefill_replicas,
         "needReplicas": candidates[dominant],
+        # The need without the replicas kept busy by backlogs: what the arriving load itself needs. The
+        # forecast records this (a backlog is a symptom of the last cold start, not demand to pre-provision).
+        "demandReplicas": max(
+            (resident + growth) / (config.kv_target * capacity), bin_replicas, arrivals / (utilisation * per_replica)
+        ),
         "kvDemandTokens": kv_demand,
         "residentTokens": resident,
         "queuedPromptTokens": queued,
@@ -512,6 +697,10 @@ def _terms(
         in_flight=in_flight,
         unservable=unservable,
         burst=rate_burst or prompt_burst,
+        capacity=checked,
+        prefill_rate=learned,
+        prefill_samples=samples,
+        prefill=prefill_status,
     )
 
 
@@ -522,10 +711,15 @@ def _smooth(previous: float | None, observed: float, elapsed: float | None) -> f
     return previous + min(1.0, elapsed / SMOOTHING_SECONDS) * (observed - previous)
 
 
-def _rate_estimate(previous: float | None, observed: float, elapsed: float | None) -> tuple[float, bool]:
-    """(requests/s, burst): smoothed, but a rise by LEVEL_JUMP or more is a burst, taken at once."""
+def _rate_estimate(
+    previous: float | None, observed: float, elapsed: float | None, rising: bool = False
+) -> tuple[float, bool]:
+    """(requests/s, burst): smoothed, but a rise by LEVEL_JUMP or more is a burst, taken at once (and any
+    rise while `rising`: just after a burst)."""
     if previous is not None and elapsed is not None and observed >= LEVEL_JUMP * previous:
         return observed, True
+    if rising and previous is not None and observed > previous:
+        return observed, False
     return _smooth(previous, observed, elapsed), False
 
 
@@ -537,6 +731,7 @@ def _prompt_estimate(
     running: float,
     recent: float | None,
     elapsed: float | None,
+    rising: bool = False,
 ) -> tuple[float, bool]:
     """(mean prompt tokens of arriving requests, burst).
 
@@ -554,7 +749,7 @@ def _prompt_estimate(
     if previous is None or elapsed is None:
         return observed, False
     long_resident = per_running is not None and per_running > SHIFT * observed
-    if LEVEL_JUMP * observed <= previous and arrival_side and not long_resident:
+    if (LEVEL_JUMP * observed <= previous and arrival_side and not long_resident) or (rising and observed > previous):
         estimate = observed
     else:
         estimate = _smooth(previous, observed, elapsed)
@@ -628,9 +823,13 @@ def decide(
     horizon = time_to_ready + config.interval_seconds
     panic_active = state.panic_until is not None and now < state.panic_until
     health = _health(config, snapshot, fleet)
+    bounds = config.bounds(now)
+
+    def clamp(n: int) -> int:
+        return max(bounds.min_replicas, min(bounds.max_replicas, n))
 
     if health.hold is not None:
-        desired = config.clamp(current)
+        desired = clamp(current)
         reason = f"hold: {health.hold}; never scale down without metrics"
         if desired != current:
             reason = f"{health.hold}; only the min/max bounds apply ({current} -> {desired})"
@@ -644,23 +843,34 @@ def decide(
             reason=_mode_prefix(config, reason),
             terms={"horizonSeconds": horizon, "freshReplicas": float(len(health.fresh))},
             panic=panic_active,
+            bounds=bounds,
         )
         return decision, replace(state, last_time=None, in_flight=())
 
     terms = _terms(config, state, health, snapshot, fleet, horizon)
-    recommendation = config.clamp(recommend(terms.need, current, config.tolerance))
+    recommendation = clamp(recommend(terms.need, current, config.tolerance))
     notes: list[str] = []
+    if bounds.windows:
+        notes.append(f"schedule {', '.join(bounds.windows)} in force: {bounds.min_replicas}-{bounds.max_replicas}")
+    forecast = forecast_floor(snapshot.demand_history, config.tolerance) if config.forecast else None
+    if forecast is not None:
+        terms.values["forecastReplicas"] = float(forecast.replicas)
+        if forecast.replicas > recommendation:
+            recommendation = clamp(forecast.replicas)
+            notes.append(f"forecast floor {recommendation}: {forecast.reason}")
     hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
     bursts = _record_burst(state.bursts, now, terms.burst, recommendation, horizon, hold_window)
     floor = _burst_floor(bursts, now, hold_window) if config.burst_hold else 0
     terms.values["burstHoldReplicas"] = float(floor)
     if floor > recommendation:
-        recommendation = config.clamp(floor)
+        recommendation = clamp(floor)
         notes.append(f"holding {recommendation} replicas: bursts recurred within {hold_window:.0f}s (cold-start hold)")
     if health.missing:
         # Held, not recommended: a replica that just became ready has no scrape yet, and recording
         # `current` would keep the whole scale-down window at today's count.
         notes.append(f"{health.missing} ready replicas have no fresh metrics: no scale-down")
+    if terms.capacity.warning:
+        notes.append("KV capacity reported unlike the plan (see capacity)")
 
     panic_until = state.panic_until if panic_active else None
     if terms.need >= config.panic_threshold * max(1, fleet.ready_replicas):
@@ -680,7 +890,15 @@ def decide(
         history_in = ((now - config.scale_up_window_seconds - 1e-6, current),)
     hold_down = panic or health.missing > 0
     desired, history = stabilize(history_in, now, recommendation, current, behavior, hold_down=hold_down)
-    desired = config.clamp(desired)  # the bounds are hard, whatever the step limits say
+    if config.transient_release and history and history[-1][0] == now:
+        # What the stabilization window remembers: the recommendation without the replicas kept busy
+        # by backlogs. A backlog is drained by the replicas it is queued on within a horizon, so the
+        # extra replicas ordered for it must not hold for a whole scale-down window after it is gone;
+        # the panic hold covers the backlog's own life.
+        steady = config.clamp(recommend(terms.values["demandReplicas"], current, config.tolerance))
+        steady = max(steady, forecast.replicas if forecast is not None else 0, floor, bounds.min_replicas)
+        history = (*history[:-1], (now, min(recommendation, max(steady, 1))))
+    desired = clamp(desired)  # the bounds are hard, whatever the step limits say
 
     if desired > current:
         verb = f"scale-up {current} -> {desired}"
@@ -698,6 +916,7 @@ def decide(
         notes.append(f"panic (need >= {config.panic_threshold}x ready) until t={panic_until:.0f}")
     reason = f"{verb}: {_explain(terms)}" + "".join(f"; {n}" for n in notes)
 
+    warnings = (("KVCapacityMismatch", terms.capacity.warning),) if terms.capacity.warning else ()
     decision = Decision(
         time=now,
         mode=config.mode,
@@ -709,6 +928,11 @@ def decide(
         terms=terms.values,
         panic=panic,
         unservable_requests=terms.unservable,
+        bounds=bounds,
+        forecast=None if forecast is None else (forecast.replicas, forecast.reason),
+        capacity=terms.capacity.status,
+        prefill=terms.prefill,
+        warnings=warnings,
     )
     new_state = PolicyState(
         history=history,
@@ -718,6 +942,8 @@ def decide(
         request_rate=terms.request_rate,
         prompt_tokens=terms.prompt_tokens,
         bursts=bursts,
+        prefill_rate=terms.prefill_rate,
+        prefill_samples=terms.prefill_samples,
     )
     return decision, new_state
 

@@ -1,9 +1,13 @@
 """Simulator workloads: seeded request streams and the scenarios built from them. Pure data + `random`.
 
-Each scenario is sized so the perfect-foresight oracle meets the SLO for >= 99% of requests within
-its `maxReplicas` (a test holds every scenario to that). Arrivals are Poisson per phase; prompt and
-output lengths come from the distributions below. All draws use `random.Random` seeded from the
-scenario seed plus a stream name, so every policy in one run sees the same requests.
+Each scenario is sized so a perfect-foresight schedule meets the SLO for >= 99% of requests within
+its `maxReplicas`. Arrivals are Poisson per phase; prompt and output lengths come from the
+distributions below. All draws use `random.Random` seeded from the scenario seed plus a stream name,
+so every policy in one run sees the same requests. What a seed draws (burst time, length, rate,
+length mix) is the scenario's hidden truth: `describe()` shows it in reports, no policy reads it.
+
+A recurring scenario (`days` > 1) simulates the same time-of-day window on consecutive days; the
+last day is the one measured, the earlier ones are what an autoscaler with memory saw before.
 """
 
 from __future__ import annotations
@@ -116,17 +120,30 @@ class Scenario:
     max_replicas: int
     initial_replicas: int
     max_model_len: int | None  # None: the resource's own; else the scenario needs this context
-    build_phases: Any = field(repr=False)  # (rng) -> list[Phase]; bursts are placed by the seed
+    build_phases: Any = field(repr=False)  # (rng, day rng) -> list[Phase]; bursts are placed by the seed
+    days: int = 1  # > 1: the same window on consecutive days; the last is measured
+    window_start: Any = field(default=None, repr=False)  # (rng) -> seconds after midnight UTC of t = 0
 
-    def phases(self, seed: int) -> list[Phase]:
-        phases: list[Phase] = self.build_phases(random.Random(f"{seed}:{self.name}:phases"))
+    def phases(self, seed: int, day: int | None = None) -> list[Phase]:
+        """The phases of `day` (0-based; the measured, last day by default)."""
+        day = self.days - 1 if day is None else day
+        base = random.Random(f"{seed}:{self.name}:phases")
+        phases: list[Phase] = self.build_phases(base, random.Random(f"{seed}:{self.name}:day{day}"))
         return phases
 
-    def requests(self, seed: int, duration: float | None = None) -> list[Request]:
+    def start_of_window(self, seed: int) -> float:
+        """Seconds after midnight UTC at which each day's window opens (00:00 unless the scenario says)."""
+        if self.window_start is None:
+            return 0.0
+        start: float = self.window_start(random.Random(f"{seed}:{self.name}:phases"))
+        return start
+
+    def requests(self, seed: int, duration: float | None = None, day: int | None = None) -> list[Request]:
+        day = self.days - 1 if day is None else day
         end = self.duration if duration is None else min(duration, self.duration)
-        rng = random.Random(f"{seed}:{self.name}:requests")
+        rng = random.Random(f"{seed}:{self.name}:requests" + (f":day{day}" if day != self.days - 1 else ""))
         out: list[Request] = []
-        for phase in self.phases(seed):
+        for phase in self.phases(seed, day):
             t = phase.start
             while True:
                 t += rng.expovariate(phase.rate)
@@ -139,31 +156,63 @@ class Scenario:
 
 CHAT_PROMPT = LogNormal(median=3000, sigma=1.0, low=16, high=100_000)
 CHAT_OUTPUT = LogNormal(median=250, sigma=0.6, low=1, high=4096)
-# LongBench-like heavy tail: 100k-1M tokens, 5% at or above 500k (autoscaling.md §7.6 (c)).
-LONG_PROMPT = Mixture(((0.95, LogUniform(100_000, 500_000)), (0.05, Uniform(500_000, 1_000_000))))
 LONG_OUTPUT = LogNormal(median=400, sigma=0.7, low=1, high=8192)
 
 
-def _steady_chat(rng: random.Random) -> list[Phase]:
+def _steady_chat(rng: random.Random, day: random.Random) -> list[Phase]:
     return [Phase(0, 60 * MINUTE, 5.0, CHAT_PROMPT, CHAT_OUTPUT, "chat")]
 
 
-LONG_RATE = 0.5
+def _long_mix(rng: random.Random) -> Mixture:
+    """A LongBench-like heavy tail whose upper end and share of >= 500k-token prompts the seed draws."""
+    huge = rng.uniform(0.02, 0.08)
+    top = round(rng.uniform(300_000, 500_000), -3)
+    return Mixture(((1.0 - huge, LogUniform(100_000, int(top))), (huge, Uniform(500_000, 1_000_000))))
 
 
-def _long_context_burst(rng: random.Random) -> list[Phase]:
-    # The same request rate throughout; only the prompts change, for minutes 20-30.
+def _long_context_burst(rng: random.Random, day: random.Random) -> list[Phase]:
+    """Chat at a seeded rate all hour; once, at a seeded minute and for a seeded length, the prompts jump
+    to 100k-1M tokens at a seeded multiple of the rate (so a flat request count can hide it)."""
+    rate = rng.uniform(0.35, 0.6)
+    start = rng.uniform(8, 40) * MINUTE
+    length = rng.uniform(6, 14) * MINUTE
+    burst_rate = rate * rng.uniform(0.8, 1.4)
+    mix = _long_mix(rng)
     return [
-        Phase(0, 20 * MINUTE, LONG_RATE, CHAT_PROMPT, CHAT_OUTPUT, "chat"),
-        Phase(20 * MINUTE, 30 * MINUTE, LONG_RATE, LONG_PROMPT, LONG_OUTPUT, "long-context burst"),
-        Phase(30 * MINUTE, 60 * MINUTE, LONG_RATE, CHAT_PROMPT, CHAT_OUTPUT, "chat"),
+        Phase(0, start, rate, CHAT_PROMPT, CHAT_OUTPUT, "chat"),
+        Phase(start, start + length, burst_rate, mix, LONG_OUTPUT, "long-context burst"),
+        Phase(start + length, 60 * MINUTE, rate, CHAT_PROMPT, CHAT_OUTPUT, "chat"),
+    ]
+
+
+def _recurring_window(rng: random.Random) -> float:
+    """The daily window opens between 07:00 and 17:00 UTC (whole minutes)."""
+    return float(rng.randint(7 * 60, 17 * 60) * 60)
+
+
+def _recurring_burst(rng: random.Random, day: random.Random) -> list[Phase]:
+    """A 90-minute window of chat, the same every day, with a long-context burst about 40 minutes in:
+    time, length, rate and mix are drawn once per seed (the daily habit), and each day moves the start
+    by up to 4 minutes and scales length and rate by up to 15%."""
+    rate = rng.uniform(0.35, 0.6)
+    nominal = rng.uniform(35, 45) * MINUTE
+    length = rng.uniform(8, 14) * MINUTE
+    burst_rate = rate * rng.uniform(0.9, 1.4)
+    mix = _long_mix(rng)
+    start = nominal + day.uniform(-4, 4) * MINUTE
+    length *= day.uniform(0.85, 1.15)
+    burst_rate *= day.uniform(0.85, 1.15)
+    return [
+        Phase(0, start, rate, CHAT_PROMPT, CHAT_OUTPUT, "chat"),
+        Phase(start, start + length, burst_rate, mix, LONG_OUTPUT, "long-context burst"),
+        Phase(start + length, 90 * MINUTE, rate, CHAT_PROMPT, CHAT_OUTPUT, "chat"),
     ]
 
 
 BURSTY_BASE, BURSTY_PEAK = 2.0, 8.0
 
 
-def _bursty(rng: random.Random) -> list[Phase]:
+def _bursty(rng: random.Random, day: random.Random) -> list[Phase]:
     """Chat at the base rate with five 2-4 minute bursts at the peak rate, one in each 11-minute slot."""
     phases: list[Phase] = []
     cursor = 0.0
@@ -193,15 +242,31 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="long-context-burst",
             description=(
-                f"{LONG_RATE:g} requests/s throughout; for minutes 20-30 the prompts jump from chat length to "
-                "100k-1M tokens"
+                "chat at 0.35-0.6 requests/s for an hour; once, at minute 8-40 for 6-14 minutes, the prompts jump "
+                "to 100k-1M tokens at 0.8-1.4x the rate (time, length, rate and mix drawn from the seed)"
             ),
             duration=60 * MINUTE,
             min_replicas=1,
-            max_replicas=12,
+            max_replicas=24,
             initial_replicas=1,
             max_model_len=1_048_576,
             build_phases=_long_context_burst,
+        ),
+        Scenario(
+            name="recurring-burst",
+            description=(
+                "a 90-minute window at the same time every day (opening 07:00-17:00 UTC): chat at 0.35-0.6 "
+                "requests/s and a long-context burst about 40 minutes in, moved by up to 4 minutes and scaled by "
+                "up to 15% from day to day; two earlier days are simulated first, the third is measured"
+            ),
+            duration=90 * MINUTE,
+            min_replicas=1,
+            max_replicas=24,
+            initial_replicas=1,
+            max_model_len=1_048_576,
+            build_phases=_recurring_burst,
+            days=3,
+            window_start=_recurring_window,
         ),
         Scenario(
             name="bursty",

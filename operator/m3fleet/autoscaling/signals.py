@@ -123,7 +123,9 @@ class ReplicaSignals:
     up: bool = True  # the last scrape succeeded
     sample_time: float | None = None  # newest gauge sample (Unix s); staleness is judged against it
     kv_usage: float | None = None  # 0..1
-    kv_capacity_tokens: float | None = None  # what the engine reports it can hold
+    kv_capacity_tokens: float | None = None  # what the engine reports the replica holds (sum over its KV pools)
+    kv_capacity_tokens_per_rank: float | None = None  # one KV pool (a DP rank, or the TP group)
+    kv_ranks: int | None = None  # KV pools (DP ranks) the replica reported
     kv_used_tokens: float | None = None  # direct token count when the engine exports one (SGLang, TRT-LLM)
     running: float | None = None
     waiting: float | None = None
@@ -134,6 +136,7 @@ class ReplicaSignals:
     preemption_rate: float | None = None
     prompt_tokens: Histogram | None = None  # prompt lengths of requests finished in the window
     ttft_seconds: Histogram | None = None
+    queue_seconds: Histogram | None = None  # time requests waited before being scheduled (their TTFT's queue part)
 
     def used_tokens(self, capacity: float) -> float | None:
         """Resident KV tokens: the engine's own count, else usage x capacity."""
@@ -163,6 +166,25 @@ class MetricsSnapshot:
     # Token footprints (prompt + max output) of requests queued *upstream*, one per request, when a
     # gateway exports them; empty when unknown (no engine exports per-request sizes).
     queued_request_tokens: tuple[int, ...] = field(default_factory=tuple)
+    # The resource's own need in earlier periods (e.g. the same time on previous days), for the
+    # forecast floor; None when nothing is recorded yet.
+    demand_history: DemandHistory | None = None
+
+
+@dataclass(frozen=True)
+class DemandHistory:
+    """Replicas this resource needed around the same time in earlier periods (a forecast input).
+
+    `windows[k]` is the largest need (in replicas, before min/max) recorded during
+    [now - (k+1) x period, now - (k+1) x period + look_ahead]: what the next `look_ahead` seconds
+    needed one, two, ... periods ago. None where nothing was recorded (the operator was not running).
+    The operator records its own `needReplicas` (status or its exported gauge) and reads it back
+    with an offset; the simulator replays the earlier days it ran.
+    """
+
+    period_seconds: float
+    look_ahead_seconds: float
+    windows: tuple[float | None, ...]
 
 
 @dataclass(frozen=True)
@@ -174,6 +196,9 @@ class FleetState:
     ready_replicas: int
     starting_ages: tuple[float, ...] = ()  # seconds since creation of each replica not yet ready
     time_to_ready_seconds: float | None = None  # measured (e.g. p90 create->ready); None = spec's default
+    # How long each starting replica still needs, when the pods tell (e.g. image pulled and started:
+    # only the engine's load remains); same order as starting_ages. Empty: estimate from the ages.
+    starting_remaining: tuple[float, ...] = ()
 
     @property
     def starting_replicas(self) -> int:

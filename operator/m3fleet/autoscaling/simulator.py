@@ -35,7 +35,7 @@ import random
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
 from m3fleet.api.models import Plan
@@ -138,6 +138,7 @@ WAITING, PREFILL, DECODE, DONE = 0, 1, 2, 3
 
 class SimRequest:
     __slots__ = (
+        "admitted",
         "cost",
         "d_start",
         "finish",
@@ -160,6 +161,7 @@ class SimRequest:
         self.cost = 0.0
         self.first_token: float | None = None
         self.finish: float | None = None
+        self.admitted: float | None = None  # first admission to the batch: the end of its queue wait
         self.preemptions = 0
 
 
@@ -176,6 +178,7 @@ class Counters:
     prompt_sum: float = 0.0
     ttft_hist: list[int] = field(default_factory=list)
     ttft_sum: float = 0.0
+    queue_sum: float = 0.0  # seconds waiting before admission, over requests that reached a first token
 
 
 class Engine:
@@ -294,6 +297,8 @@ class Engine:
                 break  # FCFS: the head blocks the queue until its prompt fits
             self.waiting.popleft()
             self.queued_tokens -= r.need
+            if r.admitted is None:
+                r.admitted = self.t
             r.phase = PREFILL
             r.stint = next(self.sim.seq)
             r.cost = self.m.token_cost(r.need)
@@ -327,6 +332,7 @@ class Engine:
             self.c.generation_tokens += 1
             self.c.ttft_hist[bisect_left(TTFT_BUCKETS, ttft)] += 1
             self.c.ttft_sum += ttft
+            self.c.queue_sum += (r.admitted if r.admitted is not None else now) - r.spec.arrival
         remaining = r.spec.output - r.produced
         if remaining <= 0:
             self._finish(r, now)
@@ -390,6 +396,7 @@ class Scrape:
     prompt_sum: float
     ttft_cumulative: tuple[int, ...]
     ttft_sum: float
+    queue_sum: float
 
 
 class Replica:
@@ -489,6 +496,7 @@ class Simulation:
         cold_starts: Sequence[float],
         measured_cold_starts: Sequence[float],
         settings: SimSettings = SimSettings(),
+        clock_offset: float = 0.0,
     ) -> None:
         self.plan = plan
         self.model = model
@@ -498,6 +506,7 @@ class Simulation:
         self.settings = settings
         self.cold_starts = cold_starts
         self.measured = list(measured_cold_starts)
+        self.clock_offset = clock_offset  # the wall-clock time (Unix s) of simulated t = 0, for the autoscaler
         self.prompt_bounds = one_two_five_buckets(plan.max_model_len)
         self.limit = min(plan.max_model_len, model.capacity_tokens)
         self.ranks = max(1, plan.data_parallel_size)
@@ -691,17 +700,22 @@ class Simulation:
                     prompt_sum=sum(e.c.prompt_sum for e in engines),
                     ttft_cumulative=tuple(itertools.accumulate(ct)),
                     ttft_sum=sum(e.c.ttft_sum for e in engines),
+                    queue_sum=sum(e.c.queue_sum for e in engines),
                 )
             )
 
     def snapshot(self) -> MetricsSnapshot:
+        off = self.clock_offset
         return MetricsSnapshot(
             engine=str(self.plan.engine),
-            time=self.now,
+            time=self.now + off,
             replicas=tuple(
-                signals_from_scrapes(r.name, r.scrapes, self.settings.scrape_seconds, self.prompt_bounds)
-                for r in self._serving()
-                if r.scrapes
+                replace(s, sample_time=None if s.sample_time is None else s.sample_time + off)
+                for s in (
+                    signals_from_scrapes(r.name, r.scrapes, self.settings.scrape_seconds, self.prompt_bounds)
+                    for r in self._serving()
+                    if r.scrapes
+                )
             ),
             window_seconds=RATE_WINDOW_SECONDS,
         )
@@ -710,7 +724,7 @@ class Simulation:
         starting = [r for r in self.replicas if not r.ready and r.deleted is None]
         serving = self._serving()
         return FleetState(
-            now=self.now,
+            now=self.now + self.clock_offset,
             current_replicas=len(serving) + len(starting),
             ready_replicas=len(serving),
             starting_ages=tuple(self.now - r.created for r in starting),
@@ -790,6 +804,7 @@ def signals_from_scrapes(
         preemption_rate=rate(lambda s: s.preemptions),
         prompt_tokens=hist(prompt_bounds, lambda s: s.prompt_cumulative, lambda s: s.prompt_sum),
         ttft_seconds=hist(TTFT_BUCKETS, lambda s: s.ttft_cumulative, lambda s: s.ttft_sum),
+        queue_seconds=hist((), lambda s: (s.first_tokens,), lambda s: s.queue_sum),
     )
 
 
@@ -801,44 +816,6 @@ def _base(scrapes: Sequence[Scrape], interval: float, window: float) -> Scrape |
     return scrapes[max(0, len(scrapes) - 1 - steps)]
 
 
-# --- the oracle's demand profile ------------------------------------------------------------------
-
-
-def oracle_need(
-    requests: Sequence[Request], model: PerfModel, plan: Plan, duration: float, step: float, window: float = 60.0
-) -> list[float]:
-    """Replicas each `step` needs, from the true requests at the unloaded rate (full utilisation).
-
-    The largest of: prefill seconds arriving per second (averaged over `window`), the KV footprint
-    in flight, and the long requests in flight (> half an engine cannot share one).
-    """
-    ranks = max(1, plan.data_parallel_size)
-    limit = min(plan.max_model_len, model.capacity_tokens)
-    cells = math.ceil(duration / step) + 1
-    prefill = [0.0] * cells
-    kv = [0.0] * cells
-    large = [0.0] * cells
-    for r in requests:
-        if r.prompt + r.output > limit:
-            continue
-        work = model.unloaded_prefill_seconds(r.prompt)
-        prefill[min(cells - 1, int(r.arrival // step))] += work
-        end = r.arrival + work + (r.output - 1) * model.unloaded_itl(r.prompt + r.output / 2)
-        footprint = (r.prompt + r.output / 2) / model.capacity_tokens
-        is_large = r.prompt + r.output > model.capacity_tokens / 2
-        for cell in range(int(r.arrival // step), min(cells, int(end // step) + 1)):
-            kv[cell] += footprint
-            if is_large:
-                large[cell] += 1
-    half = max(1, round(window / step / 2))
-    need = []
-    for c in range(cells):
-        lo, hi = max(0, c - half), min(cells, c + half + 1)
-        prefill_rate = sum(prefill[lo:hi]) / ((hi - lo) * step)
-        need.append(max(prefill_rate, kv[c], large[c]) / ranks)
-    return need
-
-
 @dataclass(frozen=True)
 class SeedStreams:
     """Per-seed draws shared by every policy in a run (so replica k starts equally slowly for all)."""
@@ -847,7 +824,10 @@ class SeedStreams:
     measured: tuple[float, ...]
 
     @classmethod
-    def draw(cls, seed: int, low: float, high: float, initial: int) -> SeedStreams:
+    def draw(cls, seed: int, low: float, high: float, initial: int, fixed: float | None = None) -> SeedStreams:
+        """Seeded cold starts in [low, high]; every one `fixed` seconds when given (`--cold-start`)."""
+        if fixed is not None:
+            return cls((fixed,), (fixed,) * max(1, initial))
         rng = random.Random(f"{seed}:cold-starts")
         cold = tuple(rng.uniform(low, high) for _ in range(512))
         before = random.Random(f"{seed}:initial-cold-starts")

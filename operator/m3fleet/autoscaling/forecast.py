@@ -1,0 +1,147 @@
+"""Foresight where traffic repeats: a forecast floor from the resource's own history, and scheduled
+bounds. Pure: no clock (time is an input), no I/O.
+
+* **Forecast floor** — `forecast_floor(history)`: when the next look-ahead window needed at least N
+  replicas at this time in *each* of the last two recorded periods (days, by default), hold N now,
+  so replicas ordered one time-to-ready ahead are ready when the demand comes back. One period is
+  no pattern: a single recorded burst sets no floor. It is a floor under the reactive need, never
+  the only input, and bounded by min/max like everything else.
+* **Scheduled bounds** — `ScheduleWindow`: a daily (or weekday) UTC time window that raises
+  minReplicas and/or sets maxReplicas while it is active (AIBrix's scheduled bounds, KEDA's cron
+  trigger), for peaks the user knows about.
+
+`demand_history(records, now, ...)` builds the forecast input from recorded (time, need) samples;
+the simulator uses it on the days it replays, and an operator can use it on whatever it keeps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from m3fleet.autoscaling.signals import DemandHistory
+
+DAY = 86400.0
+FORECAST_PERIODS = 2  # the pattern must hold in each of the last two recorded periods
+
+
+SUSTAIN_SECONDS = 120.0  # a need counts once it held this long (a burst's onset spikes do not)
+
+
+def sustained(records: Sequence[tuple[float, float]], seconds: float = SUSTAIN_SECONDS) -> list[tuple[float, float]]:
+    """Each record's need replaced by the smallest need recorded in the `seconds` from it on (inclusive):
+    the level that then held that long. `records` are (time, need) sorted by time."""
+    out: list[tuple[float, float]] = []
+    end = 0
+    for i, (t, _) in enumerate(records):
+        end = max(end, i)
+        while end + 1 < len(records) and records[end + 1][0] <= t + seconds:
+            end += 1
+        out.append((t, min(n for _, n in records[i : end + 1])))
+    return out
+
+
+def demand_history(
+    records: Sequence[tuple[float, float]],
+    now: float,
+    period: float,
+    look_ahead: float,
+    periods: int = 7,
+    sustain: float = SUSTAIN_SECONDS,
+) -> DemandHistory:
+    """For k = 1..periods: the largest need that held for `sustain` seconds in
+    [now - k x period, now - k x period + look_ahead] (None when nothing was recorded there).
+    `records` are (time, need) sorted by time, e.g. the policy's `demandReplicas` per tick."""
+    windows: list[float | None] = []
+    for k in range(1, periods + 1):
+        lo, hi = now - k * period, now - k * period + look_ahead
+        inside = [(t, need) for t, need in records if lo <= t <= hi + sustain]
+        held = [need for t, need in sustained(inside, sustain) if t <= hi]
+        windows.append(max(held) if held else None)
+    return DemandHistory(period_seconds=period, look_ahead_seconds=look_ahead, windows=tuple(windows))
+
+
+@dataclass(frozen=True)
+class Forecast:
+    replicas: int
+    reason: str
+
+
+def forecast_floor(history: DemandHistory | None, tolerance: float = 0.1) -> Forecast:
+    """The floor the last FORECAST_PERIODS recorded periods agree on (0 with the reason when none)."""
+    if history is None:
+        return Forecast(0, "no recorded history")
+    recorded = [(k + 1, w) for k, w in enumerate(history.windows) if w is not None]
+    if len(recorded) < FORECAST_PERIODS:
+        return Forecast(0, f"{len(recorded)} of the last periods recorded; a floor needs {FORECAST_PERIODS}")
+    last = recorded[:FORECAST_PERIODS]
+    need = min(w for _, w in last)
+    replicas = max(0, math.ceil(need * (1.0 - tolerance) - 1e-9))
+    period = _period_name(history.period_seconds)
+    seen = ", ".join(f"{w:.1f} {k} {period}{'s' if k > 1 else ''} ago" for k, w in last)
+    return Forecast(
+        replicas,
+        f"the next {history.look_ahead_seconds:.0f}s needed up to {need:.1f} replicas at this time in each of the "
+        f"last {FORECAST_PERIODS} recorded {period}s ({seen})",
+    )
+
+
+def _period_name(seconds: float) -> str:
+    if seconds == DAY:
+        return "day"
+    if seconds == 7 * DAY:
+        return "week"
+    return f"{seconds:.0f}s-period"
+
+
+@dataclass(frozen=True)
+class ScheduleWindow:
+    """Bounds in force every day (or on `days`, 0 = Monday) from `start_minute` to `end_minute` UTC
+    (minutes after midnight; an end before the start runs past midnight)."""
+
+    name: str
+    start_minute: int
+    end_minute: int
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    days: tuple[int, ...] = ()
+
+    def active(self, now: float) -> bool:
+        moment = datetime.fromtimestamp(now, tz=UTC)
+        minute = moment.hour * 60 + moment.minute
+        weekday = moment.weekday()
+        if self.start_minute <= self.end_minute:
+            inside, day = self.start_minute <= minute < self.end_minute, weekday
+        elif minute >= self.start_minute:
+            inside, day = True, weekday
+        else:  # after midnight: the window started the day before
+            inside, day = minute < self.end_minute, (weekday - 1) % 7
+        return inside and (not self.days or day in self.days)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    min_replicas: int
+    max_replicas: int
+    windows: tuple[str, ...]  # the schedule windows in force
+
+
+def bounds_at(now: float, min_replicas: int, max_replicas: int, schedule: Sequence[ScheduleWindow]) -> Bounds:
+    """The spec's bounds with the active windows applied: the largest active minReplicas raises the
+    floor, the largest active maxReplicas replaces the ceiling; min never exceeds max."""
+    active = [w for w in schedule if w.active(now)]
+    lo = max([min_replicas, *(w.min_replicas for w in active if w.min_replicas is not None)])
+    maxima = [w.max_replicas for w in active if w.max_replicas is not None]
+    hi = max(maxima) if maxima else max_replicas
+    return Bounds(min(lo, hi), hi, tuple(w.name for w in active))
+
+
+def parse_hhmm(text: str) -> int:
+    """'HH:MM' (24 h) -> minutes after midnight; ValueError otherwise."""
+    hours, _, minutes = text.partition(":")
+    h, m = int(hours), int(minutes)
+    if not (0 <= h <= 23 and 0 <= m <= 59) or len(minutes) != 2:
+        raise ValueError(f"{text!r} is not HH:MM")
+    return h * 60 + m

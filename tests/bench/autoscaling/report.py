@@ -1,0 +1,302 @@
+"""The autoscaling benchmark: the policy against swept baselines and the oracle, per seed, side by side.
+
+Per seed (`seed_report`), on the same requests and cold starts:
+
+* `context-aware` at default settings (`m3fleet.autoscaling.simulate`);
+* every baseline family swept finely: `request-count`, `kv-utilization`, `queue-length` (HPA
+  algorithm, `baselines.py`) and `fixed` (1..maxReplicas); each family's default setting is also
+  reported under `policies`; `fixed` there is the cheapest constant fleet reaching our attainment;
+* `oracle` (`oracle.py`) and `workLowerBound`, the GPU-hours no policy can go below.
+
+`checks` holds the issue's aims for that seed: no baseline setting at least as good on both axes
+(within 0.5 points / 2%), at most 1.25x the oracle's GPU-hours, and on long-context scenarios a lead
+over every family's frontier (>= 5 points at our GPU-hours, or >= 20% fewer GPU-hours at our
+attainment). A family's frontier is its Pareto points joined by straight lines; at GPU-hours below
+its cheapest setting it has no value (it cannot run that cheaply), above its dearest it keeps its
+best attainment; an attainment above all its points is `unreachable` (met, at any cost it swept).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from m3fleet.autoscaling.simulate import Setup, run_context_aware, simulate
+from m3fleet.autoscaling.simulator import Autoscaler, PolicyResult
+
+from .baselines import Fixed, kv_utilization, queue_length, request_count
+from .oracle import run_oracle, work_lower_bound
+
+SWEEPS: Final[dict[str, tuple[str, tuple[float, ...]]]] = {
+    "request-count": ("targetInFlightPerReplica", (1, 1.5, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)),
+    "kv-utilization": ("targetKvUsage", tuple(round(0.1 + 0.05 * i, 2) for i in range(18))),
+    "queue-length": ("waitingPerReplica", (0.5, 1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)),
+}
+DEFAULTS: Final = {"request-count": 16.0, "kv-utilization": 0.8, "queue-length": 5.0}
+LONG_CONTEXT: Final = ("long-context-burst", "recurring-burst")
+DOMINANCE_POINTS, DOMINANCE_SHARE = 0.5, 0.02
+ORACLE_RATIO = 1.25
+LEAD_POINTS, LEAD_SAVED = 5.0, 0.20
+COLD_START_90: Final = {"long-context-burst": 0.95, "recurring-burst": 0.97}
+PRIOR_LOSS_POINTS = 3.0
+
+
+def baseline(setup: Setup, family: str, setting: float) -> tuple[Autoscaler, int | None]:
+    s = setup.scenario
+    if family == "request-count":
+        return request_count(setting, s.min_replicas, s.max_replicas), None
+    if family == "kv-utilization":
+        return kv_utilization(setting, s.min_replicas, s.max_replicas), None
+    if family == "queue-length":
+        return queue_length(setting, s.min_replicas, s.max_replicas), None
+    if family == "fixed":
+        return Fixed(int(setting)), int(setting)
+    raise KeyError(family)
+
+
+def run_baseline(setup: Setup, family: str, setting: float) -> PolicyResult:
+    autoscaler, initial = baseline(setup, family, setting)
+    return simulate(setup, autoscaler, initial_replicas=initial)
+
+
+@dataclass(frozen=True)
+class Point:
+    family: str
+    setting: float
+    attainment: float
+    gpu_hours: float
+
+    def to_dict(self, key: str, pareto: bool) -> dict[str, Any]:
+        return {
+            key: self.setting,
+            "sloAttainment": round(self.attainment, 4),
+            "gpuHours": round(self.gpu_hours, 2),
+            "pareto": pareto,
+        }
+
+
+def settings_of(setup: Setup, family: str) -> tuple[str, tuple[float, ...]]:
+    if family == "fixed":
+        return "replicas", tuple(float(n) for n in range(1, setup.scenario.max_replicas + 1))
+    return SWEEPS[family]
+
+
+FAMILIES: Final = ("request-count", "kv-utilization", "queue-length", "fixed")
+
+
+def sweep(setup: Setup, family: str) -> list[Point]:
+    _, values = settings_of(setup, family)
+    out = []
+    for value in values:
+        result = run_baseline(setup, family, value)
+        out.append(Point(family, value, result.slo_attainment, result.gpu_hours))
+    return out
+
+
+def pareto(points: Sequence[Point]) -> list[bool]:
+    """True for points no other point beats on both attainment (>=) and GPU-hours (<=)."""
+    return [
+        not any(
+            q is not p
+            and q.attainment >= p.attainment
+            and q.gpu_hours <= p.gpu_hours
+            and (q.attainment > p.attainment or q.gpu_hours < p.gpu_hours)
+            for q in points
+        )
+        for p in points
+    ]
+
+
+def frontier(points: Sequence[Point]) -> list[Point]:
+    """The Pareto points, cheapest first (so attainment rises along the list)."""
+    return sorted((p for p, keep in zip(points, pareto(points), strict=True) if keep), key=lambda p: p.gpu_hours)
+
+
+def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float | None:
+    for (x0, y0), (x1, y1) in itertools.pairwise(zip(xs, ys, strict=True)):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[0] if len(xs) == 1 and x == xs[0] else None
+
+
+def lead(ours: PolicyResult, points: Sequence[Point]) -> dict[str, Any]:
+    """Our default against one family's frontier (see the module docstring)."""
+    front = frontier(points)
+    gpu = [p.gpu_hours for p in front]
+    att = [p.attainment for p in front]
+    at_our_cost = _interpolate(gpu, att, ours.gpu_hours)
+    if at_our_cost is None and ours.gpu_hours > gpu[-1]:
+        at_our_cost = att[-1]
+    unreachable = ours.slo_attainment > att[-1]
+    cost_of_ours = None if unreachable else _interpolate(att, gpu, ours.slo_attainment)
+    if cost_of_ours is None and not unreachable and ours.slo_attainment <= att[0]:
+        cost_of_ours = gpu[0]
+    points_ahead = None if at_our_cost is None else (ours.slo_attainment - at_our_cost) * 100
+    saved = None if cost_of_ours is None else 1 - ours.gpu_hours / cost_of_ours
+    met = (
+        (points_ahead is not None and points_ahead >= LEAD_POINTS)
+        or (saved is not None and saved >= LEAD_SAVED)
+        or unreachable
+    )
+    return {
+        "pointsAheadAtOurGpuHours": None if points_ahead is None else round(points_ahead, 2),
+        "gpuHoursSavedAtOurAttainment": None if saved is None else round(saved, 4),
+        "unreachable": unreachable,
+        "met": met,
+    }
+
+
+def seed_report(setup: Setup, with_sweep: bool = True, prior_scales: Sequence[float] = ()) -> dict[str, Any]:
+    ours = run_context_aware(setup)
+    oracle = run_oracle(setup)
+    bound = work_lower_bound(setup)
+    policies: dict[str, Any] = {"context-aware": ours.to_dict()}
+    for family, default in DEFAULTS.items():
+        policies[family] = {**run_baseline(setup, family, default).to_dict(), "setting": default}
+    report: dict[str, Any] = {
+        "scenario": setup.scenario.name,
+        "seed": setup.seed,
+        "coldStartSeconds": setup.cold_start,
+        "policies": policies,
+    }
+    checks: dict[str, Any] = {}
+    if with_sweep:
+        swept = {family: sweep(setup, family) for family in FAMILIES}
+        fixed = swept["fixed"]
+        matching = [p for p in fixed if p.attainment >= ours.slo_attainment - DOMINANCE_POINTS / 100]
+        chosen = min(matching, key=lambda p: p.gpu_hours) if matching else max(fixed, key=lambda p: p.attainment)
+        policies["fixed"] = {
+            **run_baseline(setup, "fixed", chosen.setting).to_dict(),
+            "setting": chosen.setting,
+            "note": "the cheapest constant fleet reaching our attainment (within 0.5 points), else the best one",
+        }
+        report["frontier"] = {
+            family: [p.to_dict(settings_of(setup, family)[0], f) for p, f in zip(pts, pareto(pts), strict=True)]
+            for family, pts in swept.items()
+        }
+        dominating = [
+            {
+                "policy": p.family,
+                "setting": p.setting,
+                "sloAttainment": round(p.attainment, 4),
+                "gpuHours": round(p.gpu_hours, 2),
+            }
+            for pts in swept.values()
+            for p in pts
+            if p.attainment >= ours.slo_attainment - DOMINANCE_POINTS / 100
+            and p.gpu_hours <= ours.gpu_hours * (1 + DOMINANCE_SHARE)
+        ]
+        checks["notDominated"] = {"met": not dominating, "atLeastAsGoodOnBoth": dominating}
+        if setup.scenario.name in LONG_CONTEXT:
+            leads = {family: lead(ours, pts) for family, pts in swept.items()}
+            checks["longContextLead"] = {"met": all(v["met"] for v in leads.values()), "byFamily": leads}
+    policies["oracle"] = {**oracle.result.to_dict(), "headroom": oracle.headroom, "metGoal": oracle.met_goal}
+    ratio = ours.gpu_hours / oracle.result.gpu_hours if oracle.result.gpu_hours else None
+    checks["oracleRatio"] = {
+        "value": None if ratio is None else round(ratio, 3),
+        "met": ratio is not None and ratio <= ORACLE_RATIO,
+    }
+    report["workLowerBound"] = {
+        "gpuHours": round(bound, 2),
+        "oracleOverBound": round(oracle.result.gpu_hours / bound, 3) if bound else None,
+        "oursOverBound": round(ours.gpu_hours / bound, 3) if bound else None,
+    }
+    if setup.cold_start == 90 and setup.scenario.name in COLD_START_90:
+        goal = COLD_START_90[setup.scenario.name]
+        checks["coldStart90"] = {"goal": goal, "met": ours.slo_attainment >= goal}
+    if prior_scales:
+        runs = {}
+        for scale in prior_scales:
+            config = {
+                "prefill_tokens_per_second": _prior(setup) * scale,
+                "default_output_tokens": 256.0 * scale,
+            }
+            off = run_context_aware(setup, **config)
+            runs[f"{scale:g}"] = {
+                "sloAttainment": round(off.slo_attainment, 4),
+                "gpuHours": round(off.gpu_hours, 2),
+                "pointsLost": round((ours.slo_attainment - off.slo_attainment) * 100, 2),
+            }
+        worst = max(r["pointsLost"] for r in runs.values())
+        checks["priorsOff"] = {"met": worst <= PRIOR_LOSS_POINTS, "byScale": runs}
+    report["checks"] = checks
+    return report
+
+
+def _prior(setup: Setup) -> float:
+    from m3fleet.autoscaling.simulate import policy_config
+
+    return policy_config(setup).prefill_tokens_per_second
+
+
+def _spread(values: Sequence[float | None]) -> dict[str, float] | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return {"min": round(min(present), 4), "mean": round(sum(present) / len(present), 4), "max": round(max(present), 4)}
+
+
+def summarize(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per policy the per-seed minimum, mean and maximum; per check the seeds where it is met and not."""
+    names = list(reports[0]["policies"])
+    checks: dict[str, Any] = {}
+    for name in {k for r in reports for k in r["checks"]}:
+        met = [r["seed"] for r in reports if r["checks"].get(name, {}).get("met")]
+        missed = [r["seed"] for r in reports if name in r["checks"] and not r["checks"][name].get("met")]
+        checks[name] = {"metOnSeeds": len(met), "of": len(met) + len(missed), "notMetOn": missed}
+    return {
+        "seeds": [r["seed"] for r in reports],
+        "policies": {
+            name: {
+                "sloAttainment": _spread(
+                    [r["policies"][name]["sloAttainment"] for r in reports if name in r["policies"]]
+                ),
+                "gpuHours": _spread([r["policies"][name]["gpuHours"] for r in reports if name in r["policies"]]),
+            }
+            for name in names
+        },
+        "oracleRatio": _spread([r["checks"]["oracleRatio"]["value"] for r in reports]),
+        "checks": checks,
+    }
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def format_text(reports: Sequence[dict[str, Any]], summary: dict[str, Any]) -> str:
+    first = reports[0]
+    cold = first["coldStartSeconds"]
+    lines = [
+        f"scenario {first['scenario']}, seeds {summary['seeds'][0]}-{summary['seeds'][-1]}, "
+        f"cold start {'catalog' if cold is None else f'{cold:g} s'}",
+        "",
+    ]
+    names = list(first["policies"])
+    lines.append("seed  " + "  ".join(f"{n:>20}" for n in names) + "  checks not met")
+    for r in reports:
+        cells = [f"{_pct(r['policies'][n]['sloAttainment'])}/{r['policies'][n]['gpuHours']:.1f}" for n in names]
+        missed = [k for k, v in r["checks"].items() if not v.get("met")]
+        lines.append(f"{r['seed']:>4}  " + "  ".join(f"{c:>20}" for c in cells) + "  " + (", ".join(missed) or "-"))
+    lines += ["", "per-seed min / mean / max (SLO attainment; GPU-hours):"]
+    for name, p in summary["policies"].items():
+        a, g = p["sloAttainment"], p["gpuHours"]
+        if a and g:
+            lines.append(
+                f"  {name:<15} {_pct(a['min'])} / {_pct(a['mean'])} / {_pct(a['max'])};  "
+                f"{g['min']:.1f} / {g['mean']:.1f} / {g['max']:.1f}"
+            )
+    ratio = summary["oracleRatio"]
+    if ratio:
+        lines.append(f"  GPU-hours / oracle's: {ratio['min']:.2f} / {ratio['mean']:.2f} / {ratio['max']:.2f}")
+    lines += ["", "checks (seeds met):"]
+    for name, c in sorted(summary["checks"].items()):
+        lines.append(
+            f"  {name}: {c['metOnSeeds']} of {c['of']}" + (f"; not met on {c['notMetOn']}" if c["notMetOn"] else "")
+        )
+    return "\n".join(lines) + "\n"
+
+
+Runner = Callable[[int], dict[str, Any]]
