@@ -3,13 +3,15 @@ reading back what the real controllers made of them."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.cluster.cluster import SAMPLES, Cluster, eventually
+from tests.cluster.cluster import SAMPLES, Cluster, OperatorProcess, eventually
 from tests.cluster.nodes import NODES
 
 WEIGHT_CLAIMS = ("m3-weights", "m3-weights-mxfp8", "m3-weights-mxfp4")
@@ -130,3 +132,12 @@ def write_manifest(tmp: Path, document: dict[str, Any]) -> Path:
     path = tmp / f"{document['metadata']['name']}.yaml"
     path.write_text(yaml.safe_dump(document))
     return path
+
+
+@contextlib.contextmanager
+def operated_namespace(cluster: Cluster, namespace: str, name: str) -> Iterator[OperatorProcess]:
+    """A namespace with weight PVCs, and a cluster-scoped operator (its own process) running over it."""
+    cluster.namespace(namespace)
+    weight_volumes(cluster, namespace)
+    with cluster.operator("--all-namespaces", "--standalone", name=name) as running:
+        yield running

@@ -17,7 +17,15 @@ from typing import Any
 
 import pytest
 from tests.cluster.cluster import BIN, Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import NODE_POOL, delete, renamed, sample, wait_ready, weight_volumes, write_manifest
+from tests.cluster.fleet import (
+    NODE_POOL,
+    delete,
+    operated_namespace,
+    renamed,
+    sample,
+    wait_ready,
+    write_manifest,
+)
 
 NAMESPACE = "benchjob"
 BENCH_SELECTOR = "app.kubernetes.io/managed-by=m3fleet-bench"
@@ -25,9 +33,7 @@ BENCH_SELECTOR = "app.kubernetes.io/managed-by=m3fleet-bench"
 
 @pytest.fixture(scope="module")
 def operator(chart: Cluster) -> Iterator[OperatorProcess]:
-    chart.namespace(NAMESPACE)
-    weight_volumes(chart, NAMESPACE)
-    with chart.operator("--all-namespaces", "--standalone", name="operator-bench-job") as running:
+    with operated_namespace(chart, NAMESPACE, "operator-bench-job") as running:
         yield running
 
 

@@ -15,11 +15,11 @@ from tests.cluster.fleet import (
     assert_on_pool,
     condition,
     delete,
+    operated_namespace,
     pods,
     renamed,
     samples,
     wait_ready,
-    weight_volumes,
 )
 
 from m3fleet.api import parse_resource
@@ -30,9 +30,7 @@ NAMESPACE = "fleet"
 
 @pytest.fixture(scope="module")
 def operator(chart: Cluster) -> Iterator[OperatorProcess]:
-    chart.namespace(NAMESPACE)
-    weight_volumes(chart, NAMESPACE)
-    with chart.operator("--all-namespaces", "--standalone", name="operator-journeys") as running:
+    with operated_namespace(chart, NAMESPACE, "operator-journeys") as running:
         yield running
 
 

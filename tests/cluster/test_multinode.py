@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 from tests.cluster import dra
 from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import assert_on_pool, delete, pods, renamed, sample, wait_ready, weight_volumes
+from tests.cluster.fleet import (
+    assert_on_pool,
+    delete,
+    operated_namespace,
+    pods,
+    renamed,
+    sample,
+    wait_ready,
+)
 
 NAMESPACE = "groups"
 ONE_MILLION = 1_048_576
@@ -19,10 +27,8 @@ CLIQUE = "nvidia.com/gpu.clique"
 
 @pytest.fixture(scope="module")
 def operator(chart: Cluster) -> Iterator[OperatorProcess]:
-    chart.namespace(NAMESPACE)
-    weight_volumes(chart, NAMESPACE)
     dra.install(chart)
-    with chart.operator("--all-namespaces", "--standalone", name="operator-groups") as running:
+    with operated_namespace(chart, NAMESPACE, "operator-groups") as running:
         yield running
 
 
