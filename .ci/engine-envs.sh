@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (or reuse) the two offline venvs the engine-parser test tier (tests/engine_parsers/) runs
-# vLLM's and SGLang's own argument parsers in. Recipe and reasoning: shared/docs/engine-argparse.md §1,
-# except torch, which now comes from PyPI with its CUDA libraries (see below; the doc's CPU wheel is gone).
+# vLLM's and SGLang's own argument parsers in. Versions are pinned in each wheel's
+# Requires-Dist; torch comes from PyPI with its CUDA libraries (see below), which import fine on a CPU.
 # Cold: 5.5 GB per venv, about 4 GB of downloads, 3 min (idle 2 cores) to 6 min (busy) for both.
 #
 # Output contract (stdout carries ONLY these two lines; every log line goes to stderr):

@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from m3fleet.catalog.metrics import ENGINE_METRICS, EngineMetrics
+
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "m3fleet"
 CRD_SOURCE = ROOT / "crds" / "m3fleet.dev_minimaxm3deployments.yaml"
@@ -102,36 +104,22 @@ BY_FLEET = "namespace, m3fleet_dev_name"
 FLEET_LEGEND = "{{namespace}}/{{m3fleet_dev_name}}"
 RATE = "[$__rate_interval]"
 
-# (engine, KV usage 0..1, waiting requests, running requests, prompt tokens, generation tokens, TTFT, e2e latency)
-ENGINE_METRICS = {
-    "vllm": {
-        "kv": "vllm:kv_cache_usage_perc",
-        "waiting": "vllm:num_requests_waiting",
-        "running": "vllm:num_requests_running",
-        "prompt": "vllm:prompt_tokens_total",
-        "generation": "vllm:generation_tokens_total",
-        "ttft": "vllm:time_to_first_token_seconds_bucket",
-        "e2e": "vllm:e2e_request_latency_seconds_bucket",
-    },
-    "sglang": {
-        "kv": "sglang:token_usage",
-        "waiting": "sglang:num_queue_reqs",
-        "running": "sglang:num_running_reqs",
-        "prompt": "sglang:prompt_tokens_total",
-        "generation": "sglang:generation_tokens_total",
-        "ttft": "sglang:time_to_first_token_seconds_bucket",
-        "e2e": "sglang:e2e_request_latency_seconds_bucket",
-    },
-    "trtllm": {
-        "kv": "trtllm_kv_cache_utilization",
-        "waiting": "trtllm_num_requests_waiting",
-        "running": "trtllm_num_requests_running",
-        "prompt": "trtllm_prompt_tokens_total",
-        "generation": "trtllm_generation_tokens_total",
-        "ttft": "trtllm_time_to_first_token_seconds_bucket",
-        "e2e": "trtllm_e2e_request_latency_seconds_bucket",
-    },
+# The dashboard's panels: which `EngineMetrics` field each plots ("_bucket" marks a histogram's buckets).
+PANEL_METRICS = {
+    "kv": "kv_usage",
+    "waiting": "waiting",
+    "running": "running",
+    "prompt": "prompt_tokens",
+    "generation": "generation_tokens",
+    "ttft": "ttft",
+    "e2e": "e2e_latency",
 }
+HISTOGRAM_PANELS = {"ttft", "e2e"}
+
+
+def _engine_series(metrics: EngineMetrics, key: str) -> str:
+    name: str = getattr(metrics, PANEL_METRICS[key])[0]  # the current name; older spellings are the adapter's
+    return name + "_bucket" if key in HISTOGRAM_PANELS else name
 
 
 def _target(ref: int, expr: str, legend: str) -> dict[str, Any]:
@@ -223,7 +211,10 @@ class _Layout:
 
 
 def _per_engine(key: str, template: str, legend: str) -> list[tuple[str, str]]:
-    return [(template.replace("{m}", metrics[key]), f"{engine} {legend}") for engine, metrics in ENGINE_METRICS.items()]
+    return [
+        (template.replace("{m}", _engine_series(metrics, key)), f"{engine} {legend}")
+        for engine, metrics in ENGINE_METRICS.items()
+    ]
 
 
 def _variable(name: str, label: str, query: str) -> dict[str, Any]:

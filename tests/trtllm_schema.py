@@ -1,11 +1,10 @@
 """A strict JSON Schema of the TensorRT-LLM `extra_llm_api_options` YAML keys documented for MiniMax-M3.
 
-TensorRT-LLM cannot be installed here (PyPI holds only a stub that downloads from pypi.nvidia.com;
-shared/docs/engine-argparse.md §6), so its own `TorchLlmArgs` cannot validate what we render. This
-schema is the substitute: only the keys the pinned release's MiniMax-M3 deployment guide (TRT-GUIDE,
-seed 004) and its curated YAML (TRT-YAML) set, plus the two metrics switches TRT-MET documents
-(m3-facts §4.1, §4.3, §4.4). Anything else is rejected: a key we have not seen documented is a key we
-cannot claim the engine accepts. The guide's hard M3 constraints are `const`s.
+TensorRT-LLM cannot be installed here (PyPI holds only a stub that downloads from pypi.nvidia.com), so
+its own `TorchLlmArgs` cannot validate what we render. This schema is the substitute: only the keys the
+pinned release's MiniMax-M3 deployment guide (TRT-GUIDE) and its curated YAML (TRT-YAML) set, plus the
+two metrics switches TRT-MET documents. Anything else is rejected: a key we have not seen documented is
+a key we cannot claim the engine accepts. The guide's hard M3 constraints are `const`s.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ SCHEMA: Final[dict[str, Any]] = {
     "title": f"TensorRT-LLM {DOCUMENTED_RELEASE} extra_llm_api_options for MiniMax-M3",
     **strict_object(
         {
-            # Parallelism (TRT-YAML; pipeline_parallel_size: m3-facts §4.4). Ranks == tensor_parallel_size.
+            # Parallelism (TRT-YAML; pipeline_parallel_size: TRT-GUIDE). Ranks == tensor_parallel_size.
             "tensor_parallel_size": POSITIVE_INT,
             "pipeline_parallel_size": POSITIVE_INT,
             "moe_expert_parallel_size": POSITIVE_INT,

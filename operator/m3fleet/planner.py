@@ -50,6 +50,7 @@ from m3fleet.catalog import (
 )
 from m3fleet.catalog.facts import GB, GIB, POD_SHM_GIB
 from m3fleet.errors import SpecError
+from m3fleet.text import tokens as format_tokens
 
 MIN_POD_MEMORY_GIB = 2 * POD_SHM_GIB  # the memory-backed /dev/shm plus at least as much for the processes
 
@@ -113,7 +114,7 @@ def _sparse_layers(stage: range) -> int:
 
 
 def kv_bytes_per_token_per_gpu(attention_tp: int, kv_dtype: KvCacheDtype, pp: int = 1) -> int:
-    """K/V of the stage's layers for this rank's heads plus the stage's unsharded index-K cache (m3-facts §1.3),
+    """K/V of the stage's layers for this rank's heads plus the stage's unsharded index-K cache (VLLM-IDX),
     in the stage that needs the most: every stage holds every token, so the heaviest one sets the capacity."""
     layout = KV_LAYOUT
     heads_per_rank = max(1, layout.kv_heads // attention_tp)
@@ -569,14 +570,6 @@ def _caveats(engine: EngineName, accel: AcceleratorFacts, variant: ModelVariant,
     return notes
 
 
-def _fmt_tokens(n: int) -> str:
-    if n >= 1_000_000:
-        return f"{n / 1_000_000:.2f}M"
-    if n >= 1000:
-        return f"{n // 1000}k"
-    return str(n)
-
-
 def _infeasible(
     spec: MiniMaxM3DeploymentSpec,
     strategy: Strategy,
@@ -621,16 +614,16 @@ def _infeasible(
     fits_len = (best.tokens_per_rank // need_seqs) // 1024 * 1024
     if strategy == Strategy.DP_EP:
         problem = (
-            f"{max_len} needs {_fmt_tokens(max_len)} KV tokens in one DP rank, but with {where} {on} each rank "
-            f"holds {_fmt_tokens(best.tokens_per_rank)} (weights are replicated on every rank)"
+            f"{max_len} needs {format_tokens(max_len)} KV tokens in one DP rank, but with {where} {on} each rank "
+            f"holds {format_tokens(best.tokens_per_rank)} (weights are replicated on every rank)"
         )
         fix = f"use strategy tp or tp-ep, or lower maxModelLen to {fits_len} or less"
     else:
         need_tokens = max_len * need_seqs
         problem = (
-            f"{max_len} needs {_fmt_tokens(need_tokens)} KV tokens per replica"
+            f"{max_len} needs {format_tokens(need_tokens)} KV tokens per replica"
             + (f" ({need_seqs} sequences)" if need_seqs > 1 else "")
-            + f" but {where} {on} holds {_fmt_tokens(best.tokens_per_replica)}"
+            + f" but {where} {on} holds {format_tokens(best.tokens_per_replica)}"
         )
         options = []
         if explicit:

@@ -2,7 +2,7 @@
 """Check engine command lines with the engine's OWN argument parser, offline.
 
 Runs INSIDE an engine venv built by `.ci/engine-envs.sh`, so it imports only the stdlib and the
-engine (never m3fleet or pytest). Recipe and stage definitions: shared/docs/engine-argparse.md §2-3.
+engine (never m3fleet or pytest). The stages are in tests/engine_parsers/grid.py.
 
     stdin:  [{"id": str, "engine": "vllm"|"sglang", "argv": [...]}]
             argv = what follows `vllm serve`, resp. `python -m sglang.launch_server`

@@ -25,7 +25,7 @@ from m3fleet.render import labels, render
 SAMPLES_DIR = Path(__file__).resolve().parents[2] / "manifests" / "samples"
 NAMESPACE = "ns"
 
-# What each engine's container runs before the argv its own parser sees (engine-argparse.md §2).
+# What each engine's container runs before the argv its own parser sees (the engines' images: VLLM-RCP, SGL-CB).
 LAUNCHERS: dict[str, tuple[str, ...]] = {
     EngineName.VLLM: ("vllm", "serve"),
     EngineName.SGLANG: ("python3", "-m", "sglang.launch_server"),

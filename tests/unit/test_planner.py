@@ -74,8 +74,9 @@ def test_sglang_gb200_plan_names_every_departure_from_the_blog() -> None:
     assert p.gpu_memory_utilization == 0.8  # the blog's --mem-fraction-static
 
 
-# Worked out by hand from m3-facts.md, not from the planner. Per GPU with TP>=4 one token costs
-# 60 layers x 2 (K,V) x 1 head x 128 x 2 B = 30,720 B plus the unsharded index 57 x 128 x 2 B = 14,592 B,
+# Worked out by hand from the model config (HF-CFG) and vLLM's KV layout (VLLM-SPA, VLLM-IDX), not from the
+# planner. Per GPU with TP>=4 one token costs 60 layers x 2 (K,V) x 1 head x 128 x 2 B = 30,720 B plus the
+# unsharded index 57 x 128 x 2 B = 14,592 B,
 # i.e. 45,312 B in BF16 and 15,360 + 14,592 = 29,952 B with fp8 K/V. DP ranks keep all 4 heads: 137,472 B.
 # Weights: BF16 854.08 GB; replicated (non-expert) 26.12 GB of which 1.2 GB vision encoder (replicated per
 # GPU when loaded). 1 GiB = 1.073741824 GB. vLLM budget = mem x 0.92 (its default) - weights - 4 GiB - the

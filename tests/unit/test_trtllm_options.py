@@ -25,7 +25,7 @@ RENDERED = [r for r in grid.samples() if r.engine == "trtllm"] + grid.grid(
     grid.spec_grid(("trtllm",), contexts=(2_068, 131_072, 524_288), kv_dtypes=("bf16",), text_only=(False,))
 )
 
-# The curated MiniMax-M3 throughput config's values (TRT-YAML, m3-facts §4.1): the schema must take it.
+# The curated MiniMax-M3 throughput config's values (TRT-YAML): the schema must take it.
 CURATED: dict[str, Any] = {
     "max_batch_size": 256,
     "max_num_tokens": 8192,

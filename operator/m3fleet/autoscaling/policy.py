@@ -49,6 +49,7 @@ from typing import Any, Final
 from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, Plan
 from m3fleet.autoscaling.forecast import Bounds, ScheduleWindow, bounds_at, forecast_floor, parse_hhmm
 from m3fleet.autoscaling.signals import FleetState, Histogram, MetricsSnapshot, ReplicaSignals
+from m3fleet.text import tokens as format_tokens
 
 # Prefill throughput prior, prompt tokens per second per GPU at long context (a stand-in for a
 # measured profile; UNVERIFIED). Multi-node replicas lose some of it to inter-node traffic.
@@ -457,8 +458,9 @@ def _capacity(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> _Capacit
     if abs(ratio - 1.0) <= margin and abs(rank_ratio - 1.0) <= margin:
         return _Capacity(seen, seen_rank, {**status, "source": "engines", "mismatch": False}, None)
     message = (
-        f"engines report {_tok(seen)} KV tokens per replica ({_tok(seen_rank)} per rank), {ratio:.2f}x the plan's "
-        f"{_tok(plan_cap)} ({_tok(plan_rank)} per rank), more than {margin:.0%} apart: planning with the smaller; "
+        f"engines report {format_tokens(seen)} KV tokens per replica ({format_tokens(seen_rank)} per rank), "
+        f"{ratio:.2f}x the plan's {format_tokens(plan_cap)} ({format_tokens(plan_rank)} per rank), "
+        f"more than {margin:.0%} apart: planning with the smaller; "
         "check the engine's memory and KV-dtype flags against the plan, and the metrics' labels"
     )
     return _Capacity(
@@ -787,31 +789,23 @@ def _explain(terms: _Terms) -> str:
     v = terms.values
     if terms.dominant == "prefill":
         detail = (
-            f"prefill needs {v['prefillReplicas']:.2f} replicas ({_tok(v['arrivingPromptTokensPerSecond'])}/s "
-            f"prompt tokens arriving, {_tok(v['queuedPromptTokens'])} queued, "
-            f"{_tok(v['prefillTokensPerSecondPerReplica'])}/s per replica)"
+            f"prefill needs {v['prefillReplicas']:.2f} replicas ({format_tokens(v['arrivingPromptTokensPerSecond'])}/s "
+            f"prompt tokens arriving, {format_tokens(v['queuedPromptTokens'])} queued, "
+            f"{format_tokens(v['prefillTokensPerSecondPerReplica'])}/s per replica)"
         )
     elif terms.dominant == "bin":
         detail = (
             f"{v['longRequests']:.0f} long requests need {v['binReplicas']:.2f} replicas "
-            f"(each over a third of a {_tok(v['binTokens'])}-token rank)"
+            f"(each over a third of a {format_tokens(v['binTokens'])}-token rank)"
         )
     else:
         detail = (
-            f"KV demand {_tok(v['kvDemandTokens'])} tokens needs {v['kvReplicas']:.2f} replicas "
-            f"of {_tok(v['kvTokensPerReplica'])}"
+            f"KV demand {format_tokens(v['kvDemandTokens'])} tokens needs {v['kvReplicas']:.2f} replicas "
+            f"of {format_tokens(v['kvTokensPerReplica'])}"
         )
     if terms.unservable:
         detail += f"; {terms.unservable} queued requests exceed any replica's KV and are not scaled on"
     return detail
-
-
-def _tok(n: float) -> str:
-    if n >= 1e6:
-        return f"{n / 1e6:.2f}M"
-    if n >= 1e3:
-        return f"{n / 1e3:.0f}k"
-    return f"{n:.0f}"
 
 
 def decide(

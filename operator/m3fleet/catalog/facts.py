@@ -1,7 +1,7 @@
 """Everything m3fleet knows about MiniMax-M3, the GPU pools and the engines — as data, in one place.
 
-Each number carries the source it came from (the tags are defined in `SOURCES`, copied from
-`shared/docs/m3-facts.md` §0). "UNVERIFIED" marks a number nobody has checked on real hardware
+Each number carries the source it came from: a tag defined in `SOURCES`, each a public repository
+and path at a version, or a public page. "UNVERIFIED" marks a number nobody has checked on real hardware
 or the pinned image; the planner repeats those caveats in the plan's notes where they matter.
 Change a number here and the planner, renderers and tests follow.
 """
@@ -26,7 +26,8 @@ SOURCES: Final[dict[str, str]] = {
     "TRT-YAML": "NVIDIA/TensorRT-LLM examples/configs/curated/minimax-m3-throughput.yaml",
     "SGL-CFG": "sgl-project/sglang docs_new/src/snippets/configs/MiniMaxAI/minimax-m3.jsx",
     "SGL-CB": "sgl-project/sglang docs_new/cookbook/autoregressive/MiniMax/MiniMax-M3.mdx",
-    "NV-BLOG": "NVIDIA developer blog 'Deploy Long-Context Reasoning ... MiniMax M3' (shared/seeds/000)",
+    "NV-BLOG": "NVIDIA Technical Blog, 'Deploy Long-Context Reasoning and Agentic Workflows with MiniMax M3 on "
+    "NVIDIA Accelerated Infrastructure' (developer.nvidia.com/blog)",
     "LWS-API": "kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go",
     "LWS-WEBHOOK": "kubernetes-sigs/lws v0.9.0 pkg/webhooks/pod_webhook.go (group-key label, exclusive affinities)",
     "DYN-TRT": "ai-dynamo/dynamo deploy/operator/internal/dynamo/backend_trtllm.go (multi-node TRT-LLM, mpirun/SSH)",
@@ -34,7 +35,8 @@ SOURCES: Final[dict[str, str]] = {
     "DRA": "NVIDIA/k8s-dra-driver-gpu api/nvidia.com/resource/v1beta1/computedomain.go",
     "AMD-DP": "ROCm/k8s-device-plugin docs/advanced/node-labelling.md",
     "3P-CALC": "third-party KV-calculator dataset quoting MiniMaxAI/MiniMax-M3 config.json",
-    "ENGINE-ARGPARSE": "shared/docs/engine-argparse.md (the pinned wheels, inspected on CPU)",
+    "ENGINE-ARGPARSE": "the pinned vllm and sglang wheels' own argument parsers, run on CPU by tests/engine_parsers "
+    "(venvs built by .ci/engine-envs.sh)",
     "VLLM-SRC": "vllm 0.33.0 wheel: vllm/models/minimax_m3/{nvidia,amd}/model.py, common/mm_preprocess.py, "
     "config/cache.py",
     "SGL-SRC": "sglang 0.5.23 wheel: srt/models/minimax_m3{,_vl}.py, srt/arg_groups/model_overrides/minimax_m3.py, "
@@ -51,7 +53,7 @@ GIB: Final = float(1 << 30)
 
 @dataclass(frozen=True)
 class KvLayout:
-    """What one token costs in the KV cache (vLLM's layout for M3; m3-facts §1.2)."""
+    """What one token costs in the KV cache (vLLM's layout for M3: VLLM-SPA, VLLM-IDX)."""
 
     layers: int = 60  # every layer keeps full paged K/V; MSA selects blocks, it does not shrink the cache
     kv_heads: int = 4  # GQA, head_dim 128
@@ -60,7 +62,7 @@ class KvLayout:
     index_layers: int = 57  # MSA sparse layers 3..59 add one index-K vector per token; each is also a MoE layer
     index_dim: int = 128  # not sharded by TP; BF16 by default even with fp8 KV
     index_dtype_bytes: int = 2
-    block_size: int = 128  # vLLM --block-size 128 is mandatory (page size == sparse block size)
+    block_size: int = 128  # MSA's sparse block size; vLLM's --block-size must equal it (VLLM-RCP troubleshooting)
     sources: tuple[str, ...] = ("HF-CFG", "3P-CALC", "VLLM-IDX", "VLLM-SPA", "VLLM-RCP")
 
 
@@ -176,7 +178,6 @@ class AcceleratorFacts:
     vendor: Vendor
     memory_gib: float  # usable, as nvidia-smi / amd-smi report it (less than the marketing figure)
     gpus_per_node: int
-    arch: Literal["amd64", "arm64"]
     resource_name: str
     # Node labels the pool's nodes carry, each with every value known to appear for this product (the
     # device plugins' spellings differ by version); one value renders a nodeSelector, several a node
@@ -214,7 +215,6 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         vendor="nvidia",
         memory_gib=140.0,  # 141 GB HBM3e; nvidia-smi reports 143771 MiB
         gpus_per_node=8,
-        arch="amd64",
         resource_name="nvidia.com/gpu",
         node_labels={"nvidia.com/gpu.product": ("NVIDIA-H200",), "kubernetes.io/arch": ("amd64",)},
         cpu_per_gpu=8,
@@ -223,7 +223,7 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
             "memory_gib": "aiwiki H200 (141 GB); reported MiB UNVERIFIED",
             "node_labels": "nvidia.com/gpu.product: GFD (NVIDIA/k8s-device-plugin "
             "docs/gpu-feature-discovery/README.md) publishes the nvidia-smi product name with spaces as dashes "
-            "('NVIDIA H200' -> NVIDIA-H200; the H200 string is UNVERIFIED, m3-facts §8); kubernetes.io/arch: "
+            "('NVIDIA H200' -> NVIDIA-H200; the H200 string is UNVERIFIED); kubernetes.io/arch: "
             "the kubelet's well-known label (HGX H200 hosts are x86_64). Override with nodePool.nodeSelector",
             "cpu_per_gpu": "64 CPU / 512 GiB per 8-GPU pod fits the smallest common HGX H200 host (Azure ND H200 "
             "v5: 96 vCPU, 1850 GiB; AWS p5en and DGX H200 are larger); a sizing choice, UNVERIFIED per provider",
@@ -234,7 +234,6 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         vendor="nvidia",
         memory_gib=184.0,  # 186 GB per GPU (NVL72: ~13.4 TB / 72)
         gpus_per_node=4,
-        arch="arm64",
         resource_name="nvidia.com/gpu",
         node_labels={"nvidia.com/gpu.product": ("NVIDIA-GB200",), "kubernetes.io/arch": ("arm64",)},
         cpu_per_gpu=16,
@@ -257,7 +256,6 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         vendor="amd",
         memory_gib=288.0,  # 288 GB HBM3E, gfx950
         gpus_per_node=8,
-        arch="amd64",
         resource_name="amd.com/gpu",
         # The AMD node labeller publishes the marketing name with underscores; live MI355X nodes show the
         # OAM form AMD_Instinct_MI355_OAM, and AMD_Instinct_MI355X(_OAM) appear for other firmware/labeller
@@ -358,7 +356,7 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             "support": "VLLM-RCP (NVIDIA Hopper/Blackwell; AMD CDNA4 incl. MXFP4)",
             "images": "ENGINE-ARGPARSE: 0.33.0 has the M3 model classes and minimax_m3 parsers",
             "memory_fraction": "VLLM-SRC config/cache.py: gpu_memory_utilization default 0.92",
-            "activation_reserve_gib": "m3-facts §1.3 ('about 4 GiB of non-KV overhead', UNVERIFIED)",
+            "activation_reserve_gib": "DERIVED: about 4 GiB of non-KV overhead per GPU (UNVERIFIED)",
             "parsers": "VLLM-RCP, ENGINE-ARGPARSE (underscore form registered)",
             "pipeline_parallel": "VLLM-SRC: MiniMaxM3SparseForCausalLM/ForConditionalGeneration implement SupportsPP "
             "(make_layers, PPMissingLayer) on both platforms; TP within a node, PP across nodes: VLLM-PAR",
@@ -427,7 +425,7 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             "platform",
             "language_model_only": "SGL-SRC fields/disagg.py --language-model-only (tokenizer refuses media) vs "
             "models/minimax_m3_vl.py (vision tower built unconditionally)",
-            "deviations": "NV-BLOG (shared/seeds/000); SGL-SRC arg_groups/model_overrides/minimax_m3.py; SGL-CB",
+            "deviations": "NV-BLOG; SGL-SRC arg_groups/model_overrides/minimax_m3.py; SGL-CB",
         },
     ),
     EngineName.TRTLLM: EngineFacts(
@@ -455,7 +453,7 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         sources={
             "pipeline_parallel": "TRT-GUIDE ('TEP or DEP'); the curated YAML sets no pipeline_parallel_size",
             "yarn_vendors": "TRT-GUIDE documents no rope scaling for M3",
-            "language_model_only": "TRT-GUIDE (architectures), seed 004",
+            "language_model_only": "TRT-GUIDE (architectures)",
             "support": "TRT-GUIDE ('served in BF16; no FP8/NVFP4 serving path')",
             "images": "TRT-GUIDE (nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc20)",
             "memory_fraction": "TRT-YAML (kv_cache_config.free_gpu_memory_fraction 0.7)",

@@ -10,5 +10,5 @@ from typing import Final
 VLLM_VERSION: Final = "0.33.0"
 SGLANG_VERSION: Final = "0.5.23"
 # TensorRT-LLM has no installable wheel on PyPI; its YAML is checked against a schema of the
-# options its MiniMax-M3 deployment guide documents (seed 004, TRT-GUIDE).
+# options its MiniMax-M3 deployment guide documents (TRT-GUIDE).
 TRTLLM_VERSION: Final = "1.3.0rc20"

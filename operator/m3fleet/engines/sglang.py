@@ -8,7 +8,7 @@ Kernels: SGLang 0.5.23 picks M3's attention backend, page size and MoE runner it
 (`srt/arg_groups/model_overrides/minimax_m3.py`), but only for flags left unset: fa3 + page 128 on Hopper; fa4 +
 page 128 (the MSA fmha_sm100 kernel), or trtllm_mha with fp8_e4m3 KV, plus deep_gemm for MXFP8 on SM100; triton
 on ROCm; triton whenever the MoE weights are BF16. Forcing any of them only loses paths (on GB200 the fp8-KV
-attention GEMMs), so none is rendered; the NVIDIA blog's Blackwell command (NV-BLOG, seed 000) is followed
+attention GEMMs), so none is rendered; the NVIDIA blog's Blackwell command (NV-BLOG) is followed
 otherwise, and each difference is listed in `catalog.ENGINES[sglang].deviations` and the plan's notes.
 """
 

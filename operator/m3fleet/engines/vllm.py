@@ -7,6 +7,7 @@ Multi-node replicas use vLLM's own multi-process launcher (`--nnodes/--node-rank
 from __future__ import annotations
 
 from m3fleet.api.models import MoeBackend, Strategy, Variant
+from m3fleet.catalog import KV_LAYOUT
 from m3fleet.engines.base import (
     LWS_GROUP_SIZE,
     LWS_LEADER_ADDRESS,
@@ -79,7 +80,7 @@ def serve_args(ctx: Context) -> list[str]:
         args.append("--enable-expert-parallel")
     args += [
         "--block-size",
-        "128",  # mandatory: MSA's sparse block size (VLLM-RCP troubleshooting)
+        str(KV_LAYOUT.block_size),  # mandatory: MSA's sparse block size (VLLM-RCP troubleshooting)
         "--max-model-len",
         str(plan.max_model_len),
         "--gpu-memory-utilization",

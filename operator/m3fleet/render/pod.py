@@ -143,7 +143,6 @@ def placement(ctx: Context) -> dict[str, Any]:
     engine pods add their group's NVLink-domain affinity (`_placement`)."""
     user = ctx.spec.node_pool.node_selector
     selector = {k: v[0] for k, v in ctx.accelerator.node_labels.items() if len(v) == 1 and k not in user}
-    selector["kubernetes.io/arch"] = ctx.accelerator.arch
     selector.update(user)  # the user's labels win (the catalog's may be wrong)
     choices = [
         {"key": k, "operator": "In", "values": list(v)}
