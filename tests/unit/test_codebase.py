@@ -38,3 +38,66 @@ def test_every_source_names_a_public_repository_page_or_this_repository() -> Non
     public = re.compile(r"^[\w.-]+/[\w.-]+ |\bwheel\b|\bblog\b|\(developer\.nvidia\.com|^third-party|^computed|tests/")
     unsourced = {tag: text for tag, text in SOURCES.items() if not public.search(text)}
     assert not unsourced, unsourced
+
+
+def _catalog_facts() -> dict[str, str]:
+    """Each fact the catalog holds as a string, with where it lives there."""
+    import dataclasses
+
+    from m3fleet.catalog import ACCELERATORS, ENGINES, KV_LAYOUT
+    from m3fleet.catalog.metrics import ENGINE_METRICS
+
+    facts: dict[str, str] = {str(KV_LAYOUT.block_size): "KV_LAYOUT.block_size"}
+    for engine, metrics in ENGINE_METRICS.items():
+        for item in dataclasses.fields(metrics):
+            if item.name in ("engine", "rank_label"):  # what the engine is called, a label name: not metric names
+                continue
+            value = getattr(metrics, item.name)
+            names = (value,) if isinstance(value, str) else value or ()
+            facts.update({name: f"ENGINE_METRICS[{engine}].{item.name}" for name in names})
+    for name, engine in ENGINES.items():
+        for image in engine.images.values():
+            facts[image] = f"ENGINES[{name.value}].images"
+        facts[engine.reasoning_parser] = f"ENGINES[{name.value}].reasoning_parser"
+        facts[engine.tool_parser] = f"ENGINES[{name.value}].tool_parser"
+    for name, accelerator in ACCELERATORS.items():
+        facts[accelerator.resource_name] = f"ACCELERATORS[{name.value}].resource_name"
+        for key, values in accelerator.node_labels.items():
+            facts[key] = f"ACCELERATORS[{name.value}].node_labels"
+            facts.update({value: f"ACCELERATORS[{name.value}].node_labels[{key}]" for value in values})
+    return facts
+
+
+# The code that must read facts from the catalog rather than spell them: the renderers, the operator, the
+# autoscaler's adapters and the chart generator. (The catalog itself and its sources are the one home.)
+READERS_OF_FACTS = (
+    "operator/m3fleet/engines",
+    "operator/m3fleet/render",
+    "operator/m3fleet/controller",
+    "operator/m3fleet/autoscaling",
+    "operator/m3fleet/planner.py",
+    "charts/generate.py",
+)
+
+
+# Strings equal to a fact that mean something else.
+SAME_TEXT_OTHER_MEANING = ("operator/m3fleet/render/labels.py:19: 'minimax-m3'",)  # app.kubernetes.io/name
+
+
+def test_renderers_the_operator_and_the_chart_generator_read_facts_from_the_catalog() -> None:
+    import ast
+
+    facts = _catalog_facts()
+    files = [ROOT / p for p in READERS_OF_FACTS if (ROOT / p).is_file()]
+    files += [f for p in READERS_OF_FACTS if (ROOT / p).is_dir() for f in sorted((ROOT / p).rglob("*.py"))]
+    repeated = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r} is {facts[node.value]}"
+        for path in files
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value in facts
+        and not (node.value.isdigit() and "engines" not in str(path))  # a bare number is a fact only as a flag
+    ]
+    repeated = [line for line in repeated if not any(line.startswith(c) for c in SAME_TEXT_OTHER_MEANING)]
+    assert not repeated, "read these from m3fleet.catalog instead:\n" + "\n".join(repeated)

@@ -313,6 +313,8 @@ class EngineFacts:
     # vLLM reserves its multimodal encoder cache (sized by profiling the largest accepted video) out of the
     # memory fraction, next to the activations.
     reserves_encoder_cache: bool = False
+    # The engine's name for M3's sparse attention where it must be configured explicitly (no dense fallback).
+    sparse_attention_algorithm: str | None = None
     # Where m3fleet departs from the engine's published command on an accelerator, and why: repeated in the plan.
     deviations: dict[Accelerator, tuple[str, ...]] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
@@ -450,7 +452,9 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         # The text-only MiniMaxM3SparseForCausalLM is chosen by a checkpoint whose config.json names it; the
         # published checkpoints name MiniMaxM3SparseForConditionalGeneration and trtllm-serve has no override.
         language_model_only="unsupported",
+        sparse_attention_algorithm="minimax_m3",
         sources={
+            "sparse_attention_algorithm": "TRT-GUIDE, TRT-YAML (sparse_attention_config.algorithm)",
             "pipeline_parallel": "TRT-GUIDE ('TEP or DEP'); the curated YAML sets no pipeline_parallel_size",
             "yarn_vendors": "TRT-GUIDE documents no rope scaling for M3",
             "language_model_only": "TRT-GUIDE (architectures)",

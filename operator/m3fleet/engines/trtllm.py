@@ -96,7 +96,7 @@ def llm_api_options(ctx: Context) -> dict[str, Any]:
             "free_gpu_memory_fraction": plan.gpu_memory_utilization,
         },
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": batch},
-        "sparse_attention_config": {"algorithm": "minimax_m3"},  # no dense fallback
+        "sparse_attention_config": {"algorithm": ctx.engine.sparse_attention_algorithm},  # no dense fallback
         "return_perf_metrics": True,  # Prometheus gauges on /prometheus/metrics
         "enable_iter_perf_stats": True,  # queue, KV and memory gauges
         "stream_interval": 10,
