@@ -101,3 +101,17 @@ def test_renderers_the_operator_and_the_chart_generator_read_facts_from_the_cata
     ]
     repeated = [line for line in repeated if not any(line.startswith(c) for c in SAME_TEXT_OTHER_MEANING)]
     assert not repeated, "read these from m3fleet.catalog instead:\n" + "\n".join(repeated)
+
+
+def test_every_path_in_the_readme_code_map_exists() -> None:
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## Where things are") : readme.index("## Two commands on a fresh machine")]
+    paths = re.findall(
+        r"`((?:operator|charts|manifests|tests|api|catalog|engines|render|controller|autoscaling)/[^`]*)`", table
+    )
+    missing = [
+        p
+        for p in paths
+        if not any((ROOT / base / p).exists() or list((ROOT / base).glob(p)) for base in ("", "operator/m3fleet"))
+    ]
+    assert len(paths) > 20 and not missing, missing
