@@ -537,108 +537,161 @@ def _pairing_bins(items: Sequence[float], bin_size: float) -> float:
     return large + math.ceil(medium / 2)
 
 
-def _terms(
+@dataclass(frozen=True)
+class _Load:
+    """What the fresh replicas report, summed over them."""
+
+    resident: float  # KV tokens held
+    running: float
+    waiting: float
+    prompt_rate: float  # prompt tokens prefilled per second
+    generation_rate: float
+    finished_rate: float
+    histogram: Histogram | None  # prompt lengths of finished requests
+
+    @classmethod
+    def of(cls, fresh: Sequence[ReplicaSignals], plan_capacity: float) -> _Load:
+        return cls(
+            resident=_sum([r.used_tokens(r.kv_capacity_tokens or plan_capacity) for r in fresh]),
+            running=_sum([r.running for r in fresh]),
+            waiting=_sum([r.waiting for r in fresh]),
+            prompt_rate=_sum([r.prompt_tokens_rate for r in fresh]),
+            generation_rate=_sum([r.generation_tokens_rate for r in fresh]),
+            finished_rate=_sum([r.finished_rate for r in fresh]),
+            histogram=Histogram.merge(r.prompt_tokens for r in fresh),
+        )
+
+
+def _arriving_prompt_length(
     config: PolicyConfig,
     state: PolicyState,
-    health: _Health,
-    snapshot: MetricsSnapshot,
-    fleet: FleetState,
-    horizon: float,
-) -> _Terms:
-    now = fleet.now
-    fresh = health.fresh
-    plan_cap = config.kv_tokens_per_replica
-    checked = _capacity(config, fresh)
-    capacity, rank_capacity = checked.replica, checked.rank
-    bin_size = config.kv_target * rank_capacity
-
-    resident = _sum([r.used_tokens(r.kv_capacity_tokens or plan_cap) for r in fresh])
-    running = _sum([r.running for r in fresh])
-    waiting = _sum([r.waiting for r in fresh])
-    prompt_rate = _sum([r.prompt_tokens_rate for r in fresh])
-    gen_rate = _sum([r.generation_tokens_rate for r in fresh])
-    finished_rate = _sum([r.finished_rate for r in fresh])
-    hist = Histogram.merge(r.prompt_tokens for r in fresh)
-
-    # Prompt length of arriving requests: prompt tokens per first token (recent prefills). The router
-    # sends new requests to replicas without a queue, so theirs describe what arrives now; a replica
-    # with a queue prefills what arrived before (its ratio describes its own queue, below). Within a
-    # rate window of a burst the ratio still mixes in the old regime. See `_prompt_estimate`.
-    elapsed = now - state.last_time if state.last_time is not None and now > state.last_time else None
-    per_running = _ratio(resident, running)
+    load: _Load,
+    fresh: Sequence[ReplicaSignals],
+    since_burst: float | None,
+    window: float,
+    elapsed: float | None,
+    rising: bool,
+) -> tuple[float, bool]:
+    """(mean prompt tokens of arriving requests, burst): prompt tokens per first token of recent prefills.
+    The router sends new requests to replicas without a queue, so theirs describe what arrives now; a
+    replica with a queue prefills what arrived before (its ratio describes its own queue, see
+    `_queued_prompt_tokens`). Within a rate window of a burst the ratio still mixes in the old regime.
+    See `_prompt_estimate`."""
+    per_running = _ratio(load.resident, load.running)
     unqueued = [r for r in fresh if not r.waiting and r.first_token_rate]
     side = unqueued or fresh
     observed = (
         _ratio(_sum([r.prompt_tokens_rate for r in side]), _sum([r.first_token_rate for r in side]))
         or per_running
-        or (hist.mean() if hist else None)
+        or (load.histogram.mean() if load.histogram else None)
         or config.default_prompt_tokens
     )
-    # Within one horizon of a burst's start the new level is still being measured: rises are taken at
-    # once (the replicas ordered now arrive one time-to-ready later, too late for a slow estimate).
-    rising = bool(state.bursts) and now - state.bursts[-1][0] < horizon
-    isl, prompt_burst = _prompt_estimate(
+    settled = since_burst is None or since_burst >= window
+    return _prompt_estimate(
         state.prompt_tokens,
         observed,
-        bool(unqueued) and not (state.bursts and now - state.bursts[-1][0] < snapshot.window_seconds),
+        bool(unqueued) and settled,
         per_running,
-        running,
-        hist.quantile(0.9) if hist else None,
+        load.running,
+        load.histogram.quantile(0.9) if load.histogram else None,
         elapsed,
         rising and config.fast_rise,
     )
-    output = _ratio(gen_rate, finished_rate) or config.default_output_tokens
 
-    gateway = [float(t) for t in snapshot.queued_request_tokens]
-    unservable = sum(1 for t in gateway if t > rank_capacity)
-    servable_gateway = [t for t in gateway if t <= rank_capacity]
-    # An engine's queue (FCFS) holds requests from the era it is prefilling now, or newer ones.
-    local = [
-        (r.waiting or 0.0) * max(isl, _ratio(r.prompt_tokens_rate or 0.0, r.first_token_rate or 0.0) or 0.0)
+
+def _queued_prompt_tokens(fresh: Sequence[ReplicaSignals], prompt_tokens: float) -> list[float]:
+    """Prompt tokens waiting in each engine's queue. An engine's queue (FCFS) holds requests from the era it
+    is prefilling now, or newer ones."""
+    return [
+        (r.waiting or 0.0) * max(prompt_tokens, _ratio(r.prompt_tokens_rate or 0.0, r.first_token_rate or 0.0) or 0.0)
         for r in fresh
     ]
-    at_gateway = sum(servable_gateway)
-    queued = sum(local) + at_gateway
 
-    # kv: queued tokens weighted by KV turnover within the horizon (Little's law).
-    growth = running * output / 2.0
-    turnover = resident / prompt_rate if prompt_rate > 0 else horizon
+
+@dataclass(frozen=True)
+class _KvTerm:
+    replicas: float
+    demand: float  # KV tokens wanted within the horizon
+    weight: float  # share of the queue that turns over into the KV within the horizon
+    growth: float  # tokens the running requests still decode
+
+
+def _kv_term(
+    config: PolicyConfig, load: _Load, queued: float, output: float, capacity: float, horizon: float
+) -> _KvTerm:
+    """Resident tokens, plus queued tokens weighted by KV turnover within the horizon (Little's law), plus
+    the running requests' decode growth, at the KV target."""
+    growth = load.running * output / 2.0
+    turnover = load.resident / load.prompt_rate if load.prompt_rate > 0 else horizon
     weight = min(1.0, turnover / horizon)
-    kv_demand = resident + weight * queued + growth
-    kv_replicas = kv_demand / (config.kv_target * capacity)
+    demand = load.resident + weight * queued + growth
+    return _KvTerm(demand / (config.kv_target * capacity), demand, weight, growth)
 
-    # bin: long requests resident at once (running, plus the queue weighted as above), their sizes
-    # from the prompt-length mix (a bucket's geometric middle), plus the gateway's own requests. The
-    # mix is of finished requests (it lags by their lifetime): it can say which sizes run, not that
-    # more long requests run than the resident and weighted queued tokens can hold.
-    items = list(servable_gateway)
+
+def _bin_term(
+    config: PolicyConfig, load: _Load, local: Sequence[float], gateway: Sequence[float], weight: float, bin_size: float
+) -> tuple[float, int]:
+    """(replicas, long requests): long requests resident at once (running, plus the queue weighted as in
+    the KV term), their sizes from the prompt-length mix (a bucket's geometric middle), plus the gateway's
+    own requests. The mix is of finished requests (it lags by their lifetime): it can say which sizes run,
+    not that more long requests run than the resident and weighted queued tokens can hold."""
+    items = list(gateway)
+    hist = load.histogram
     if hist is not None and hist.observations() > 0:
-        concurrent = running + weight * waiting
+        concurrent = load.running + weight * load.waiting
         mix: list[float] = []
         for lower, upper, n in hist.buckets():
             top = min(upper, float(config.max_model_len))
             size = math.sqrt(lower * top) if lower > 0 else top
             if n > 0 and size > bin_size / 3:
                 mix.extend([size] * math.floor(concurrent * n / hist.observations() + 0.5))
-        fits = math.floor((resident + weight * sum(local)) / (bin_size / 3))
+        fits = math.floor((load.resident + weight * sum(local)) / (bin_size / 3))
         items.extend(sorted(mix, reverse=True)[:fits])
     large = sum(1 for s in items if s > bin_size / 3)
-    bin_replicas = _pairing_bins(items, bin_size) / config.ranks_per_replica
+    return _pairing_bins(items, bin_size) / config.ranks_per_replica, large
 
-    # prefill: arriving prompt tokens at the target utilisation, plus the replicas kept busy by
-    # backlogs. Arrivals: requests finishing plus the growth of those in flight (conservation) times
-    # the prompt length, smoothed over two minutes (one tick's delta is noise). Not the prefilled
-    # rate: a backlog drains faster than requests arrive.
-    per_replica, learned, samples, prefill_status = _learned_prefill(config, state, fresh, elapsed)
-    in_flight = _window(state.in_flight, now, running + waiting, snapshot.window_seconds)
+
+@dataclass(frozen=True)
+class _PrefillTerm:
+    replicas: float
+    arrival_replicas: float  # what the arriving load itself needs
+    backlog_replicas: float  # replicas kept busy by queues
+    arrivals: float  # prompt tokens arriving per second
+    request_rate: float
+    burst: bool
+    per_replica: float
+    utilisation: float
+    in_flight: tuple[tuple[float, float], ...]
+
+
+def _prefill_term(
+    config: PolicyConfig,
+    state: PolicyState,
+    fresh: Sequence[ReplicaSignals],
+    fleet: FleetState,
+    load: _Load,
+    local: Sequence[float],
+    at_gateway: float,
+    prompt_tokens: float,
+    per_replica: float,
+    window: float,
+    elapsed: float | None,
+    rising: bool,
+    horizon: float,
+) -> _PrefillTerm:
+    """Arriving prompt tokens at the target utilisation, plus the replicas kept busy by backlogs.
+    Arrivals: requests finishing plus the growth of those in flight (conservation) times the prompt
+    length, smoothed over two minutes (one tick's delta is noise). Not the prefilled rate: a backlog
+    drains faster than requests arrive."""
+    in_flight = _window(state.in_flight, fleet.now, load.running + load.waiting, window)
     leaving = [r.finished_rate if r.finished_rate is not None else r.first_token_rate for r in fresh]
     if any(v is not None for v in leaving):
-        rate, rate_burst = _rate_estimate(
+        rate, burst = _rate_estimate(
             state.request_rate, _request_rate(_sum(leaving), in_flight), elapsed, rising and config.fast_rise
         )
     else:  # no rate yet (a replica's first scrape): keep what we had, do not learn "zero"
-        rate, rate_burst = state.request_rate or 0.0, False
-    arrivals = rate * isl
+        rate, burst = state.request_rate or 0.0, False
+    arrivals = rate * prompt_tokens
     # Until the replicas already starting are ready (they count as supply), arrivals beyond what the
     # ready ones prefill pile up: at the gateway when it holds requests (any replica drains it), else
     # in the ready engines' queues. A request queued in an engine waits for that engine (no router
@@ -655,38 +708,99 @@ def _terms(
         at_gateway += excess
         excess = 0.0
     busy = sum(min(1.0, (tokens + excess / len(fresh)) / drain) for tokens in local) if fresh else 0.0
-    utilisation = config.prefill_utilisation(isl, per_replica)
-    prefill_replicas = arrivals / (utilisation * per_replica) + busy + at_gateway / drain
+    utilisation = config.prefill_utilisation(prompt_tokens, per_replica)
+    arrival_replicas = arrivals / (utilisation * per_replica)
+    return _PrefillTerm(
+        arrival_replicas + busy + at_gateway / drain,
+        arrival_replicas,
+        busy + at_gateway / drain,
+        arrivals,
+        rate,
+        burst,
+        per_replica,
+        utilisation,
+        in_flight,
+    )
 
-    candidates = {"kv": kv_replicas, "bin": bin_replicas, "prefill": prefill_replicas}
+
+def _terms(
+    config: PolicyConfig,
+    state: PolicyState,
+    health: _Health,
+    snapshot: MetricsSnapshot,
+    fleet: FleetState,
+    horizon: float,
+) -> _Terms:
+    """The three needs (KV, long-request bins, prefill) and the numbers behind them; the largest wins."""
+    now, fresh = fleet.now, health.fresh
+    checked = _capacity(config, fresh)
+    capacity, rank_capacity = checked.replica, checked.rank
+    bin_size = config.kv_target * rank_capacity
+    load = _Load.of(fresh, config.kv_tokens_per_replica)
+
+    elapsed = now - state.last_time if state.last_time is not None and now > state.last_time else None
+    since_burst = now - state.bursts[-1][0] if state.bursts else None
+    # Within one horizon of a burst's start the new level is still being measured: rises are taken at
+    # once (the replicas ordered now arrive one time-to-ready later, too late for a slow estimate).
+    rising = since_burst is not None and since_burst < horizon
+    window = snapshot.window_seconds
+    isl, prompt_burst = _arriving_prompt_length(config, state, load, fresh, since_burst, window, elapsed, rising)
+    output = _ratio(load.generation_rate, load.finished_rate) or config.default_output_tokens
+
+    gateway = [float(t) for t in snapshot.queued_request_tokens]
+    unservable = sum(1 for t in gateway if t > rank_capacity)
+    servable_gateway = [t for t in gateway if t <= rank_capacity]
+    local = _queued_prompt_tokens(fresh, isl)
+    queued = sum(local) + sum(servable_gateway)
+
+    kv = _kv_term(config, load, queued, output, capacity, horizon)
+    bin_replicas, large = _bin_term(config, load, local, servable_gateway, kv.weight, bin_size)
+    per_replica, learned, samples, prefill_status = _learned_prefill(config, state, fresh, elapsed)
+    prefill = _prefill_term(
+        config,
+        state,
+        fresh,
+        fleet,
+        load,
+        local,
+        sum(servable_gateway),
+        isl,
+        per_replica,
+        window,
+        elapsed,
+        rising,
+        horizon,
+    )
+
+    candidates = {"kv": kv.replicas, "bin": bin_replicas, "prefill": prefill.replicas}
     dominant = max(candidates, key=lambda k: candidates[k])
     values = {
-        "kvReplicas": kv_replicas,
+        "kvReplicas": kv.replicas,
         "binReplicas": bin_replicas,
-        "prefillReplicas": prefill_replicas,
+        "prefillReplicas": prefill.replicas,
         "needReplicas": candidates[dominant],
         # The need without the replicas kept busy by backlogs: what the arriving load itself needs. The
         # forecast records this (a backlog is a symptom of the last cold start, not demand to pre-provision).
         "demandReplicas": max(
-            (resident + growth) / (config.kv_target * capacity), bin_replicas, arrivals / (utilisation * per_replica)
+            (load.resident + kv.growth) / (config.kv_target * capacity), bin_replicas, prefill.arrival_replicas
         ),
-        "kvDemandTokens": kv_demand,
-        "residentTokens": resident,
+        "kvDemandTokens": kv.demand,
+        "residentTokens": load.resident,
         "queuedPromptTokens": queued,
-        "queueWeight": weight,
-        "decodeGrowthTokens": growth,
+        "queueWeight": kv.weight,
+        "decodeGrowthTokens": kv.growth,
         "kvTokensPerReplica": capacity,
         "binTokens": bin_size,
         "longRequests": float(large),
         "promptTokensPerRequest": isl,
         "outputTokensPerRequest": output,
-        "arrivingPromptTokensPerSecond": arrivals,
+        "arrivingPromptTokensPerSecond": prefill.arrivals,
         "prefillTokensPerSecondPerReplica": per_replica,
-        "prefillUtilisationTarget": utilisation,
-        "prefillArrivalReplicas": arrivals / (utilisation * per_replica),
-        "prefillBacklogReplicas": busy + at_gateway / drain,
-        "runningRequests": running,
-        "waitingRequests": waiting,
+        "prefillUtilisationTarget": prefill.utilisation,
+        "prefillArrivalReplicas": prefill.arrival_replicas,
+        "prefillBacklogReplicas": prefill.backlog_replicas,
+        "runningRequests": load.running,
+        "waitingRequests": load.waiting,
         "horizonSeconds": horizon,
         "freshReplicas": float(len(fresh)),
     }
@@ -694,11 +808,11 @@ def _terms(
         values=values,
         need=candidates[dominant],
         dominant=dominant,
-        request_rate=rate,
+        request_rate=prefill.request_rate,
         prompt_tokens=isl,
-        in_flight=in_flight,
+        in_flight=prefill.in_flight,
         unservable=unservable,
-        burst=rate_burst or prompt_burst,
+        burst=prefill.burst or prompt_burst,
         capacity=checked,
         prefill_rate=learned,
         prefill_samples=samples,
@@ -827,18 +941,8 @@ def decide(
         reason = f"hold: {health.hold}; never scale down without metrics"
         if desired != current:
             reason = f"{health.hold}; only the min/max bounds apply ({current} -> {desired})"
-        decision = Decision(
-            time=now,
-            mode=config.mode,
-            action=_action(desired, current),
-            desired_replicas=desired,
-            current_replicas=current,
-            recommended_replicas=desired,
-            reason=_mode_prefix(config, reason),
-            terms={"horizonSeconds": horizon, "freshReplicas": float(len(health.fresh))},
-            panic=panic_active,
-            bounds=bounds,
-        )
+        measured = {"horizonSeconds": horizon, "freshReplicas": float(len(health.fresh))}
+        decision = _decision(config, fleet, desired, desired, reason, bounds, panic_active, terms=measured)
         return decision, replace(state, last_time=None, in_flight=())
 
     terms = _terms(config, state, health, snapshot, fleet, horizon)
@@ -894,35 +998,23 @@ def decide(
         history = (*history[:-1], (now, min(recommendation, max(steady, 1))))
     desired = clamp(desired)  # the bounds are hard, whatever the step limits say
 
-    if desired > current:
-        verb = f"scale-up {current} -> {desired}"
-    elif desired < current:
-        verb = f"scale-down {current} -> {desired}"
-    elif recommendation == current:
-        verb = f"hold at {current}" + (" (within tolerance)" if round(terms.need) != current else "")
-    elif recommendation < current:
-        window = f"the {config.scale_down_window_seconds:.0f}s stabilization window"
-        by = "panic" if panic else "missing metrics" if health.missing else window
-        verb = f"hold at {current}: scale-down to {recommendation} held by {by}"
-    else:
-        verb = f"hold at {current}: scale-up to {recommendation} held by the scale-up window"
     if panic:
         notes.append(f"panic (need >= {config.panic_threshold}x ready) until t={panic_until:.0f}")
+    held_by = "panic" if panic else "missing metrics" if health.missing else None
+    verb = _verb(config, current, desired, recommendation, round(terms.need), held_by)
     reason = f"{verb}: {_explain(terms)}" + "".join(f"; {n}" for n in notes)
 
     warnings = (("KVCapacityMismatch", terms.capacity.warning),) if terms.capacity.warning else ()
-    decision = Decision(
-        time=now,
-        mode=config.mode,
-        action=_action(desired, current),
-        desired_replicas=desired,
-        current_replicas=current,
-        recommended_replicas=recommendation,
-        reason=_mode_prefix(config, reason),
+    decision = _decision(
+        config,
+        fleet,
+        desired,
+        recommendation,
+        reason,
+        bounds,
+        panic,
         terms=terms.values,
-        panic=panic,
         unservable_requests=terms.unservable,
-        bounds=bounds,
         forecast=None if forecast is None else (forecast.replicas, forecast.reason),
         capacity=terms.capacity.status,
         prefill=terms.prefill,
@@ -964,6 +1056,45 @@ def _burst_floor(bursts: tuple[tuple[float, int], ...], now: float, window: floa
         return 0
     (t0, n0), (t1, n1) = bursts
     return min(n0, n1) if t1 - t0 <= window and now - t1 <= window else 0
+
+
+def _decision(
+    config: PolicyConfig,
+    fleet: FleetState,
+    desired: int,
+    recommended: int,
+    reason: str,
+    bounds: Bounds,
+    panic: bool,
+    **details: Any,
+) -> Decision:
+    """The one place a Decision is made: what is common to holding and to deciding on the terms."""
+    return Decision(
+        time=fleet.now,
+        mode=config.mode,
+        action=_action(desired, fleet.current_replicas),
+        desired_replicas=desired,
+        current_replicas=fleet.current_replicas,
+        recommended_replicas=recommended,
+        reason=_mode_prefix(config, reason),
+        panic=panic,
+        bounds=bounds,
+        **details,
+    )
+
+
+def _verb(config: PolicyConfig, current: int, desired: int, recommendation: int, need: int, held_by: str | None) -> str:
+    """What the tick does, and what held back a recommendation it does not follow."""
+    if desired > current:
+        return f"scale-up {current} -> {desired}"
+    if desired < current:
+        return f"scale-down {current} -> {desired}"
+    if recommendation == current:
+        return f"hold at {current}" + (" (within tolerance)" if need != current else "")
+    if recommendation < current:
+        by = held_by or f"the {config.scale_down_window_seconds:.0f}s stabilization window"
+        return f"hold at {current}: scale-down to {recommendation} held by {by}"
+    return f"hold at {current}: scale-up to {recommendation} held by the scale-up window"
 
 
 def _action(desired: int, current: int) -> Action:
