@@ -13,8 +13,11 @@ Sources -> generated files:
 * m3fleet.catalog.ENGINES -> charts/m3fleet/files/engine-metrics.yaml (PodMonitor paths).
 * DASHBOARD below -> manifests/dashboards/m3fleet-fleet.json and the chart's copy.
 * manifests/gitops/argocd/health.lua -> manifests/gitops/argocd/argocd-cm-patch.yaml.
-* the chart, rendered with its default values (Helm v4 SDK, helm-python-sdk) ->
-  manifests/install/operator.yaml, manifests/install/namespace.yaml and manifests/install.yaml.
+* the chart, rendered with its default values but the admission webhook off (Helm v4 SDK,
+  helm-python-sdk) -> manifests/install/operator.yaml, manifests/install/namespace.yaml and
+  manifests/install.yaml. A static file cannot carry the webhook's serving key (Helm makes a new one
+  on every render; a key checked into a repository is no secret): install with Helm, or with
+  webhook.certManager.enabled, for planner-backed admission.
 
 Needs m3fleet importable (pip install -e .) and helm-python-sdk (the `test` extra).
 """
@@ -538,9 +541,12 @@ def render_chart(values: dict[str, Any] | None = None, *, name: str = RELEASE, n
     return sorted(objects, key=lambda o: KIND_ORDER.index(o["kind"]) if o["kind"] in KIND_ORDER else len(KIND_ORDER))
 
 
+STATIC_VALUES = {"webhook": {"enabled": False}}  # no serving key in a checked-in file (see the docstring)
+
+
 def static_objects() -> list[dict[str, Any]]:
-    """The chart at its defaults, minus the labels that claim a Helm release."""
-    objects = render_chart()
+    """The chart at its defaults (the webhook off), minus the labels that claim a Helm release."""
+    objects = render_chart(STATIC_VALUES)
     for obj in objects:
         labels = obj["metadata"].get("labels") or {}
         for key in HELM_ONLY_LABELS:
@@ -549,7 +555,7 @@ def static_objects() -> list[dict[str, Any]]:
 
 
 def operator_file() -> str:
-    source = f"helm template {RELEASE} charts/m3fleet -n {NAMESPACE}, default values"
+    source = f"helm template {RELEASE} charts/m3fleet -n {NAMESPACE} --set webhook.enabled=false"
     return GENERATED.format(source=source) + dump_all(static_objects())
 
 
@@ -559,7 +565,7 @@ def namespace_file() -> str:
 
 def install_file() -> str:
     crd = yaml.safe_load(CRD_SOURCE.read_text(encoding="utf-8"))
-    source = f"namespace + CRD + helm template {RELEASE} charts/m3fleet -n {NAMESPACE}, default values"
+    source = f"namespace + CRD + helm template {RELEASE} charts/m3fleet -n {NAMESPACE} --set webhook.enabled=false"
     header = GENERATED.format(source=source) + "# kubectl apply -f manifests/install.yaml\n"
     return header + dump_all([namespace_object(), crd, *static_objects()])
 

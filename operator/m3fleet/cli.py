@@ -170,9 +170,18 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from m3fleet.controller.run import RunError, run  # the operator's dependencies load only for `run`
+    from m3fleet.controller.webhook import Webhook
 
+    webhook = None
+    if args.webhook_port:
+        if not args.webhook_cert_dir:
+            raise InputError(
+                "--webhook-port needs --webhook-cert-dir: the directory holding the serving certificate "
+                "(tls.crt, tls.key); or leave --webhook-port 0 to run without the webhook"
+            )
+        webhook = Webhook(args.webhook_port, args.webhook_address, Path(args.webhook_cert_dir))
     try:
-        return run(args.namespace, args.all_namespaces, args.standalone, args.liveness_port, args.metrics_port)
+        return run(args.namespace, args.all_namespaces, args.standalone, args.liveness_port, args.metrics_port, webhook)
     except RunError as exc:
         raise InputError(str(exc)) from None
 
@@ -214,6 +223,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--standalone", action="store_true", help="no peering with other operator replicas")
     p_run.add_argument("--liveness-port", type=int, default=8080, help="serve /healthz here (0: off)")
     p_run.add_argument("--metrics-port", type=int, default=9090, help="serve Prometheus /metrics here (0: off)")
+    p_run.add_argument(
+        "--webhook-port",
+        type=int,
+        default=0,
+        help="serve the validating admission webhook (HTTPS, path /validate) on this port (0: off)",
+    )
+    p_run.add_argument("--webhook-address", default="0.0.0.0", help="the webhook's listening address")
+    p_run.add_argument(
+        "--webhook-cert-dir", help="directory with the webhook's serving certificate: tls.crt and tls.key"
+    )
     p_run.set_defaults(func=cmd_run)
     return parser
 

@@ -173,6 +173,19 @@ CR_FIELDS: dict[tuple[str, str], Any] = {
             ("selector", "podMetricsEndpoints"),
         )
     },
+    # cert-manager.io/v1 (cert-manager deploy/crds/crd-certificates.yaml, crd-issuers.yaml).
+    ("cert-manager.io/v1", "Certificate"): {
+        "spec": Required(
+            {
+                "secretName": str,
+                "dnsNames": [str],
+                "ipAddresses": [str],
+                "issuerRef": Required({"name": str, "kind": str, "group": str}, ("name",)),
+            },
+            ("secretName", "issuerRef"),
+        )
+    },
+    ("cert-manager.io/v1", "Issuer"): {"spec": {"selfSigned": {"crlDistributionPoints": [str]}}},
     # kopf.dev/v1, our crds/kopf.dev_*.yaml: only status, which kopf fills.
     ("kopf.dev/v1", "ClusterKopfPeering"): {"status": ANY},
     ("kopf.dev/v1", "KopfPeering"): {"status": ANY},

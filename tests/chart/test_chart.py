@@ -46,11 +46,21 @@ CASES: dict[str, dict[str, Any]] = {
         "resources": {},
     },
     "pinned-priority": {"peering": {"enabled": True, "priority": 100}, "extraEnv": [{"name": "X", "value": "1"}]},
+    "webhook-off": {"webhook": {"enabled": False}},
+    "webhook-outside": {"webhook": {"url": "https://127.0.0.1:9443/validate", "failurePolicy": "Fail"}},
+    "webhook-cert-manager": {"webhook": {"certManager": {"enabled": True}}, "scope": "namespace"},
+    "webhook-cluster-issuer": {
+        "webhook": {"certManager": {"enabled": True, "issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}}}
+    },
 }
 
 
 def deployment(values: dict[str, Any]) -> dict[str, Any]:
     return one(render(values), "Deployment")
+
+
+def metrics_service(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(s for s in by_kind(objects, "Service") if s["metadata"]["name"].endswith("-metrics"))
 
 
 def container(values: dict[str, Any]) -> dict[str, Any]:
@@ -85,8 +95,11 @@ def test_default_objects() -> None:
         ("ClusterRole", "m3fleet-view"),
         ("ClusterRoleBinding", "m3fleet"),
         ("Deployment", "m3fleet"),
+        ("Secret", "m3fleet-webhook-tls"),
         ("Service", "m3fleet-metrics"),
+        ("Service", "m3fleet-webhook"),
         ("ServiceAccount", "m3fleet"),
+        ("ValidatingWebhookConfiguration", "m3fleet-m3fleet-system"),
     ]
     assert all(o["metadata"].get("namespace") in (None, NAMESPACE) for o in render())
 
@@ -155,7 +168,8 @@ def test_operator_pod_is_pod_security_restricted(values: dict[str, Any]) -> None
 )
 def test_args_by_mode_parse_as_m3fleet_run(values: dict[str, Any], args: list[str]) -> None:
     rendered = container(values)["args"]
-    assert rendered == [*args, "--liveness-port", "8080", "--metrics-port", "9090"]
+    webhook = ["--webhook-port", "9443", "--webhook-cert-dir", "/etc/m3fleet/webhook"]
+    assert rendered == [*args, "--liveness-port", "8080", "--metrics-port", "9090", *webhook]
     parsed = build_parser().parse_args(rendered)
     assert parsed.command == "run"
     assert parsed.all_namespaces == ("--all-namespaces" in args)
@@ -167,7 +181,7 @@ def test_args_by_mode_parse_as_m3fleet_run(values: dict[str, Any], args: list[st
 def test_probes_ports_and_resources() -> None:
     c = container({})
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert ports == {"healthz": 8080, "metrics": 9090}
+    assert ports == {"healthz": 8080, "metrics": 9090, "webhook": 9443}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
@@ -180,7 +194,7 @@ def test_probes_ports_and_resources() -> None:
         "prometheus.io/port": "9090",
         "prometheus.io/path": "/metrics",
     }
-    service = one(render(), "Service")
+    service = metrics_service(render())
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
     pod_labels = deployment({})["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
@@ -246,7 +260,7 @@ def test_image_reference(image: dict[str, str], expected: str) -> None:
 
 def test_service_monitor_scrapes_the_metrics_service() -> None:
     objects = render(CASES["monitoring"])
-    monitor, service = one(objects, "ServiceMonitor"), one(objects, "Service")
+    monitor, service = one(objects, "ServiceMonitor"), metrics_service(objects)
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}

@@ -128,6 +128,7 @@ class Cluster:
     control_plane: ControlPlane
     workdir: Path
     installed: dict[str, str] = field(default_factory=dict)  # release -> namespace
+    webhook_ports: dict[str, int] = field(default_factory=dict)  # release -> its webhook's loopback port
 
     @property
     def kubeconfig(self) -> Path:
@@ -206,10 +207,42 @@ class Cluster:
 
     def install_chart(self, release: str = RELEASE, namespace: str = OPERATOR_NAMESPACE, *values: str) -> None:
         """`helm upgrade --install --wait` of charts/m3fleet; the operator namespace enforces Pod Security
-        `restricted`, which the chart's own pod must meet."""
+        `restricted`, which the chart's own pod must meet.
+
+        The operator here is a host process, which the apiserver cannot reach through the chart's Service
+        (and nothing may dial a ClusterIP): the webhook is configured with the chart's own option for an
+        operator outside the cluster, `webhook.url`, on a loopback port kept for this release. The chart
+        still makes the CA and the serving certificate (for 127.0.0.1); `webhook_args` hands them to
+        `m3fleet run`. An operator started without them leaves the port closed: the webhook is then down."""
+        port = self.webhook_ports.setdefault(release, free_port())
+        url = f"webhook.url=https://127.0.0.1:{port}/validate"
         self.namespace(namespace, {"pod-security.kubernetes.io/enforce": "restricted"})
-        self.helm("upgrade", "--install", release, str(CHART), "-n", namespace, "--wait", "--timeout", "180s", *values)
+        self.helm(
+            "upgrade", "--install", release, str(CHART), "-n", namespace, "--wait", "--timeout", "180s",
+            "--set", url, *values,
+        )  # fmt: skip
         self.installed[release] = namespace
+
+    def upgrade_chart(self, release: str = RELEASE, **values: object) -> None:
+        """`helm upgrade --reuse-values --set KEY=VALUE --wait` (a `__` in a keyword is a `.`)."""
+        sets = [f"{key.replace('__', '.')}={str(v).lower() if isinstance(v, bool) else v}" for key, v in values.items()]
+        flags = [word for item in sets for word in ("--set", item)]
+        self.helm("upgrade", release, str(CHART), "-n", self.installed[release], "--reuse-values", *flags, "--wait")
+
+    def webhook_args(self, release: str = RELEASE) -> list[str]:
+        """`m3fleet run` flags that serve the release's webhook as its pod would: the serving certificate from
+        the Secret the chart made (what the pod mounts at /etc/m3fleet/webhook), on the release's port."""
+        namespace = self.installed[release]
+        fullname = release if "m3fleet" in release else f"{release}-m3fleet"  # the chart's m3fleet.fullname
+        secret = self.get("secret", f"{fullname}-webhook-tls", namespace)
+        assert secret is not None, f"the chart made no webhook Secret in {namespace}"
+        directory = self.workdir / f"webhook-{release}"
+        directory.mkdir(exist_ok=True)
+        for key in ("tls.crt", "tls.key"):
+            (directory / key).write_bytes(base64.b64decode(secret["data"][key]))
+        (directory / "tls.key").chmod(0o600)
+        port = str(self.webhook_ports[release])
+        return ["--webhook-port", port, "--webhook-address", "127.0.0.1", "--webhook-cert-dir", str(directory)]
 
     # -- the operator, as users run it -----------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.cluster.cluster import CHART, Cluster, OperatorProcess, describe, eventually, traffic
+from tests.cluster.cluster import Cluster, OperatorProcess, describe, eventually, traffic
 from tests.cluster.fleet import condition, delete, pods, renamed, sample, wait_ready, weight_volumes
 
 NAMESPACE = "lifecycle"
@@ -215,22 +215,8 @@ def _forbidden(event: dict[str, Any]) -> bool:
     return (event.get("responseStatus") or {}).get("code") == 403
 
 
-def _peering(cluster: Cluster, *, enabled: bool) -> None:
-    cluster.helm(
-        "upgrade",
-        "m3fleet",
-        str(CHART),
-        "-n",
-        "m3fleet-system",
-        "--reuse-values",
-        "--set",
-        f"peering.enabled={'true' if enabled else 'false'}",
-        "--wait",
-    )
-
-
 def test_two_peering_operators_the_paused_one_writes_nothing(fleet: Cluster) -> None:
-    _peering(fleet, enabled=True)
+    fleet.upgrade_chart(peering__enabled=True)
     name = "peered"
     document = _vllm(name)
     document["spec"]["autoscaling"] = {
@@ -257,7 +243,7 @@ def test_two_peering_operators_the_paused_one_writes_nothing(fleet: Cluster) -> 
             assert high.writes(high.requests_since(start)), "the active operator did nothing"
     finally:
         delete(fleet, name, NAMESPACE)
-        _peering(fleet, enabled=False)
+        fleet.upgrade_chart(peering__enabled=False)
 
 
 def test_the_namespace_scoped_install_runs_with_its_own_rbac(fleet: Cluster) -> None:

@@ -131,3 +131,13 @@ def test_console_script_never_prints_a_traceback(tmp_path: Path) -> None:
         [sys.executable, "-m", "m3fleet.cli", "plan", "-f", path], capture_output=True, text=True, check=False
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_run_with_a_webhook_port_needs_its_certificate(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Said before anything starts (no cluster is needed to be told), with the flag to fix."""
+    code, out, err = run(capsys, "run", "--webhook-port", "9443")
+    assert (code, out) == (2, "") and "--webhook-port needs --webhook-cert-dir" in err
+    code, out, err = run(capsys, "run", "--webhook-port", "9443", "--webhook-cert-dir", str(tmp_path))
+    assert (code, out) == (2, "")
+    assert f"--webhook-cert-dir {tmp_path}: no {tmp_path / 'tls.crt'} or {tmp_path / 'tls.key'}" in err
+    assert "Traceback" not in err

@@ -4,6 +4,7 @@ Only `on.event` handlers, which only enqueue: kopf runs no create/update/resume 
 nothing to the resource (no diff-base or progress annotations, no finalizer), and there is no delete
 handler, timer or daemon (those need finalizers): children go by garbage collection and deletion never
 waits for the operator. Reconciles, retries and autoscaler ticks all run from the manager's one queue.
+The validating admission webhook (`m3fleet run --webhook-port`) is wired in `webhook.py`.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ from m3fleet.controller.kube import KubeApi
 from m3fleet.controller.manager import Manager
 from m3fleet.controller.peering import PeeringGate
 from m3fleet.controller.reconcile import Reconciler
+from m3fleet.controller.webhook import Webhook, WebhookError
+from m3fleet.controller.webhook import register as register_webhook
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 PRIORITY_VARIABLE = "M3FLEET_PEERING_PRIORITY"
@@ -80,7 +82,19 @@ def peering_identity() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}/{os.getpid()}/{random.randrange(16**4):04x}"
 
 
-def run(namespace: str | None, all_namespaces: bool, standalone: bool, liveness_port: int, metrics_port: int) -> int:
+def run(
+    namespace: str | None,
+    all_namespaces: bool,
+    standalone: bool,
+    liveness_port: int,
+    metrics_port: int,
+    webhook: Webhook | None = None,
+) -> int:
+    if webhook is not None:
+        try:
+            webhook.check()  # before anything starts: a bad setting is said at once
+        except WebhookError as exc:
+            raise RunError(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event ("Handler succeeded")
     # A kubeconfig with insecure-skip-tls-verify: say so once, not on every request.
@@ -104,6 +118,8 @@ def run(namespace: str | None, all_namespaces: bool, standalone: bool, liveness_
     # (a plain OperatorRegistry has none and ends in "LoginError: Ran out of valid credentials").
     registry = kopf.get_default_registry()
     register(registry, manager)
+    if webhook is not None:
+        register_webhook(registry, webhook)
     if metrics_port:
         try:
             metrics.serve(metrics_port)

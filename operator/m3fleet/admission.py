@@ -1,0 +1,68 @@
+"""The admission decision: is this MiniMaxM3Deployment one the operator can run? (pure)
+
+The validating webhook (m3fleet.controller.admission) asks this for every CREATE and UPDATE the API server
+sends it, after the CRD's schema and CEL rules have passed. It refuses what only the planner can see — the KV
+cache of maxModelLen does not fit, an engine that does not run that variant on that accelerator, a
+parallelism the node cannot hold, and every other refusal of `m3fleet plan` / `m3fleet render` — with the
+planner's own message (field, numbers, fix): the text `m3fleet plan` prints for the same document.
+
+What it never does:
+
+* decide what the schema decides: a document our models cannot read (which the CRD admitted, or the webhook
+  would not have been asked) is admitted with a warning; the CRD is the authority on shape, and the
+  operator reports the problem in status (InvalidSpec) as it would without a webhook;
+* refuse an update that leaves `spec` as it was (labels, annotations, finalizers, owner references): a
+  resource admitted before (while the webhook was down, or by an older operator) can always be relabelled,
+  and a finalizer can always be removed, so deletion is never held up;
+* refuse anything about an object that is being deleted.
+
+Pure: same document, same verdict — so every operator replica (active or standby) answers alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from m3fleet.api import parse_resource
+from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.planner import plan
+from m3fleet.render import render
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    message: str = ""  # why not, when not allowed: "field: problem; fix: ..."
+    warnings: tuple[str, ...] = ()
+
+
+ALLOWED = Verdict(True)
+
+
+def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any] | None = None) -> Verdict:
+    """The verdict on one admission request: `operation` is CREATE, UPDATE, DELETE or CONNECT; `new` and
+    `old` are the request's object and oldObject (either may be absent)."""
+    if operation not in ("CREATE", "UPDATE") or not isinstance(new, Mapping):
+        return ALLOWED
+    meta = new.get("metadata")
+    if isinstance(meta, Mapping) and meta.get("deletionTimestamp"):
+        return ALLOWED
+    if operation == "UPDATE" and isinstance(old, Mapping) and old.get("spec") == new.get("spec"):
+        return ALLOWED
+    try:
+        resource = parse_resource(new)
+    except (SpecError, SpecErrors) as exc:
+        return Verdict(
+            True,
+            warnings=(
+                f"the operator cannot read this spec and will report it in status (InvalidSpec): {exc}; "
+                "the CRD admitted it, so the CRD and the operator disagree: please report this",
+            ),
+        )
+    try:
+        render(resource, plan(resource.spec))
+    except (SpecError, SpecErrors) as exc:
+        return Verdict(False, str(exc))
+    return ALLOWED

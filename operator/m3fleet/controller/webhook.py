@@ -1,0 +1,81 @@
+"""The validating admission webhook: kopf's WebhookServer (TLS) and one `on.validate` handler.
+
+The handler only asks the pure core (`m3fleet.admission.review`) and answers; it reads nothing from the
+cluster and keeps no state, so every operator replica — the active one and standbys paused by peering
+(kopf never pauses its webhook server) — gives the same answer, and the Service in front of them may send
+a request to any of them.
+
+The ValidatingWebhookConfiguration is the chart's (charts/m3fleet/templates/webhook.yaml), not kopf's
+(`settings.admission.managed` stays unset): the operator needs no RBAC on admissionregistration.k8s.io, and
+the configuration outlives the operator, so its failure policy decides what happens while it is down.
+The serving certificate is read from a directory holding tls.crt and tls.key (a kubernetes.io/tls Secret
+mounted as a volume); kopf reloads it when the files change (a rotated cert-manager certificate).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from m3fleet.admission import review
+from m3fleet.api.models import GROUP, PLURAL, VERSION
+
+WEBHOOK_ID = "validate"  # kopf serves a handler at /<its id>: the chart's clientConfig path is /validate
+CERT_FILE, KEY_FILE = "tls.crt", "tls.key"
+REFUSED = 422  # Unprocessable: the request is well-formed, the spec is not one the operator can run
+
+log = logging.getLogger("m3fleet.webhook")
+
+
+class WebhookError(Exception):
+    """The webhook cannot serve as configured: say what to fix."""
+
+
+@dataclass(frozen=True)
+class Webhook:
+    port: int
+    address: str
+    cert_dir: Path
+
+    @property
+    def certfile(self) -> Path:
+        return self.cert_dir / CERT_FILE
+
+    @property
+    def keyfile(self) -> Path:
+        return self.cert_dir / KEY_FILE
+
+    def check(self) -> None:
+        missing = [str(p) for p in (self.certfile, self.keyfile) if not p.is_file()]
+        if missing:
+            raise WebhookError(
+                f"--webhook-cert-dir {self.cert_dir}: no {' or '.join(missing)}; give the directory of the "
+                f"webhook's serving certificate ({CERT_FILE}, {KEY_FILE}: a kubernetes.io/tls Secret mounted as a "
+                "volume), or --webhook-port 0 to run without the webhook"
+            )
+
+    def server(self) -> kopf.WebhookServer:
+        return kopf.WebhookServer(
+            addr=self.address, port=self.port, certfile=str(self.certfile), pkeyfile=str(self.keyfile)
+        )
+
+
+def register(registry: kopf.OperatorRegistry, webhook: Webhook) -> None:
+    @kopf.on.startup(registry=registry)
+    def serve(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.admission.server = webhook.server()
+        log.info("Serving the validating webhook at https://%s:%d/%s", webhook.address, webhook.port, WEBHOOK_ID)
+
+    # DELETE is not listed (kopf also never calls a validating handler for a DELETE it is not made for):
+    # deletion is never refused, whatever the spec.
+    @kopf.on.validate(GROUP, VERSION, PLURAL, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
+    def validate(body: kopf.Body, warnings: list[str], **kwargs: Any) -> None:
+        old = kwargs.get("old")  # kopf passes the request's operation and oldObject by keyword
+        verdict = review(str(kwargs.get("operation") or ""), dict(body), None if old is None else dict(old))
+        warnings.extend(verdict.warnings)
+        if not verdict.allowed:
+            raise kopf.AdmissionError(verdict.message, code=REFUSED)

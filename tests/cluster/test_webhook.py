@@ -1,0 +1,189 @@
+"""Planner-backed admission on a real apiserver: the chart's ValidatingWebhookConfiguration (its own CA and
+serving certificate, `webhook.url` on loopback: the operator is a host process) and `m3fleet run --webhook-*`.
+
+`kubectl apply` of a spec only the planner refuses fails with the planner's message (what `m3fleet plan`
+prints); a valid spec is admitted; an update to a refused spec is refused and what runs is untouched; with the
+operator down nothing but MiniMaxM3Deployments is concerned and they behave as the failure policy says;
+deletion is never held up; a paused standby serves the webhook as well as the active operator.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.cluster.cluster import BIN, Cluster, OperatorProcess, eventually
+from tests.cluster.fleet import condition, delete, pods, renamed, sample, wait_ready, weight_volumes, write_manifest
+
+NAMESPACE = "webhook"
+DENIED = 'admission webhook "validate.minimaxm3deployments.m3fleet.dev" denied the request: '
+
+
+@pytest.fixture(scope="module")
+def fleet(chart: Cluster) -> Cluster:
+    chart.namespace(NAMESPACE)
+    weight_volumes(chart, NAMESPACE)
+    return chart
+
+
+def valid(name: str) -> dict[str, Any]:
+    return renamed(sample("vllm-h200-tp8"), name, NAMESPACE)
+
+
+def kv_does_not_fit(name: str) -> dict[str, Any]:
+    """Admitted by the CRD; the planner refuses it: two 512k sequences in BF16 KV on one TP8 H200 node."""
+    document = valid(name)
+    document["spec"]["parallelism"] = {"strategy": "tp", "tensorParallelSize": 8}
+    document["spec"]["context"] = {"maxModelLen": 524288, "kvCacheDtype": "bf16", "minSequencesAtMaxLen": 2}
+    return document
+
+
+def trtllm_language_model_only(name: str) -> dict[str, Any]:
+    document = renamed(sample("trtllm-gb200-2x4-tep"), name, NAMESPACE)
+    document["spec"]["model"]["languageModelOnly"] = True
+    return document
+
+
+def planner_message(path: Path, name: str) -> str:
+    """What `m3fleet plan -f PATH` says about the one resource in PATH (without its `error: name (file): `)."""
+    result = subprocess.run(
+        [str(BIN / "m3fleet"), "plan", "-f", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
+    prefix = f"error: {name} ({path}): "
+    assert result.returncode == 2 and result.stderr.startswith(prefix), result.stderr
+    return result.stderr.removeprefix(prefix).rstrip("\n")
+
+
+def serving(cluster: Cluster, tmp: Path) -> bool:
+    """The webhook answers: a dry run of a refused spec is denied."""
+    path = write_manifest(tmp, kv_does_not_fit("probe"))
+    result = cluster.kubectl("apply", "--server-side", "--dry-run=server", "-f", str(path), check=False)
+    return DENIED in result.stderr
+
+
+@pytest.fixture()
+def operator(fleet: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator as the chart's pod runs it, webhook included (serving certificate from the chart)."""
+    args = ["--all-namespaces", "--standalone", *fleet.webhook_args()]
+    with fleet.operator(*args, name="operator-webhook") as running:
+        eventually("the webhook answering", lambda: serving(fleet, tmp_path), 60)
+        yield running
+
+
+@pytest.mark.parametrize("make", [kv_does_not_fit, trtllm_language_model_only], ids=["kv-cache", "trtllm-lmo"])
+def test_a_spec_the_planner_refuses_is_refused_at_apply_with_its_message(
+    fleet: Cluster, operator: OperatorProcess, tmp_path: Path, make: Any
+) -> None:
+    document = make("refused")
+    path = write_manifest(tmp_path, document)
+    message = planner_message(path, "refused")
+    for verb in (("apply", "--server-side"), ("create",)):
+        result = fleet.kubectl(*verb, "-f", str(path), check=False)
+        assert result.returncode != 0, result.stdout
+        assert DENIED + message in result.stderr, result.stderr
+    assert fleet.get("m3d", "refused", NAMESPACE) is None
+
+
+def test_a_valid_spec_is_admitted_and_an_update_to_a_refused_one_leaves_it_running(
+    fleet: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    name = "running"
+    admitted = fleet.apply(valid(name))
+    assert "Warning" not in admitted.stderr, admitted.stderr
+    try:
+        wait_ready(fleet, name, NAMESPACE)
+        before = fleet.get("m3d", name, NAMESPACE)
+        deployment = fleet.get("deployment", name, NAMESPACE)
+        assert before is not None and deployment is not None
+        path = write_manifest(tmp_path, kv_does_not_fit(name))
+        message = planner_message(path, name)
+        refused = fleet.kubectl("apply", "--server-side", "-f", str(path), check=False)
+        assert refused.returncode != 0 and DENIED + message in refused.stderr, refused.stderr
+        after = fleet.get("m3d", name, NAMESPACE)
+        assert after is not None
+        assert after["metadata"]["generation"] == before["metadata"]["generation"]
+        assert after["spec"] == before["spec"]
+        assert condition(after, "Ready")["status"] == "True"
+        untouched = fleet.get("deployment", name, NAMESPACE)
+        assert untouched is not None
+        assert untouched["metadata"]["resourceVersion"] == deployment["metadata"]["resourceVersion"]
+        assert [p["status"].get("phase") for p in pods(fleet, name, NAMESPACE)] == ["Running"]
+        # an update that leaves the spec alone is never judged
+        fleet.kubectl("label", f"m3d/{name}", "-n", NAMESPACE, "team=search")
+    finally:
+        delete(fleet, name, NAMESPACE)
+    assert fleet.get("m3d", name, NAMESPACE) is None
+
+
+def test_with_the_operator_down_only_our_resources_wait_and_as_documented(fleet: Cluster, tmp_path: Path) -> None:
+    """No operator serves the webhook here. failurePolicy Ignore (the default): a refused spec is admitted and
+    the operator, once back, reports it as InvalidSpec. Fail: creates and updates of MiniMaxM3Deployments are
+    refused until an operator answers, deletes go through. Either way no other object is concerned."""
+    name = "while-down"
+    path = write_manifest(tmp_path, kv_does_not_fit(name))
+    message = planner_message(path, name)
+    secret_before = fleet.get("secret", "m3fleet-webhook-tls", "m3fleet-system")
+
+    def config_map(key: str) -> None:
+        document = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": key, "namespace": NAMESPACE}}
+        fleet.apply(document)  # fails the test if refused
+        fleet.kubectl("delete", "configmap", key, "-n", NAMESPACE)
+
+    config_map("unrelated-ignore")
+    fleet.apply(path)  # Ignore: admitted unchecked (schema and CEL still ran)
+    try:
+        with fleet.operator("--all-namespaces", "--standalone", *fleet.webhook_args(), name="operator-back"):
+
+            def invalid() -> dict[str, Any] | None:
+                found = condition(fleet.get("m3d", name, NAMESPACE), "Degraded")
+                return found if found.get("reason") == "InvalidSpec" else None
+
+            degraded = eventually("the operator reports the refused spec", invalid, 60)
+            assert message in degraded["message"]
+            assert fleet.list("deployments", NAMESPACE, f"m3fleet.dev/name={name}") == []
+        fleet.upgrade_chart(webhook__failurePolicy="Fail")
+        # the same CA and serving certificate after an upgrade (the chart looks them up)
+        secret_after = fleet.get("secret", "m3fleet-webhook-tls", "m3fleet-system")
+        assert secret_before is not None and secret_after is not None
+        assert secret_after["data"] == secret_before["data"]
+        config_map("unrelated-fail")
+        other = fleet.apply(valid("created-while-down"), check=False)
+        assert other.returncode != 0 and "failed calling webhook" in other.stderr, other.stderr
+        assert fleet.get("m3d", "created-while-down", NAMESPACE) is None
+    finally:
+        deleted = fleet.kubectl("delete", f"m3d/{name}", "-n", NAMESPACE, "--timeout=30s", check=False)
+        fleet.upgrade_chart(webhook__failurePolicy="Ignore")
+    assert deleted.returncode == 0, deleted.stderr  # deletion is never held up, even with Fail and no operator
+    assert fleet.get("m3d", name, NAMESPACE) is None
+
+
+def test_a_paused_standby_serves_the_webhook(fleet: Cluster, tmp_path: Path) -> None:
+    """With peering, every replica serves the webhook (the chart's Service sends requests to any of them): here
+    the paused low-priority operator holds the webhook's port, the active one does not serve it at all."""
+    fleet.upgrade_chart(peering__enabled=True)
+    name = "standby-served"
+    try:
+        with (
+            fleet.operator("--all-namespaces", name="operator-active", env={"M3FLEET_PEERING_PRIORITY": "200"}),
+            fleet.operator(
+                "--all-namespaces",
+                *fleet.webhook_args(),
+                name="operator-standby",
+                env={"M3FLEET_PEERING_PRIORITY": "100"},
+            ) as standby,
+        ):
+            eventually("the standby pauses", lambda: "Pausing" in standby.log(), 60)
+            eventually("the standby answering", lambda: serving(fleet, tmp_path), 60)
+            path = write_manifest(tmp_path, kv_does_not_fit(name))
+            refused = fleet.kubectl("apply", "--server-side", "-f", str(path), check=False)
+            assert refused.returncode != 0 and DENIED + planner_message(path, name) in refused.stderr
+            fleet.apply(valid(name))
+            wait_ready(fleet, name, NAMESPACE)  # reconciled by the active operator
+            assert "Resuming" not in standby.log()
+            assert standby.writes([e for e in standby.requests() if "kopfpeerings" not in str(e)]) == []
+    finally:
+        delete(fleet, name, NAMESPACE)
+        fleet.upgrade_chart(peering__enabled=False)

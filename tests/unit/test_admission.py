@@ -1,0 +1,149 @@
+"""The admission decision (m3fleet.admission.review): what the validating webhook answers, decided in the core.
+
+Refusals carry the planner's own message — the text `m3fleet plan` prints for the same file — and the
+decision stays out of what is not its to decide (schema questions, metadata-only updates, deletion).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from m3fleet.admission import review
+from m3fleet.cli import main
+from tests.conftest import SAMPLE_FILES, load_sample
+
+BASE = load_sample(next(p for p in SAMPLE_FILES if p.stem == "vllm-h200-tp8"))
+
+
+def changed(base: dict[str, Any] = BASE, **spec: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(base)
+    doc["spec"].update(copy.deepcopy(spec))
+    return doc
+
+
+# Specs the CRD admits (schema and CEL) and only the planner or the renderer refuses: (changes, field, fragment).
+REFUSED = {
+    "kv-cache-does-not-fit": (
+        {
+            "parallelism": {"strategy": "tp", "tensorParallelSize": 8},
+            "context": {"maxModelLen": 524288, "kvCacheDtype": "bf16", "minSequencesAtMaxLen": 2},
+        },
+        "spec.context.maxModelLen",
+        "leave tensorParallelSize 0",
+    ),
+    "variant-not-served": (
+        {"engine": {"name": "sglang"}, "model": {"variant": "mxfp8", "source": {"pvc": {"claimName": "w"}}}},
+        "spec.model.variant",
+        "is not served by sglang on h200",
+    ),
+    "engine-not-on-accelerator": ({"engine": {"name": "trtllm"}, "accelerator": "mi355x"}, "spec.accelerator", ""),
+    "too-few-gpus-for-the-weights": (
+        {"parallelism": {"strategy": "tp", "tensorParallelSize": 2}},
+        "spec.parallelism.tensorParallelSize",
+        "GiB of weights",
+    ),
+    "trtllm-language-model-only": (
+        {
+            "engine": {"name": "trtllm"},
+            "accelerator": "gb200",
+            "parallelism": {"strategy": "tp"},
+            "model": {"source": {"pvc": {"claimName": "w"}}, "languageModelOnly": True},
+        },
+        "spec.model.languageModelOnly",
+        "config.json",
+    ),
+    "vllm-bf16-past-native-on-nvidia": (
+        {"context": {"maxModelLen": 1048576, "kvCacheDtype": "bf16"}},
+        "spec.context.maxModelLen",
+        "rope_scaling",
+    ),
+    "pod-memory-below-shm": (
+        {"nodePool": {"resources": {"memoryGiB": 8}}},
+        "spec.nodePool.resources.memoryGiB",
+        "/dev/shm",
+    ),
+    "owned-flag-in-extra-args": (
+        {"engine": {"name": "vllm", "extraArgs": ["--max-model-len", "4096"]}},
+        "spec.engine.extraArgs[0]",
+        "derives from the plan",
+    ),
+}
+
+
+@pytest.mark.parametrize("path", SAMPLE_FILES, ids=[p.stem for p in SAMPLE_FILES])
+def test_every_sample_is_admitted_without_warnings(path: Path) -> None:
+    verdict = review("CREATE", load_sample(path))
+    assert verdict.allowed and verdict.message == "" and verdict.warnings == ()
+
+
+@pytest.mark.parametrize(("changes", "field", "fragment"), REFUSED.values(), ids=REFUSED.keys())
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_planner_refusals_are_refused_with_the_field_and_a_fix(
+    operation: str, changes: dict[str, Any], field: str, fragment: str
+) -> None:
+    verdict = review(operation, changed(**changes), BASE)
+    assert not verdict.allowed
+    assert verdict.message.startswith(f"{field}: ")
+    assert fragment in verdict.message and "; fix: " in verdict.message
+
+
+@pytest.mark.parametrize(("changes", "field", "fragment"), REFUSED.values(), ids=REFUSED.keys())
+def test_the_message_is_what_m3fleet_plan_or_render_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], changes: dict[str, Any], field: str, fragment: str
+) -> None:
+    document = changed(**changes)
+    path = tmp_path / "refused.yaml"
+    path.write_text(yaml.safe_dump(document))
+    assert main(["render", "-f", str(path)]) == 2
+    printed = capsys.readouterr().err
+    name = document["metadata"]["name"]
+    assert printed == f"error: {name} ({path}): {review('CREATE', document).message}\n"
+
+
+def test_an_update_that_keeps_a_refused_spec_is_admitted() -> None:
+    """Relabelling, annotating or removing a finalizer of a resource admitted before (while the webhook was
+    down) is never refused: the verdict is on the spec, and a finalizer must always be removable."""
+    refused = changed(**REFUSED["kv-cache-does-not-fit"][0])
+    relabelled = copy.deepcopy(refused)
+    relabelled["metadata"]["labels"] = {"team": "search"}
+    relabelled["metadata"]["finalizers"] = []
+    assert review("UPDATE", relabelled, refused).allowed
+    # ...but any change to such a spec is judged in full
+    still_refused = changed(refused, replicas=2)
+    assert not review("UPDATE", still_refused, refused).allowed
+    assert review("UPDATE", BASE, refused).allowed  # the fix is admitted
+
+
+def test_an_update_of_a_running_resource_to_a_refused_spec_is_refused() -> None:
+    verdict = review("UPDATE", changed(**REFUSED["kv-cache-does-not-fit"][0]), BASE)
+    assert not verdict.allowed and "spec.context.maxModelLen" in verdict.message
+
+
+def test_deletion_is_never_refused() -> None:
+    refused = changed(**REFUSED["kv-cache-does-not-fit"][0])
+    assert review("DELETE", None, refused).allowed
+    assert review("DELETE", refused, refused).allowed
+    deleting = copy.deepcopy(refused)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert review("UPDATE", deleting, changed(refused, replicas=3)).allowed
+
+
+def test_what_only_the_schema_decides_is_left_to_the_schema() -> None:
+    """A document the models cannot read never reaches the webhook unless the CRD admitted it: the webhook does
+    not overrule the CRD with a second opinion on shape; it admits it with a warning naming the field."""
+    unreadable = changed(parallelism={"strategy": "tp", "tensorParallelSize": 12})
+    verdict = review("CREATE", unreadable)
+    assert verdict.allowed and verdict.message == ""
+    assert len(verdict.warnings) == 1 and "spec.parallelism.tensorParallelSize" in verdict.warnings[0]
+    assert review("CREATE", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}).allowed
+
+
+def test_same_document_same_verdict() -> None:
+    """Every operator replica answers alike: the verdict depends on the document alone."""
+    document = changed(**REFUSED["kv-cache-does-not-fit"][0])
+    assert len({review("CREATE", copy.deepcopy(document)) for _ in range(3)}) == 1
