@@ -52,8 +52,11 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval:
 
 
 @contextmanager
-def prometheus(workdir: Path, config: str, tsdb: Path | None = None) -> Iterator[str]:
-    """Run Prometheus on 127.0.0.1 (config checked with promtool first); yields its URL."""
+def prometheus(
+    workdir: Path, config: str, tsdb: Path | None = None, tls: tuple[Path, Path, Path] | None = None
+) -> Iterator[str]:
+    """Run Prometheus on 127.0.0.1 (config checked with promtool first); yields its URL. With `tls` (serving
+    cert, its key, the CA that signed it) it serves https only (its --web.config.file)."""
     binary, promtool = require_prometheus()
     config_file = workdir / "prometheus.yml"
     config_file.write_text(config)
@@ -68,17 +71,18 @@ def prometheus(workdir: Path, config: str, tsdb: Path | None = None) -> Iterator
             f"--storage.tsdb.path={tsdb or workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--log.level=warn",
+            *web_config(workdir, tls),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     try:
 
         def ready() -> bool:
             assert proc.poll() is None, (workdir / "prometheus.log").read_text()
             try:
-                return requests.get(f"{url}/-/ready", timeout=1).status_code == 200
+                return requests.get(f"{url}/-/ready", timeout=1, verify=str(tls[2]) if tls else True).status_code == 200
             except requests.RequestException:
                 return False
 
@@ -92,6 +96,14 @@ def prometheus(workdir: Path, config: str, tsdb: Path | None = None) -> Iterator
             proc.kill()
             proc.wait()
         log.close()
+
+
+def web_config(workdir: Path, tls: tuple[Path, Path, Path] | None) -> list[str]:
+    if tls is None:
+        return []
+    path = workdir / "web.yml"
+    path.write_text(f"tls_server_config:\n  cert_file: {tls[0]}\n  key_file: {tls[1]}\n")
+    return [f"--web.config.file={path}"]
 
 
 # --- engine-format metrics (a stand-in exporter) ---------------------------------------------------

@@ -1,7 +1,7 @@
 """The adapters against a real Prometheus scraping engine-format metrics, and the decisions they lead to.
 
 One Prometheus for the module scrapes every scripted scenario at once (1 s interval), each target
-labelled with its `scenario` and `pod`; the adapters read them back through prometheus-api-client.
+labelled with its `scenario` and `pod`; the adapters read them back through their own HTTP client.
 The exposition text follows each pinned engine's own metrics code (see prom.py), in the shapes that
 matter for combining per-rank series: vLLM TP8 (one engine) and DP8 (eight engines, one pod),
 SGLang TP8 with every scheduler reporting (eight repeats of one pool) and DP8 with DP attention
@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from prometheus_api_client import PrometheusConnect
 
-from m3fleet.autoscaling.metrics import PrometheusAdapter
+from m3fleet.autoscaling.metrics import PrometheusAdapter, PrometheusHttp
 from m3fleet.autoscaling.policy import Action, Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
 
@@ -107,7 +106,7 @@ def adapter(url: str, engine: str, scenario: str) -> PrometheusAdapter:
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     routes = {f"/{scenario}/{pod}/metrics": route for (scenario, pod), route in TARGETS.items()}
     with MetricsServer(routes) as server, prometheus(tmp_path_factory.mktemp("prom"), _config(server.port)) as url:
-        client = PrometheusConnect(url)
+        client = PrometheusHttp(url)
         covered = f"count(count_over_time(up[{WINDOW + 1:g}s]) >= {WINDOW + 1:g})"
 
         def scraped_long_enough() -> bool:

@@ -85,7 +85,17 @@ async def test_create_applies_children_and_writes_status(cluster: Cluster, opera
             ("", "events", "create"),
         ]
     )
-    assert not [r for r in requests if r.method.value == "GET" and r.url.path.endswith(f"/{name}")]
+    assert not [r for r in requests if r.method.value == "GET" and r.url.path.endswith(f"/minimaxm3deployments/{name}")]
+    # Each child the owned-label listing did not find is looked up by name once, before it is first applied
+    # (an object of that name the resource does not control would be reported, not applied over).
+    lookups = sorted(
+        r.url.path.rsplit("/", 2)[-2]
+        for r in requests
+        if r.method.value == "GET"
+        and "/namespaces/" in r.url.path
+        and r.url.path.rsplit("/", 1)[-1] in (name, f"{name}-api")
+    )
+    assert lookups == ["deployments", "services"], lookups
     assert "annotations" not in m3d["metadata"] and not m3d["metadata"].get("finalizers")
 
     status = m3d["status"]

@@ -11,6 +11,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from m3fleet.api import parse_resource
 from m3fleet.api.crd import crd_yaml
 from m3fleet.api.models import (
     MAX_NAME_LENGTH,
@@ -21,6 +22,7 @@ from m3fleet.api.models import (
     name_problem,
 )
 from m3fleet.cli import main
+from m3fleet.errors import SpecError, SpecErrors
 from tests.crdtools import CRD_PATH, admit, failed_rules, load_crd, openapi_schema, rules, schema_at
 
 
@@ -114,6 +116,7 @@ def with_name(name: str, **changes: Any) -> dict[str, Any]:
 
 
 LONGEST_NAME = "m" + "3" * (MAX_NAME_LENGTH - 1)
+PROM_URL = "spec.autoscaling.prometheus.url"
 
 # (resource, a fragment of the message, the field the apiserver's rejection names)
 CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
@@ -153,6 +156,22 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(model__source={}), "exactly one", "spec.model.source"),
     (with_spec(rollout={"maxSurge": 0, "maxUnavailable": 0}), "at least 1", "spec.rollout.maxUnavailable"),
     (with_spec(rollout={"maxUnavailable": 0}), "at least 1", "spec.rollout.maxUnavailable"),  # maxSurge defaults to 0
+    (with_spec(autoscaling__prometheus={"url": "file:///etc/passwd"}), "http:// or https://", PROM_URL),
+    (with_spec(autoscaling__prometheus={"url": "gopher://127.0.0.1:70/_x"}), "http:// or https://", PROM_URL),
+    (with_spec(autoscaling__prometheus={"url": "http://user:pw@prom:9090"}), "no user name", PROM_URL),
+    (with_spec(autoscaling__prometheus={"url": "http://prom:9090/?q=1"}), "no query", PROM_URL),
+    (
+        with_spec(
+            autoscaling__prometheus={"url": "https://p", "caSecretRef": {"name": "ca"}, "insecureSkipVerify": True}
+        ),
+        "sets both caSecretRef and insecureSkipVerify",
+        "spec.autoscaling.prometheus.insecureSkipVerify",
+    ),
+    (
+        with_spec(autoscaling__prometheus={"url": "http://p:9090", "caSecretRef": {"name": "ca"}}),
+        "uses no TLS",
+        PROM_URL,
+    ),
     (with_name(LONGEST_NAME + "x"), f"longer than {MAX_NAME_LENGTH}", "metadata.name"),
     (with_name("Chat"), "lowercase", "metadata.name"),
     (with_name("chat.v2"), "no dots", "metadata.name"),
@@ -186,6 +205,9 @@ VALID_CASES = [
     with_spec(rollout={"maxSurge": 1, "maxUnavailable": 0}),
     with_spec(rollout={"maxSurge": 0, "maxUnavailable": 1}),
     with_spec(rollout={"maxSurge": 2}),
+    with_spec(autoscaling__prometheus={"url": "http://prometheus-operated.monitoring:9090"}),
+    with_spec(autoscaling__prometheus={"url": "https://prom.example/prometheus/", "caSecretRef": {"name": "ca"}}),
+    with_spec(autoscaling__prometheus={"url": "https://10.0.0.1:9090", "insecureSkipVerify": True}),
     with_name("a"),
     with_name("m3-chat-2"),
     with_name(LONGEST_NAME),
@@ -258,7 +280,14 @@ def test_the_cli_rejects_what_admission_rejects(
 SHARED = [
     case
     for case in CEL_CASES
-    if case[2] in ("metadata.name", "spec.rollout.maxUnavailable", "spec.autoscaling.schedule")
+    if case[2]
+    in (
+        "metadata.name",
+        "spec.rollout.maxUnavailable",
+        "spec.autoscaling.schedule",
+        PROM_URL,
+        "spec.autoscaling.prometheus.insecureSkipVerify",
+    )
     or "wait forever" in case[1]
 ]
 
@@ -290,6 +319,26 @@ def test_the_cli_admits_what_admission_admits(
 )
 def test_the_model_and_the_crd_agree_on_every_name(name: str) -> None:
     assert (name_problem(name) is None) == (admit(with_name(name)) == [])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.text(alphabet="htps:/@?#. \t\n\x0b\x0c\r\xa0fileabc019-_[]%", max_size=30),
+        st.from_regex(r"https?://[a-z0-9.:\[\]\- \t\n@]{0,12}(/[a-z/ ?#\n]{0,8})?", fullmatch=True),
+    )
+)
+def test_the_model_and_the_crd_agree_on_every_prometheus_url(url: str) -> None:
+    resource = with_spec(autoscaling__prometheus={"url": url})
+    assert (_model_accepts(resource)) == (admit(resource) == []), url
+
+
+def _model_accepts(resource: dict[str, Any]) -> bool:
+    try:
+        parse_resource(copy.deepcopy(resource))
+    except (SpecError, SpecErrors):
+        return False
+    return True
 
 
 @pytest.mark.parametrize(

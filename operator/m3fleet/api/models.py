@@ -413,15 +413,84 @@ class RolloutSpec(CamelModel):
 # --- autoscaling -----------------------------------------------------------------------------
 
 
+# Only an http(s) base URL with a host: no file:, gopher: or other schemes, no spaces (RE2 and Python agree).
+PROMETHEUS_URL_PATTERN = r"^https?://[^\t\n\v\f\r /?#@]+(/[^\t\n\v\f\r ?#]*)?$"
+PROMETHEUS_URL_PROBLEM = (
+    "must be an http:// or https:// base URL with a host and an optional path (no other scheme, no user "
+    "name, no query or fragment)"
+)
+PROMETHEUS_URL_FIX = "give Prometheus's base URL, e.g. https://prometheus-operated.monitoring:9090"
+CA_AND_INSECURE_PROBLEM = "sets both caSecretRef and insecureSkipVerify: a CA is pointless when nothing is verified"
+CA_AND_INSECURE_FIX = "keep caSecretRef (verify against that CA) and drop insecureSkipVerify"
+CA_WITHOUT_TLS_PROBLEM = "sets caSecretRef or insecureSkipVerify for an http:// URL, which uses no TLS"
+CA_WITHOUT_TLS_FIX = "use an https:// URL, or drop caSecretRef/insecureSkipVerify"
+
+
+class CaSecretKeyRef(CamelModel):
+    name: str = Field(min_length=1, max_length=253, description="Secret in the resource's namespace.")
+    key: str = Field(
+        default="ca.crt", min_length=1, max_length=253, description="Key holding the PEM CA bundle (ca.crt)."
+    )
+
+
 class PrometheusSpec(CamelModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self.url == '' || self.url.matches('{PROMETHEUS_URL_PATTERN.replace(chr(92), chr(92) * 2)}')",
+                    f"url {PROMETHEUS_URL_PROBLEM}; fix: {PROMETHEUS_URL_FIX}",
+                    ".url",
+                ),
+                cel(
+                    "!has(self.caSecretRef) || !has(self.insecureSkipVerify) || !self.insecureSkipVerify",
+                    f"prometheus {CA_AND_INSECURE_PROBLEM}; fix: {CA_AND_INSECURE_FIX}",
+                    ".insecureSkipVerify",
+                ),
+                cel(
+                    "!(has(self.caSecretRef) || (has(self.insecureSkipVerify) && self.insecureSkipVerify)) "
+                    "|| !has(self.url) || !self.url.startsWith('http://')",
+                    f"prometheus {CA_WITHOUT_TLS_PROBLEM}; fix: {CA_WITHOUT_TLS_FIX}",
+                    ".url",
+                ),
+            ]
+        }
+    )
     url: str = Field(
         default="",
         max_length=1024,
-        description="Prometheus base URL, e.g. http://prometheus-operated.monitoring:9090.",
+        description="Prometheus base URL, http:// or https://, e.g. https://prometheus-operated.monitoring:9090. "
+        "https is verified against the system CAs, or caSecretRef. Only the status code of a failed answer is "
+        "reported, never its body.",
+    )
+    ca_secret_ref: CaSecretKeyRef | None = Field(
+        default=None,
+        description="Secret (and key, default ca.crt) holding the PEM CA that signed Prometheus's certificate; "
+        "read by the operator when it queries Prometheus.",
+    )
+    insecure_skip_verify: bool = Field(
+        default=False,
+        description="Do not verify Prometheus's TLS certificate (testing only: anyone on the path can answer). "
+        "The operator posts an InsecureSkipVerify warning Event.",
     )
     query_overrides: dict[str, str] = Field(
         default_factory=dict, description="PromQL per signal name, replacing the engine adapter's query."
     )
+
+    @field_validator("url")
+    @classmethod
+    def _http_or_https(cls, value: str) -> str:
+        if value and not re.fullmatch(PROMETHEUS_URL_PATTERN, value):
+            raise invalid(PROMETHEUS_URL_PROBLEM, PROMETHEUS_URL_FIX)
+        return value
+
+    @model_validator(mode="after")
+    def _tls_settings_fit(self) -> PrometheusSpec:
+        if self.ca_secret_ref is not None and self.insecure_skip_verify:
+            raise invalid(CA_AND_INSECURE_PROBLEM, CA_AND_INSECURE_FIX, "insecureSkipVerify")
+        if (self.ca_secret_ref is not None or self.insecure_skip_verify) and self.url.startswith("http://"):
+            raise invalid(CA_WITHOUT_TLS_PROBLEM, CA_WITHOUT_TLS_FIX, "url")
+        return self
 
 
 class AutoscalingTarget(CamelModel):

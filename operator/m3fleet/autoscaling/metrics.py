@@ -21,7 +21,8 @@ Per-rank series are combined the way each pinned engine means them (read from it
 * **TensorRT-LLM** (`/prometheus/metrics`, `trtllm_` prefix): KV in blocks, converted with the
   exported `trtllm_kv_cache_tokens_per_block`; without it the capacity is unknown (never assumed).
 
-Errors never raise: an unreachable Prometheus gives a snapshot with `error` set; a failing or
+Errors never raise: an unreachable Prometheus gives a snapshot with `error` set (a fixed message and at most
+the HTTP status code: never anything the answer contained, which could be anything the URL serves); a failing or
 empty optional query leaves that signal `None`; a target whose last scrape failed is `up=False`.
 The policy holds on all of these. `queryOverrides` replaces a signal's query with the user's
 PromQL; `$selector`, `$window` and `$by` are substituted and the result must carry the replica label.
@@ -29,14 +30,18 @@ PromQL; `$selector`, `$window` and `$by` are substituted and the result must car
 
 from __future__ import annotations
 
+import json
 import math
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from string import Template
 from typing import Any, Final, TypeVar
 
-from prometheus_api_client import PrometheusConnect
+import requests
+import urllib3
+from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
 from m3fleet.autoscaling.signals import (
@@ -159,6 +164,108 @@ def build_queries(
     )
 
 
+class PrometheusError(Exception):
+    """A failed query, in words that contain nothing the server sent (status code at most)."""
+
+
+# Prometheus's own `errorType` values: a fixed vocabulary, safe to repeat (its `error` text is not).
+ERROR_TYPES: Final = frozenset({"bad_data", "timeout", "canceled", "execution", "internal", "unavailable", "not_found"})
+
+
+@dataclass(frozen=True)
+class Tls:
+    """How https is verified: against `ca_pem` (a PEM bundle) when given, else the system CAs; not at all with
+    `insecure_skip_verify` (the operator warns)."""
+
+    ca_pem: str | None = None
+    insecure_skip_verify: bool = False
+
+
+class _ContextAdapter(HTTPAdapter):
+    """An HTTPAdapter whose connections verify with one SSLContext (a CA held in memory, never on disk)."""
+
+    def __init__(self, context: ssl.SSLContext, **kwargs: Any) -> None:
+        self._context = context
+        super().__init__(**kwargs)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["ssl_context"] = self._context
+        super().init_poolmanager(*args, **kwargs)
+
+    def cert_verify(self, conn: Any, url: str, verify: Any, cert: Any) -> None:
+        super().cert_verify(conn, url, verify, cert)
+        conn.ca_certs = conn.ca_cert_dir = None  # only the context's CA: not also the system bundle
+
+
+class PrometheusHttp:
+    """The one Prometheus call the adapter makes (an instant query), over http or verified https.
+
+    Redirects are not followed (the URL is the user's, and a redirect could point anywhere), and no failure
+    carries the answer's body: `PrometheusError` says what went wrong in fixed words and the status code.
+    """
+
+    def __init__(self, url: str, tls: Tls = Tls(), timeout: float = 5.0, retry: Retry | None = None) -> None:
+        scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        if scheme not in ("http", "https"):
+            raise PrometheusError("the URL must start with http:// or https://")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.trust_env = False  # no proxies or CA bundles from the environment: the spec says where
+        adapter: HTTPAdapter
+        if tls.ca_pem is not None:
+            try:
+                context = ssl.create_default_context(cadata=tls.ca_pem)
+            except (ssl.SSLError, ValueError):
+                raise PrometheusError("the CA in caSecretRef is not a PEM certificate") from None
+            adapter = _ContextAdapter(context, max_retries=retry or 0)
+        else:
+            adapter = HTTPAdapter(max_retries=retry or 0)
+        self.session.verify = not tls.insecure_skip_verify
+        if tls.insecure_skip_verify:  # the operator warns once (an Event and its log), not on every request
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        self.session.mount("https://", adapter)
+        self.session.mount("http://", HTTPAdapter(max_retries=retry or 0))
+
+    def custom_query(self, query: str, params: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        try:
+            response = self.session.get(
+                f"{self.url}/api/v1/query",
+                params={"query": query, **(params or {})},
+                timeout=self.timeout,
+                allow_redirects=False,
+            )
+        except requests.exceptions.SSLError:
+            raise PrometheusError(
+                "TLS verification failed (certificate not signed by a trusted CA, or not for this host name): "
+                "set caSecretRef to the CA that signed Prometheus's certificate"
+            ) from None
+        except requests.exceptions.Timeout:
+            raise PrometheusError(f"no answer within {self.timeout:g}s") from None
+        except requests.exceptions.RequestException:
+            raise PrometheusError("cannot connect") from None
+        status = response.status_code
+        if 300 <= status < 400:
+            raise PrometheusError(f"HTTP {status}: redirects are not followed; set url to Prometheus itself")
+        try:
+            answer = json.loads(response.content)
+        except (ValueError, UnicodeDecodeError):
+            answer = None
+        if not isinstance(answer, dict) or answer.get("status") not in ("success", "error"):
+            raise PrometheusError(
+                f"HTTP {status}: the answer is not from the Prometheus query API (is url its base URL?)"
+            )
+        if status != 200 or answer["status"] != "success":
+            kind = answer.get("errorType")
+            detail = f" ({kind})" if kind in ERROR_TYPES else ""
+            raise PrometheusError(f"HTTP {status}: Prometheus refused the query{detail}")
+        data = answer.get("data")
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, list):
+            raise PrometheusError(f"HTTP {status}: the answer has no query result")
+        return [r for r in result if isinstance(r, dict)]
+
+
 def _number(value: Any) -> float | None:
     try:
         number = float(value)
@@ -245,7 +352,10 @@ class PrometheusAdapter:
     histogram_window: float = HISTOGRAM_WINDOW_SECONDS
     overrides: Mapping[str, str] = field(default_factory=dict)
     timeout_seconds: float = 5.0
-    client: Any = None  # a PrometheusConnect; built from `url` when None
+    tls: Tls = field(default_factory=Tls)
+    client: Any = (
+        None  # anything with custom_query(query, params) (e.g. a PrometheusConnect); built from `url` when None
+    )
 
     @classmethod
     def for_engine(cls, engine: str, url: str, **kwargs: Any) -> PrometheusAdapter:
@@ -262,8 +372,8 @@ class PrometheusAdapter:
     def _client(self) -> Any:
         if self.client is None:
             # One quick retry: a tick that cannot read metrics holds, and the next tick tries again.
-            retry = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504))
-            self.client = PrometheusConnect(url=self.url, disable_ssl=True, retry=retry, timeout=self.timeout_seconds)
+            retry = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504), raise_on_status=False)
+            self.client = PrometheusHttp(self.url, self.tls, self.timeout_seconds, retry)
         return self.client
 
     def _query(self, query: str, at: float) -> list[dict[str, Any]]:
@@ -344,8 +454,10 @@ class PrometheusAdapter:
         queries = self.queries()
         try:
             up = self._by_replica(queries.scalars["up"], at)
-        except Exception as exc:  # connection refused, timeout, HTTP 5xx, bad PromQL in an override
-            return replace(base, error=f"prometheus at {self.url}: {type(exc).__name__}: {_short(exc)}")
+        except PrometheusError as exc:  # connection refused, timeout, TLS, HTTP 5xx, bad PromQL in an override
+            return replace(base, error=f"prometheus at {self.url}: {exc}")
+        except Exception as exc:  # anything else: its name only (its text could quote the answer)
+            return replace(base, error=f"prometheus at {self.url}: {type(exc).__name__}")
         ranks: dict[str, RankValues] = {}
         values: dict[str, dict[str, float]] = {}
         for name, query in queries.scalars.items():
@@ -408,8 +520,3 @@ def _safe(read: Callable[[Q, float], dict[str, V]], query: Q, at: float) -> dict
         return read(query, at)
     except Exception:
         return {}
-
-
-def _short(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

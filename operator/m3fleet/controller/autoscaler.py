@@ -17,6 +17,7 @@ The operator's scheduler ticks each resource whose spec has `autoscaling.enabled
 from __future__ import annotations
 
 import asyncio
+import base64
 import calendar
 import logging
 import time
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from m3fleet.api import parse_resource
-from m3fleet.autoscaling.metrics import PrometheusAdapter
+from m3fleet.api.models import PrometheusSpec
+from m3fleet.autoscaling.metrics import PrometheusAdapter, Tls
 from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot, quantile
 from m3fleet.controller import kube, metrics
@@ -47,13 +49,44 @@ class MetricsSource(Protocol):
     def read(self, at: float | None = None) -> MetricsSnapshot: ...
 
 
-AdapterFactory = Callable[[str, str, Mapping[str, str], Mapping[str, str]], MetricsSource]
+AdapterFactory = Callable[[str, str, Mapping[str, str], Mapping[str, str], Tls], MetricsSource]
 
 
 def prometheus_adapter(
-    engine: str, url: str, selector: Mapping[str, str], overrides: Mapping[str, str]
+    engine: str, url: str, selector: Mapping[str, str], overrides: Mapping[str, str], tls: Tls
 ) -> MetricsSource:
-    return PrometheusAdapter.for_engine(engine, url, selector=dict(selector), overrides=dict(overrides))
+    return PrometheusAdapter.for_engine(engine, url, selector=dict(selector), overrides=dict(overrides), tls=tls)
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A metrics source that cannot be built (the CA Secret is missing): every read says why, so the policy holds."""
+
+    engine: str
+    error: str
+
+    def read(self, at: float | None = None) -> MetricsSnapshot:
+        return MetricsSnapshot(engine=self.engine, time=time.time() if at is None else at, error=self.error)
+
+
+INSECURE_MESSAGE = (
+    "spec.autoscaling.prometheus.insecureSkipVerify is true: Prometheus's TLS certificate is not verified, so "
+    "anyone on the network path can feed the autoscaler made-up metrics; set caSecretRef instead"
+)
+
+
+def ca_from_secret(secret: Mapping[str, Any] | None, name: str, key: str) -> str:
+    """The PEM text under `key` of the Secret; raises ValueError with a message naming what is missing."""
+    where = f"spec.autoscaling.prometheus.caSecretRef: Secret {name}"
+    if secret is None:
+        raise ValueError(f"{where} does not exist in the resource's namespace; create it, or fix the name")
+    encoded = (secret.get("data") or {}).get(key)
+    if not encoded:
+        raise ValueError(f"{where} has no key {key!r}; add the CA there, or set caSecretRef.key")
+    try:
+        return base64.b64decode(encoded).decode("ascii")
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"{where} key {key!r} is not a PEM certificate") from None
 
 
 def _epoch(timestamp: str | None) -> float | None:
@@ -141,13 +174,31 @@ class Autoscaler:
     _states: dict[tuple[str, str], PolicyState] = field(default_factory=dict)
     _sources: dict[tuple[str, str], tuple[tuple[Any, ...], MetricsSource]] = field(default_factory=dict)
 
-    def _source(self, key: tuple[str, str], engine: str, url: str, overrides: Mapping[str, str]) -> MetricsSource:
-        signature = (engine, url, tuple(sorted(overrides.items())))
+    async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
+        """How to verify Prometheus: the CA read from the Secret the spec names (by name, each tick, so a rotated
+        CA is used at once), the system CAs, or not at all. Raises ValueError when the Secret does not serve."""
+        ref = prometheus.ca_secret_ref
+        if ref is None:
+            return Tls(insecure_skip_verify=prometheus.insecure_skip_verify)
+        secret = await self.api.get(kube.SECRET, namespace, ref.name)
+        return Tls(ca_pem=ca_from_secret(secret, ref.name, ref.key))
+
+    async def _source(self, body: Mapping[str, Any], engine: str, prometheus: PrometheusSpec) -> MetricsSource:
+        key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        try:
+            tls = await self._tls(key[0], prometheus)
+        except ValueError as exc:
+            return Unreadable(engine, str(exc))
+        overrides = prometheus.query_overrides
+        signature = (engine, prometheus.url, tuple(sorted(overrides.items())), tls)
         cached = self._sources.get(key)
         if cached is None or cached[0] != signature:
             selector = {"namespace": key[0], FLEET_LABEL: key[1]}
-            cached = (signature, self.adapters(engine, url, selector, overrides))
+            cached = (signature, self.adapters(engine, prometheus.url, selector, overrides, tls))
             self._sources[key] = cached
+            if tls.insecure_skip_verify:  # said once per source (and in the log), not every tick
+                self.events.warn(body, "InsecureSkipVerify", INSECURE_MESSAGE)
+                log.warning("%s/%s: %s", *key, INSECURE_MESSAGE)
         return cached[1]
 
     def forget(self, namespace: str, name: str) -> None:
@@ -174,7 +225,7 @@ class Autoscaler:
             return Tick()  # not applied yet (or blocked): the reconcile owns that
         pods = await self.api.list(kube.POD, namespace, labels.serving_selector_string(name))
         key = (namespace, name)
-        source = self._source(key, str(plan.engine), scaling.prometheus.url, scaling.prometheus.query_overrides)
+        source = await self._source(body, str(plan.engine), scaling.prometheus)
         snapshot = await asyncio.to_thread(source.read)
         status = body.get("status") or {}
         previous = status.get("autoscaling") or {}

@@ -58,9 +58,10 @@ POD = Kind("v1", "Pod", "pods")
 PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
 CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False)
 
-# Children found by listing with the owned-label selector, and watched (kopf, filtered by the managed-by
-# label) so that a change to any of them reconciles its owner. Secrets are never listed or watched (that
-# would read every Secret in scope): the one generated Secret is addressed by its deterministic name.
+# Children found by listing with the owned-label selector (a child missing from that listing is looked up by
+# name before it is applied: an object of that name we do not control is never applied over), and watched
+# (kopf, filtered by the managed-by label) so that a change to any of them reconciles its owner. Secrets are
+# never listed or watched (that would read every Secret in scope): they are addressed by name.
 CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, SERVICE)
 BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D)}
 
@@ -74,11 +75,12 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("m3fleet.dev", "minimaxm3deployments/finalizers", ("update",)),
     ("apps", "deployments", ("get", "list", "watch", "create", "patch", "delete")),
     ("leaderworkerset.x-k8s.io", "leaderworkersets", ("get", "list", "watch", "create", "patch", "delete")),
-    ("resource.nvidia.com", "computedomains", ("list", "watch", "create", "patch", "delete")),
-    ("", "services", ("list", "watch", "create", "patch", "delete")),
-    ("", "configmaps", ("list", "watch", "create", "patch", "delete")),
-    # Only the generated TensorRT-LLM SSH key Secret, by its name: created once, deleted when no longer needed.
-    # No list or watch: the operator never enumerates (and so never reads) other Secrets.
+    ("resource.nvidia.com", "computedomains", ("get", "list", "watch", "create", "patch", "delete")),
+    ("", "services", ("get", "list", "watch", "create", "patch", "delete")),
+    ("", "configmaps", ("get", "list", "watch", "create", "patch", "delete")),
+    # By name only: the generated TensorRT-LLM SSH key Secret (created once, deleted when no longer needed;
+    # one of that name we did not create is never mounted) and the CA the user names in
+    # spec.autoscaling.prometheus.caSecretRef. No list or watch: the operator never enumerates Secrets.
     ("", "secrets", ("get", "create", "delete")),
     ("", "events", ("create",)),
     ("", "pods", ("list", "watch")),

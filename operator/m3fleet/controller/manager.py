@@ -10,6 +10,8 @@ one resource at a time:
   changed or deleted. Status-only changes (our own writes among them) are not a reason: no loops.
 * A failed reconcile is retried after 1 s, doubling up to 60 s, or after the server's Retry-After if
   longer; any new event for the resource makes it due at once.
+* A reconcile that is blocked by something no watch announces the end of (a child's name held by an object
+  the operator does not control, and so does not watch) asks to be retried after a fixed delay.
 * Resources whose spec has autoscaling enabled are ticked every `intervalSeconds`; the others are never
   looked at between events. There is no periodic resync: drift shows up as a child event.
 * With peering, the queue stands still whenever kopf's peering would pause kopf (see peering.py).
@@ -210,8 +212,11 @@ class Manager:
         work.failures = 0
         if outcome.gone:
             self._drop(key)
-        elif outcome.status is not None:
+            return
+        if outcome.status is not None:
             self._observe(outcome.status, ours=True)
+        if outcome.retry_after is not None and work.reconcile_at is None:  # e.g. a name held by a foreign object
+            work.reconcile_at = self._now() + outcome.retry_after
 
     def _schedule(self, key: Key, work: Work) -> None:
         now = self._now()

@@ -35,10 +35,12 @@ from m3fleet.controller.status import Blocked, Workload, conditions
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import labels, render, required_secrets, set_owner
+from m3fleet.render.ownership import CONFLICT_REASON, NameConflict, conflict, conflict_message, controlled_by
 
 Key = tuple[str, str, str]  # apiVersion, kind, name
 REJECTED = (400, 403, 404, 422)  # the API server refuses our intent (not a transient failure)
 SERVED_TTL_SECONDS = 30.0
+CONFLICT_RETRY_SECONDS = 10.0  # a name held by a foreign object is looked at again this often (it sends no event)
 
 log = logging.getLogger("m3fleet.reconcile")
 
@@ -68,11 +70,6 @@ def key_of(obj: Mapping[str, Any]) -> Key:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
 
 
-def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
-    refs = obj.get("metadata", {}).get("ownerReferences") or []
-    return any(r.get("controller") and r.get("uid") == uid for r in refs)
-
-
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -87,6 +84,7 @@ class Outcome:
     status: dict[str, Any] | None = None  # the resource as the status write returned it (None: not written)
     gone: bool = False  # the resource no longer exists
     blocked: str | None = None
+    retry_after: float | None = None  # reconcile again after this many seconds (nothing would announce the fix)
 
 
 def desired_replicas(resource: MiniMaxM3Deployment, status: Mapping[str, Any]) -> int:
@@ -169,9 +167,16 @@ class Reconciler:
         if any(key in agreed and key not in live for key in map(key_of, objects)) and not await self._exists(body):
             outcome.gone = True  # its children went with it (garbage collection): never bring them back
             return outcome
+        present: set[str] = set()  # generated Secrets that exist (and are ours)
+        conflicts = await self._foreign(
+            objects, required_secrets(resource, plan), live, present, (namespace, name, uid)
+        )
+        if conflicts:  # a name we would take is held by an object we do not control: touch nothing
+            outcome.retry_after = CONFLICT_RETRY_SECONDS
+            return await self._blocked(body, outcome, Blocked(CONFLICT_REASON, conflict_message(conflicts)), plan)
         wanted: set[Key] = set()
         try:
-            secrets = await self._generated_secrets(resource, plan, owner, status, outcome)
+            secrets = await self._generated_secrets(resource, plan, owner, status, outcome, present)
             for obj in objects:
                 desired = owned(obj, owner)
                 key = key_of(desired)
@@ -225,6 +230,41 @@ class Reconciler:
         agreed[key] = (intent, digest(what_matters(applied)))
         return applied
 
+    async def _foreign(
+        self,
+        objects: list[dict[str, Any]],
+        secret_names: list[str],
+        live: dict[Key, dict[str, Any]],
+        present: set[str],
+        whose: tuple[str, str, str],
+    ) -> list[NameConflict]:
+        """Every child name (rendered objects and generated Secrets) held by an object this resource does not
+        control. A child the owned-label listing did not find is looked up by name, so an object made by hand
+        or by another tool (without our labels) is found before anything is applied over it. A child found by
+        name that turns out to be ours (someone removed its labels) is put back into `live`; the generated
+        Secrets that exist and are ours go into `present`. `whose`: this resource's namespace, name and uid."""
+        namespace, name, uid = whose
+        found: list[NameConflict] = []
+        for obj in objects:
+            key = key_of(obj)
+            existing = live.get(key)
+            if existing is None:
+                existing = await self.api.get(kube.BY_KIND[(key[0], key[1])], namespace, key[2])
+                if existing is not None and controlled_by(existing, uid):
+                    existing = {"apiVersion": key[0], "kind": key[1], **existing}
+                    live[key] = existing
+            problem = conflict(obj["kind"], existing, uid, name)
+            if problem is not None:
+                found.append(problem)
+        for secret_name in secret_names:
+            secret = await self.api.get(kube.SECRET, namespace, secret_name)
+            problem = conflict(kube.SECRET.kind, secret, uid, name)
+            if problem is not None:
+                found.append(problem)  # never mounted: the pods would trust a key someone else holds
+            elif secret is not None:
+                present.add(secret_name)
+        return found
+
     async def _exists(self, body: Mapping[str, Any]) -> bool:
         """Whether the resource itself still exists. Asked only before re-creating a child that is gone: the
         resource may have been deleted while the watch was down (a re-list does not report deletions), and
@@ -240,15 +280,17 @@ class Reconciler:
         owner: Mapping[str, Any],
         status: Mapping[str, Any],
         outcome: Outcome,
+        present: set[str],
     ) -> list[str]:
-        """Create the Secrets the plan needs (once), delete the ones it no longer needs; by name, never listed.
-        Returns the names now generated, for status.generatedSecrets."""
+        """Create the Secrets the plan needs (once; `present`: those that exist already, checked to be ours),
+        delete the ones it no longer needs and we control; by name, never listed. Returns the names now
+        generated, for status.generatedSecrets."""
         namespace, name, uid = resource.metadata.namespace, resource.metadata.name, owner["metadata"]["uid"]
         needed = required_secrets(resource, plan)
         for secret_name in needed:
-            if await self.api.get(kube.SECRET, namespace, secret_name) is None:
+            if secret_name not in present:
                 secret = ssh_key_secret(namespace, secret_name, labels.object_labels_for(name))
-                await self._create_if_absent(owned(secret, owner))
+                await self._create_if_absent(owned(secret, owner), uid)
                 outcome.created_secrets.append(secret_name)
         for secret_name in status.get("generatedSecrets") or []:
             if secret_name in needed:
@@ -279,13 +321,20 @@ class Reconciler:
         found = await asyncio.gather(*(self.api.list(k, namespace, selector) for k in kinds))
         return {key_of(obj): obj for items in found for obj in items}
 
-    async def _create_if_absent(self, obj: dict[str, Any]) -> None:
-        """Create a generated object; if it already exists (a lost response, a restart), keep the existing one."""
+    async def _create_if_absent(self, obj: dict[str, Any], uid: str) -> None:
+        """Create a generated object; if it already exists (a lost response, a restart), keep the existing one,
+        if it is ours: one made by someone else since we looked fails this reconcile (the retry reports it)."""
         try:
             await self.api.create(obj)
         except ApiError as exc:
             if exc.status != 409:
                 raise
+            meta = obj["metadata"]
+            existing = await self.api.get(
+                kube.BY_KIND[(obj["apiVersion"], obj["kind"])], meta["namespace"], meta["name"]
+            )
+            if existing is not None and not controlled_by(existing, uid):
+                raise ApiError(409, "Conflict", f"{obj['kind']} {meta['name']} was created by someone else") from None
 
     async def _blocked(self, body: Mapping[str, Any], outcome: Outcome, blocked: Blocked, plan: Plan | None) -> Outcome:
         """Report and stop: children are read (for Available) but never touched."""
@@ -295,7 +344,8 @@ class Reconciler:
         if await self.api.served(kube.LEADER_WORKER_SET):
             workload_kinds.add(kube.LEADER_WORKER_SET.kind)
         live = await self._live_children(meta["namespace"], meta["name"], workload_kinds)
-        workload_obj = next(iter(live.values()), None)
+        # Only our own workload speaks for Available: a foreign one with our labels is not this fleet.
+        workload_obj = next((o for o in live.values() if controlled_by(o, meta["uid"])), None)
         desired = int(((workload_obj or {}).get("spec") or {}).get("replicas") or 0)
         report = Workload.from_live(desired, workload_obj)
         await self._write_status(body, outcome, report, blocked, plan)

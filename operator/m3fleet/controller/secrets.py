@@ -1,8 +1,8 @@
 """The one Secret m3fleet generates: the SSH key TensorRT-LLM's mpirun uses between a replica's pods.
 
 Generated once per resource (never re-generated while it exists), never logged, never rendered:
-`m3fleet render` only names it. The operator needs `create` on Secrets for this, and nothing more
-than get/list/delete to prune it.
+`m3fleet render` only names it. The operator needs `create` on Secrets for this, and `get`/`delete` by name
+to find and prune it (a Secret of that name it does not control is reported, never mounted or deleted).
 """
 
 from __future__ import annotations

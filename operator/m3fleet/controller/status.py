@@ -5,13 +5,14 @@ Condition types (metav1.Condition, a map list keyed by `type`):
 * `Ready` — every replica of the current generation is ready (the summary `kubectl wait` uses).
   Reasons: AllReplicasReady, ScaledToZero, RolloutInProgress, Unschedulable (pods wait for a node: the
   message carries the scheduler's reason), InvalidSpec, LeaderWorkerSetNotInstalled,
-  ComputeDomainNotInstalled, ApplyFailed.
+  ComputeDomainNotInstalled, ApplyFailed, NameConflict.
 * `Available` — at least one replica serves. Reasons: MinimumReplicasAvailable; when False, NoReplicasReady,
   or ScaledToZero (none asked for, none serving).
 * `Progressing` — a rollout or scale is under way. Reasons: RolloutInProgress, RolloutComplete, plus the
   blocking reasons above (False: nothing progresses until the spec or cluster is fixed).
 * `Degraded` — negative polarity: True when the operator cannot do what the spec asks. Reasons:
-  AsExpected, InvalidSpec, LeaderWorkerSetNotInstalled, ComputeDomainNotInstalled, ApplyFailed.
+  AsExpected, InvalidSpec, LeaderWorkerSetNotInstalled, ComputeDomainNotInstalled, ApplyFailed, NameConflict
+  (an object the resource does not control holds a child's name; see m3fleet.render.ownership).
 
 `lastTransitionTime` changes only when a condition's status flips, so a re-computed identical status
 compares equal and the operator writes nothing.
