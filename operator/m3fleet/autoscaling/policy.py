@@ -251,6 +251,9 @@ def _opt_float(value: Any) -> float | None:
 
 # --- the decision ----------------------------------------------------------------------------
 
+MEASURED = "measured: p90 of the last replicas to become ready"
+PRIOR = "prior: spec.autoscaling.coldStartSeconds (no replica measured yet)"
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -268,6 +271,8 @@ class Decision:
     forecast: tuple[int, str] | None = None  # (floor, why) from the resource's own history
     capacity: dict[str, Any] = field(default_factory=dict)  # KV capacity: plan, reported, used, mismatch
     prefill: dict[str, Any] = field(default_factory=dict)  # prefill throughput: prior, learned, used
+    # The time-to-ready the horizon is built on, and where it came from ("measured" or "prior").
+    time_to_ready: tuple[float, str] | None = None
     # Warnings for Events: (reason, message), e.g. ("KVCapacityMismatch", ...). The operator emits each
     # when it first appears (compare with the previous status's `warnings`).
     warnings: tuple[tuple[str, str], ...] = ()
@@ -305,6 +310,11 @@ class Decision:
             **({"forecast": {"replicas": self.forecast[0], "reason": self.forecast[1]}} if self.forecast else {}),
             **({"capacity": self.capacity} if self.capacity else {}),
             **({"prefillThroughput": self.prefill} if self.prefill else {}),
+            **(
+                {"timeToReady": {"seconds": _round(self.time_to_ready[0]), "source": self.time_to_ready[1]}}
+                if self.time_to_ready
+                else {}
+            ),
             "warnings": [{"reason": r, "message": m} for r, m in self.warnings],
         }
 
@@ -819,8 +829,14 @@ def decide(
 ) -> tuple[Decision, PolicyState]:
     """One tick: the decision and the state to keep for the next tick."""
     now, current = fleet.now, fleet.current_replicas
-    time_to_ready = fleet.time_to_ready_seconds or config.cold_start_seconds
+    # The horizon: the measured time-to-ready (the operator's p90 of the last replicas to become ready),
+    # and the spec's coldStartSeconds only until a replica has been measured.
+    measured = fleet.time_to_ready_seconds is not None
+    time_to_ready = (
+        fleet.time_to_ready_seconds if fleet.time_to_ready_seconds is not None else config.cold_start_seconds
+    )
     horizon = time_to_ready + config.interval_seconds
+    ttr = (time_to_ready, MEASURED if measured else PRIOR)
     panic_active = state.panic_until is not None and now < state.panic_until
     health = _health(config, snapshot, fleet)
     bounds = config.bounds(now)
@@ -844,6 +860,7 @@ def decide(
             terms={"horizonSeconds": horizon, "freshReplicas": float(len(health.fresh))},
             panic=panic_active,
             bounds=bounds,
+            time_to_ready=ttr,
         )
         return decision, replace(state, last_time=None, in_flight=())
 
@@ -932,6 +949,7 @@ def decide(
         forecast=None if forecast is None else (forecast.replicas, forecast.reason),
         capacity=terms.capacity.status,
         prefill=terms.prefill,
+        time_to_ready=ttr,
         warnings=warnings,
     )
     new_state = PolicyState(

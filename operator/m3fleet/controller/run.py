@@ -27,6 +27,7 @@ from m3fleet.controller.kube import KubeApi
 from m3fleet.controller.manager import Manager
 from m3fleet.controller.peering import PeeringGate
 from m3fleet.controller.reconcile import Reconciler
+from m3fleet.controller.startup import StartupTimer
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 PRIORITY_VARIABLE = "M3FLEET_PEERING_PRIORITY"
@@ -89,7 +90,7 @@ def run(namespace: str | None, all_namespaces: bool, standalone: bool, liveness_
     priority, identity = peering_priority(), peering_identity()
     api = KubeApi(api_client())
     reconciler = Reconciler(api)
-    manager = Manager(reconciler, Autoscaler(api, reconciler.events))
+    manager = Manager(reconciler, Autoscaler(api, reconciler.events), StartupTimer(api))
     if not standalone:
         manager.gate = PeeringGate(
             api,
