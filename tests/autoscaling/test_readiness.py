@@ -170,7 +170,10 @@ def test_without_events_the_image_phase_is_unknown_and_counts_in_start() -> None
     (sample,) = record(Record(), [p]).new
     assert sample.phases == {"schedule": 5.0, "image": None, "start": 60.0, "load": 235.0}
     assert sample.image_present is None and sample.pull_seconds is None
-    assert record(Record(), [p]).record.to_status()["phases"]["image"] is None
+    status = record(Record(), [p]).record.to_status()
+    assert status["phases"]["image"]["samples"] == 0 and status["phases"]["image"]["p50Seconds"] is None
+    assert "image" not in status["recent"][0]["phases"]
+    assert Record.from_status(status).recent[0].phases["image"] is None
 
 
 def test_a_crash_before_ready_counts_from_the_first_start() -> None:

@@ -274,7 +274,7 @@ class Sample:
             "uids": list(self.uids),
             "readyAt": rfc3339(self.ready_at),
             "seconds": round(self.seconds, 1),
-            "phases": {k: None if v is None else round(v, 1) for k, v in self.phases.items()},
+            "phases": {k: round(v, 1) for k, v in self.phases.items() if v is not None},  # unknown: left out
             "restarts": self.restarts,
             "imagePresent": self.image_present,
             "pullSeconds": None if self.pull_seconds is None else round(self.pull_seconds, 1),
@@ -350,9 +350,10 @@ class Record:
         """`status.timeToReady`."""
         if not self.recent:
             return {"replicasMeasured": self.measured, "samples": 0, "recent": []}
-        # Every phase is present (null when unknown in the whole window): a merge patch then also clears a
-        # phase that was known before.
-        phases: dict[str, Any] = dict.fromkeys(PHASES)
+        # Every phase is present; one no replica in the window knows has 0 samples and null figures (so that a
+        # merge patch also clears figures written before).
+        unknown = {"p50Seconds": None, "p90Seconds": None, "lastSeconds": None, "samples": 0}
+        phases: dict[str, Any] = {phase: dict(unknown) for phase in PHASES}
         for phase in PHASES:
             known = [s.phases.get(phase) for s in self.recent if s.phases.get(phase) is not None]
             if known:
