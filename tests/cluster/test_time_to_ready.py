@@ -151,3 +151,40 @@ def test_a_leaderworkerset_group_is_one_replica(chart: Cluster) -> None:
             assert count(metrics, TTR, name="grouped") == 1
     finally:
         delete(chart, "grouped", NAMESPACE)
+
+
+def test_the_autoscaler_plans_with_the_measured_time_to_ready(chart: Cluster) -> None:
+    """Advisory autoscaling with no Prometheus to read (it holds): the horizon it reports moves from the spec's
+    coldStartSeconds to the measured p90 once the replica is measured."""
+    chart.namespace(NAMESPACE)
+    weight_volumes(chart, NAMESPACE)
+    document = renamed(sample("vllm-h200-tp8"), "horizon", NAMESPACE)
+    document["spec"]["autoscaling"] = {
+        "enabled": True,
+        "mode": "advisory",
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "intervalSeconds": 5,
+        "coldStartSeconds": 900,
+        "prometheus": {"url": "http://127.0.0.1:9"},  # nothing listens: the policy holds, and says so
+    }
+    try:
+        with operator(chart, free_port(), "operator-startup-horizon"):
+            chart.apply(document)
+            wait_ready(chart, "horizon", NAMESPACE)
+
+            def autoscaling() -> dict[str, Any]:
+                body = chart.get("m3d", "horizon", NAMESPACE) or {}
+                return dict((body.get("status") or {}).get("autoscaling") or {})
+
+            measured = eventually(
+                "status.autoscaling plans with the measured time-to-ready",
+                lambda: (a := autoscaling()).get("timeToReady", {}).get("source", "").startswith("measured") and a,
+                60,
+            )
+            p90 = time_to_ready(chart, "horizon")["p90Seconds"]
+            assert measured["timeToReady"]["seconds"] == p90 < 900
+            assert measured["terms"]["horizonSeconds"] == p90 + 5
+            assert measured["action"] == "hold" and "hold" in measured["reason"]
+    finally:
+        delete(chart, "horizon", NAMESPACE)

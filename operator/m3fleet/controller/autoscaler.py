@@ -104,8 +104,9 @@ def interval_of(body: Mapping[str, Any] | None) -> float | None:
 
 
 def _worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool:
-    """Record when what is decided changes (the reason's numbers drift every tick and do not count), and
-    otherwise at most every HEARTBEAT_SECONDS, so the terms shown stay current without a write per tick."""
+    """Record when what is decided changes (the reason's numbers drift every tick and do not count), or the
+    horizon's source (the first measured time-to-ready), and otherwise at most every HEARTBEAT_SECONDS, so
+    the terms shown stay current without a write per tick."""
     if not previous:
         return True
     keys = ("desiredReplicas", "action", "mode", "panic", "applied")
@@ -113,6 +114,8 @@ def _worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], n
         return True
     if bool(previous.get("unservableRequests")) != bool(decision.get("unservableRequests")):
         return True
+    if (previous.get("timeToReady") or {}).get("source") != (decision.get("timeToReady") or {}).get("source"):
+        return True  # the horizon went from the prior to a measurement
     last = _epoch(previous.get("time"))
     return last is None or now - last >= HEARTBEAT_SECONDS
 
