@@ -10,7 +10,7 @@ import pytest
 from m3fleet.api.parse import parse_resource
 from m3fleet.autoscaling.forecast import ScheduleWindow, bounds_at, demand_history, forecast_floor, sustained
 from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide
-from m3fleet.autoscaling.readiness import measure
+from m3fleet.autoscaling.readiness import Record, record, starting
 from m3fleet.autoscaling.signals import DemandHistory, Histogram, MetricsSnapshot
 
 from .plans import sample_plan
@@ -115,12 +115,17 @@ def test_time_to_ready_from_the_pods_phases() -> None:
         pod("pulling", -30, -25, None, None),  # scheduled: pull + load left
         pod("pending", -10, None, None, None),
     ]
-    measured = measure(pods, NOW, default_seconds=600)
-    assert measured.samples == 2 and measured.total_seconds == 300
-    assert measured.phase_seconds == {"schedule": 20, "pull": 90, "load": 200}
-    assert measured.starting_ages == (150, 30, 10)
-    assert measured.starting_remaining == (140, 90 + 200 - 25, 300 - 10)
-    assert measure(pods[2:], NOW, default_seconds=600).starting_remaining[0] == 600 - 150  # nothing measured yet
+    measured = record(Record(), pods).record
+    assert len(measured.recent) == 2 and measured.p90_seconds == 300
+    assert {k: measured.quantile(0.9, k) for k in ("schedule", "start", "load")} == {
+        "schedule": 20,
+        "start": 90,  # no Pulled events here: the pull counts in start
+        "load": 200,
+    }
+    ages, remaining = starting(pods, measured, NOW, default_seconds=600)
+    assert ages == (10, 30, 150)  # youngest first, as FleetState.starting_ages
+    assert remaining == (300 - 10, 90 + 200 - 25, 140)
+    assert starting(pods[2:], Record(), NOW, default_seconds=600)[1][-1] == 600 - 150  # nothing measured yet
 
 
 def test_forecast_floor_needs_the_same_demand_in_each_of_the_last_two_periods() -> None:

@@ -18,8 +18,11 @@ from m3fleet.autoscaling.policy import (
     recommend,
     stabilize,
 )
+from m3fleet.autoscaling.readiness import Record, record
 from m3fleet.autoscaling.signals import MetricsSnapshot
+from m3fleet.controller.autoscaler import fleet_from
 
+from . import test_readiness as tr
 from .plans import sample_plan
 from .snapshots import MILLION, NOW, ROUND, fleet, prompt_histogram, replica, replicas, snapshot
 
@@ -282,8 +285,37 @@ def test_cold_start_horizon_looks_ahead_only_until_starting_replicas_arrive(gate
 def test_measured_time_to_ready_sets_the_horizon() -> None:
     load = snapshot(replica(running=4, kv_usage=0.2, prompt_tokens=100_000, request_rate=3.0))
     assert decide(ROUND, PolicyState(), load, fleet(1))[0].terms["horizonSeconds"] == 600  # the spec's 585 + 15
+    assert decide(ROUND, PolicyState(), load, fleet(1))[0].to_status()["timeToReady"] == {
+        "seconds": 585,
+        "source": "prior: spec.autoscaling.coldStartSeconds (no replica measured yet)",
+    }
     measured = replace(fleet(1), time_to_ready_seconds=185.0)
-    assert decide(ROUND, PolicyState(), load, measured)[0].terms["horizonSeconds"] == 200
+    decision = decide(ROUND, PolicyState(), load, measured)[0]
+    assert decision.terms["horizonSeconds"] == 200
+    assert decision.to_status()["timeToReady"]["source"].startswith("measured")
+    # Measured at 0 (pods ready at once, as on kwok) is a measurement, not "unknown": the horizon is one tick.
+    instant = decide(ROUND, PolicyState(), load, replace(fleet(1), time_to_ready_seconds=0.0))[0]
+    assert instant.terms["horizonSeconds"] == ROUND.interval_seconds
+
+
+def test_the_horizon_follows_the_replicas_the_operator_measured() -> None:
+    """status.timeToReady as the operator writes it -> the fleet the autoscaler sees -> the horizon: the p90 of
+    the last replicas, and a new, slower replica moves it."""
+    window = [tr.pod(f"p{i}", created=0, scheduled=2, started=30, ready=100 + 10 * i) for i in range(10)]
+    status = record(Record(), window).record.to_status()
+    workload = {"spec": {"replicas": 1}, "status": {"readyReplicas": 1}}
+    fleet_now = fleet_from(workload, window, tr.T0 + 1000, status, 1, ROUND.cold_start_seconds)
+    assert fleet_now.time_to_ready_seconds == 180.0
+    load = snapshot(replica(running=4, kv_usage=0.2, prompt_tokens=100_000, request_rate=3.0))
+    assert (
+        decide(ROUND, PolicyState(), load, replace(fleet(1), time_to_ready_seconds=fleet_now.time_to_ready_seconds))[
+            0
+        ].terms["horizonSeconds"]
+        == 195
+    )
+    slow = [tr.pod(f"s{i}", created=1000, scheduled=1100, started=1400, ready=1900 + i) for i in range(3)]
+    later = fleet_from(workload, window + slow, tr.T0 + 3000, status, 1, ROUND.cold_start_seconds)
+    assert later.time_to_ready_seconds == 901.0  # the last 10: p3-p9 (130-190 s) and s0-s2 (900-902 s)
 
 
 def test_min_and_max_bounds() -> None:
@@ -350,6 +382,7 @@ def test_to_status_is_the_camelcase_last_decision() -> None:
         "forecast",
         "capacity",
         "prefillThroughput",
+        "timeToReady",
         "warnings",
     }
     assert status["bounds"] == {"minReplicas": 1, "maxReplicas": 16, "schedule": []}

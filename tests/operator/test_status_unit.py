@@ -174,6 +174,7 @@ def test_fleet_from_measures_time_to_ready_and_starting_ages() -> None:
     assert fleet.current_replicas == 3 and fleet.ready_replicas == 1
     assert fleet.starting_ages == (60.0, 120.0)
     assert fleet.time_to_ready_seconds == 600.0
+    assert fleet.starting_remaining == (540.0, 480.0)  # the measured 600 s less each one's age
 
 
 def _pod(scheduled: dict[str, Any] | None, deleting: bool = False) -> dict[str, Any]:

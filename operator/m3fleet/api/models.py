@@ -773,6 +773,59 @@ class Condition(CamelModel):
     message: str = Field(default="", max_length=32768, description="Human-readable detail.")
 
 
+class PhaseSummary(CamelModel):
+    """One phase over the measured window."""
+
+    p50_seconds: float | None = Field(default=None, description="Median seconds.")
+    p90_seconds: float | None = Field(default=None, description="90th percentile seconds.")
+    last_seconds: float | None = Field(default=None, description="Seconds for the last replica measured.")
+    samples: int = Field(default=0, description="Replicas in the window this phase is known for.")
+
+
+class StartupPhases(CamelModel):
+    """Where a new replica's time goes (see autoscaling/readiness.py for what each phase is read from)."""
+
+    schedule: PhaseSummary | None = Field(default=None, description="Pod created -> PodScheduled.")
+    image: PhaseSummary | None = Field(
+        default=None, description="Scheduled -> the kubelet's Pulled event (image pulled or already present)."
+    )
+    start: PhaseSummary | None = Field(default=None, description="Image ready (or scheduled) -> containers started.")
+    load: PhaseSummary | None = Field(default=None, description="Containers started -> Ready (weights, engine init).")
+
+
+class StartupSample(CamelModel):
+    """One measured replica."""
+
+    replica: str = Field(max_length=253, description="The replica's pod (a multi-node group's leader).")
+    id: str = Field(max_length=64, description="The leader pod's uid: a replica is measured once.")
+    uids: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, max_length=64, description="Every pod of the replica."
+    )
+    ready_at: str = Field(description="When the replica became ready (RFC 3339).")
+    seconds: float = Field(description="Created -> ready.")
+    phases: dict[str, float | None] = Field(default_factory=dict, description="Seconds per phase (null: not known).")
+    restarts: int = Field(default=0, description="Container restarts before ready.")
+    image_present: bool | None = Field(default=None, description="The image was already on the node.")
+    pull_seconds: float | None = Field(default=None, description="The image pull itself, as the kubelet reported it.")
+
+
+class TimeToReadyStatus(CamelModel):
+    """Time-to-ready measured from the pods' own conditions and events: the autoscaler's horizon."""
+
+    replicas_measured: int = Field(default=0, description="Replicas measured since the resource was created.")
+    samples: int = Field(default=0, description="Replicas in the window the statistics are over (the last 10).")
+    last_seconds: float | None = Field(default=None, description="Created -> ready of the last replica.")
+    p50_seconds: float | None = Field(default=None, description="Median created -> ready over the window.")
+    p90_seconds: float | None = Field(
+        default=None, description="90th percentile over the window: the autoscaler's time-to-ready."
+    )
+    last_replica: str | None = Field(default=None, max_length=253, description="The last replica measured.")
+    phases: StartupPhases | None = Field(default=None, description="Each phase over the window.")
+    recent: list[StartupSample] = Field(
+        default_factory=list, max_length=10, description="The last replicas measured, oldest first."
+    )
+
+
 class MiniMaxM3DeploymentStatus(CamelModel):
     observed_generation: int = Field(default=0, description="Generation the status reflects.")
     conditions: list[Condition] = Field(
@@ -790,6 +843,9 @@ class MiniMaxM3DeploymentStatus(CamelModel):
         max_length=8,
         description="Secrets the operator generated for this resource (the TensorRT-LLM SSH key), so it can "
         "delete them when no longer needed without listing Secrets.",
+    )
+    time_to_ready: TimeToReadyStatus | None = Field(
+        default=None, description="How long new replicas took to become ready, by phase (measured from the pods)."
     )
     autoscaling: dict[str, Any] | None = Field(
         default=None,

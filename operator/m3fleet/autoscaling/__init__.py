@@ -2,17 +2,23 @@
 
 Modules: `signals` (typed snapshots), `metrics` (Prometheus adapters; the only I/O), `policy` (pure
 decisions), `forecast` (forecast floor and scheduled bounds), `readiness` (time-to-ready from pods),
-`scenarios` / `simulator` / `simulate` (what the autoscaler would do with a resource) and `cli`
-(`m3fleet simulate`). Nothing is imported here, so importing the pure policy never pulls in I/O.
+`coldstart` (the simulator's time-to-ready from phases and where the weights are), `scenarios` /
+`simulator` / `simulate` (what the autoscaler would do with a resource) and `cli` (`m3fleet simulate`).
+Nothing is imported here, so importing the pure policy never pulls in I/O.
 The comparison with other autoscalers (baselines, oracle, report) lives in tests/bench/autoscaling.
 
 How an operator drives it, per resource and tick:
 
 1. `config = PolicyConfig.from_spec(spec.autoscaling, plan)` (schedule, forecast period and margin
    included).
-2. `measured = readiness.measure(serving_pods, now, default_seconds=config.cold_start_seconds)`;
-   `fleet = FleetState(now, current_replicas, ready_replicas, starting_ages=measured.starting_ages,
-   time_to_ready_seconds=measured.total_seconds, starting_remaining=measured.starting_remaining)`.
+2. Time-to-ready: whenever a pod is ready and not yet counted, `readiness.record(previous, pods, events,
+   group_size)` measures the replicas that became ready (phases schedule / image / start / load from the
+   pods' conditions, containerStatuses and the kubelet's Pulled events; each replica once) and the
+   operator writes `record.to_status()` to `status.timeToReady` and observes the histograms (see
+   controller/startup.py). Per tick: `ages, remaining = readiness.starting(pods, record, now,
+   config.cold_start_seconds, group_size)`; `fleet = FleetState(now, current_replicas, ready_replicas,
+   starting_ages=ages, time_to_ready_seconds=record.p90_seconds, starting_remaining=remaining)` — the p90
+   of the last 10 replicas to become ready, None (the spec's coldStartSeconds) until one has.
 3. `snapshot = PrometheusAdapter.for_engine(engine, url, selector=...).read(now)`; for the forecast,
    `snapshot = dataclasses.replace(snapshot, demand_history=forecast.demand_history(records, now,
    config.forecast_period_seconds, config.forecast_look_ahead(fleet.time_to_ready_seconds), periods=2))`

@@ -38,8 +38,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     seeds.add_argument("--seeds", help="several seeds, e.g. 1-10 or 1,4,7: one line (one JSON object) per seed")
-    parser.add_argument(
+    cold = parser.add_mutually_exclusive_group()
+    cold.add_argument(
         "--cold-start", type=float, help="seconds every new replica takes to become ready (default: the catalog's)"
+    )
+    cold.add_argument(
+        "--cold-start-model",
+        choices=("cache", "pvc", "hub"),
+        help="build each new replica's time-to-ready from phases (schedule, image, start, load) with the weights "
+        "read from a node-local cache (image pre-pulled), a network PVC or the Hugging Face Hub",
     )
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--minutes", type=float, help="simulate only the first N minutes of the scenario")
@@ -111,6 +118,7 @@ def _run(args: argparse.Namespace) -> int:
                 minutes=args.minutes,
                 cold_start=args.cold_start,
                 measured=measured,
+                cold_start_model=args.cold_start_model,
             )
         )
         for seed in seeds
@@ -175,6 +183,8 @@ def format_text(reports: list[dict[str, Any]]) -> str:
     plan, params = first["plan"], first["parameters"]
     cold = params["coldStartSeconds"]
     cold_text = f"{cold['seconds']:g} s" if "seconds" in cold else f"{cold['low']:.0f}-{cold['high']:.0f} s"
+    if "source" in cold:
+        cold_text += f" (weights from {cold['description']})"
     lines = [
         f"scenario {first['scenario']}: {params['scenario']}",
         f"resource: {params['resource']}",

@@ -252,6 +252,9 @@ def _opt_float(value: Any) -> float | None:
 
 # --- the decision ----------------------------------------------------------------------------
 
+MEASURED = "measured: p90 of the last replicas to become ready"
+PRIOR = "prior: spec.autoscaling.coldStartSeconds (no replica measured yet)"
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -269,6 +272,8 @@ class Decision:
     forecast: tuple[int, str] | None = None  # (floor, why) from the resource's own history
     capacity: dict[str, Any] = field(default_factory=dict)  # KV capacity: plan, reported, used, mismatch
     prefill: dict[str, Any] = field(default_factory=dict)  # prefill throughput: prior, learned, used
+    # The time-to-ready the horizon is built on, and where it came from ("measured" or "prior").
+    time_to_ready: tuple[float, str] | None = None
     # Warnings for Events: (reason, message), e.g. ("KVCapacityMismatch", ...). The operator emits each
     # when it first appears (compare with the previous status's `warnings`).
     warnings: tuple[tuple[str, str], ...] = ()
@@ -306,6 +311,11 @@ class Decision:
             **({"forecast": {"replicas": self.forecast[0], "reason": self.forecast[1]}} if self.forecast else {}),
             **({"capacity": self.capacity} if self.capacity else {}),
             **({"prefillThroughput": self.prefill} if self.prefill else {}),
+            **(
+                {"timeToReady": {"seconds": _round(self.time_to_ready[0]), "source": self.time_to_ready[1]}}
+                if self.time_to_ready
+                else {}
+            ),
             "warnings": [{"reason": r, "message": m} for r, m in self.warnings],
         }
 
@@ -927,8 +937,14 @@ def decide(
 ) -> tuple[Decision, PolicyState]:
     """One tick: the decision and the state to keep for the next tick."""
     now, current = fleet.now, fleet.current_replicas
-    time_to_ready = fleet.time_to_ready_seconds or config.cold_start_seconds
+    # The horizon: the measured time-to-ready (the operator's p90 of the last replicas to become ready),
+    # and the spec's coldStartSeconds only until a replica has been measured.
+    measured = fleet.time_to_ready_seconds is not None
+    time_to_ready = (
+        fleet.time_to_ready_seconds if fleet.time_to_ready_seconds is not None else config.cold_start_seconds
+    )
     horizon = time_to_ready + config.interval_seconds
+    ttr = (time_to_ready, MEASURED if measured else PRIOR)
     panic_active = state.panic_until is not None and now < state.panic_until
     health = _health(config, snapshot, fleet)
     bounds = config.bounds(now)
@@ -941,8 +957,10 @@ def decide(
         reason = f"hold: {health.hold}; never scale down without metrics"
         if desired != current:
             reason = f"{health.hold}; only the min/max bounds apply ({current} -> {desired})"
-        measured = {"horizonSeconds": horizon, "freshReplicas": float(len(health.fresh))}
-        decision = _decision(config, fleet, desired, desired, reason, bounds, panic_active, terms=measured)
+        hold_terms = {"horizonSeconds": horizon, "freshReplicas": float(len(health.fresh))}
+        decision = _decision(
+            config, fleet, desired, desired, reason, bounds, panic_active, terms=hold_terms, time_to_ready=ttr
+        )
         return decision, replace(state, last_time=None, in_flight=())
 
     terms = _terms(config, state, health, snapshot, fleet, horizon)
@@ -1018,6 +1036,7 @@ def decide(
         forecast=None if forecast is None else (forecast.replicas, forecast.reason),
         capacity=terms.capacity.status,
         prefill=terms.prefill,
+        time_to_ready=ttr,
         warnings=warnings,
     )
     new_state = PolicyState(

@@ -20,6 +20,7 @@ from typing import Any, Final
 from m3fleet.api.models import MiniMaxM3Deployment, Plan, Variant
 from m3fleet.api.parse import parse_resource
 from m3fleet.autoscaling.calibration import calibrate
+from m3fleet.autoscaling.coldstart import ColdStartModel
 from m3fleet.autoscaling.forecast import DAY, demand_history
 from m3fleet.autoscaling.policy import PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.scenarios import SCENARIOS, Request, Scenario, describe_phases
@@ -83,6 +84,15 @@ class Setup:
     earlier_days: tuple[Day, ...] = ()  # recurring scenarios: the days before the measured one
     settings: SimSettings = field(default_factory=SimSettings)
     prior: dict[str, Any] | None = None  # how a measured benchmark replaced the model's assumed speed
+    cold_start_model: ColdStartModel | None = None  # --cold-start-model: cold starts built from phases
+
+    def worst_cold_start(self) -> float:
+        """The longest time-to-ready a replica can take in this run."""
+        if self.cold_start is not None:
+            return self.cold_start
+        if self.cold_start_model is not None:
+            return self.cold_start_model.bounds()[1]
+        return cold_start_range(self.plan)[1]
 
 
 def prepare(
@@ -92,9 +102,11 @@ def prepare(
     minutes: float | None = None,
     cold_start: float | None = None,
     measured: tuple[BenchResult, str] | None = None,
+    cold_start_model: str | None = None,
 ) -> Setup:
     """Resolve the resource and plan, draw the requests and cold starts; with `measured` (an `m3fleet bench`
-    result and where it came from), its speeds replace the model's. Raises KeyError, SpecError(s)."""
+    result and where it came from), its speeds replace the model's; with `cold_start_model` (cache, pvc, hub)
+    every cold start is built from phases (coldstart.py). Raises KeyError, SpecError(s)."""
     scenario = SCENARIOS[scenario_name]
     if resource is None:
         body = copy.deepcopy(DEFAULT_RESOURCE)
@@ -126,7 +138,11 @@ def prepare(
     duration = scenario_duration(scenario, minutes)
     low, high = cold_start_range(plan)
     measured_day = scenario.days - 1
-    streams = SeedStreams.draw(seed, low, high, scenario.initial_replicas, cold_start)
+    phases = ColdStartModel.of(cold_start_model, plan) if cold_start_model is not None and cold_start is None else None
+    if phases is not None:
+        streams = SeedStreams.modelled(seed, phases.draw, scenario.initial_replicas)
+    else:
+        streams = SeedStreams.draw(seed, low, high, scenario.initial_replicas, cold_start)
     if measured_day:  # by the measured day the operator has timed the replicas it started before
         streams = replace(streams, measured=streams.cold_starts[:10])
     opening = EPOCH + measured_day * DAY + scenario.start_of_window(seed)
@@ -148,6 +164,7 @@ def prepare(
         clock_offset=opening,
         earlier_days=earlier,
         prior=prior,
+        cold_start_model=phases,
     )
 
 
@@ -231,6 +248,8 @@ def parameters(setup: Setup) -> dict[str, Any]:
     cold: dict[str, Any] = (
         {"seconds": setup.cold_start, "distribution": "fixed (--cold-start)"}
         if setup.cold_start is not None
+        else {**setup.cold_start_model.describe(), "distribution": "phases, seeded per replica serial"}
+        if setup.cold_start_model is not None
         else {"low": low, "high": high, "distribution": "uniform, seeded per replica serial"}
     )
     return {

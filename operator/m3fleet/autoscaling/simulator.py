@@ -835,6 +835,14 @@ class SeedStreams:
         measured = tuple(before.uniform(low, high) for _ in range(max(1, initial)))
         return cls(cold, measured)
 
+    @classmethod
+    def modelled(cls, seed: int, draw: Callable[[random.Random], float], initial: int) -> SeedStreams:
+        """Seeded cold starts from a phase model (coldstart.py): `draw(rng)` is one replica's time-to-ready."""
+        rng = random.Random(f"{seed}:cold-starts")
+        cold = tuple(draw(rng) for _ in range(512))
+        before = random.Random(f"{seed}:initial-cold-starts")
+        return cls(cold, tuple(draw(before) for _ in range(max(1, initial))))
+
 
 def scenario_duration(scenario: Scenario, minutes: float | None) -> float:
     return scenario.duration if minutes is None else min(scenario.duration, minutes * 60.0)

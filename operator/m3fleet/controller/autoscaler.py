@@ -3,8 +3,9 @@
 The operator's scheduler ticks each resource whose spec has `autoscaling.enabled`, every
 `intervalSeconds` (a resource without autoscaling is never ticked and costs nothing):
 1. read the engine metrics from Prometheus (the adapter never raises: failures become a snapshot that
-   makes the policy hold) and the fleet from Kubernetes (the workload's replicas, its serving pods'
-   ages, and how long the ready ones took to become ready: the measured cold start);
+   makes the policy hold) and the fleet from Kubernetes (the workload's replicas, its pods' ages and
+   phases, and the measured time-to-ready: the p90 of the last replicas to become ready, as
+   `status.timeToReady` keeps them plus any that became ready since — `coldStartSeconds` until one has);
 2. `policy.decide(...)` — pure, time is an input;
 3. record the decision in `status.autoscaling` (with the policy state, so a restarted operator keeps its
    stabilization history) — only when the decision changed, so a steady fleet causes no writes;
@@ -27,9 +28,10 @@ from typing import Any, Protocol
 
 from m3fleet.api import parse_resource
 from m3fleet.api.models import PrometheusSpec
+from m3fleet.autoscaling import readiness
 from m3fleet.autoscaling.metrics import PrometheusAdapter, Tls
 from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide
-from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot, quantile
+from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
 from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events
 from m3fleet.controller.kube import KubeApi
@@ -40,7 +42,6 @@ from m3fleet.render import labels
 # Engine series carry the pod's labels as Prometheus labels (the chart's PodMonitor, or the usual
 # `labelmap` of __meta_kubernetes_pod_label_(.+) for annotation-based scraping).
 FLEET_LABEL = "m3fleet_dev_name"
-TIME_TO_READY_SAMPLES = 10
 
 log = logging.getLogger("m3fleet.autoscaler")
 
@@ -95,32 +96,28 @@ def _epoch(timestamp: str | None) -> float | None:
     return float(calendar.timegm(time.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ")))
 
 
-def fleet_from(workload: Mapping[str, Any], pods: list[dict[str, Any]], now: float) -> FleetState:
-    """Replicas from the workload; starting ages and measured time-to-ready from its serving pods."""
+def fleet_from(
+    workload: Mapping[str, Any],
+    pods: list[dict[str, Any]],
+    now: float,
+    measured: Mapping[str, Any] | None = None,
+    group_size: int = 1,
+    prior_seconds: float = 600.0,
+) -> FleetState:
+    """Replicas from the workload; each starting replica's age and remaining time from its pods' phases; the
+    measured time-to-ready from `measured` (`status.timeToReady`) and the pods that became ready since."""
     spec_replicas = int((workload.get("spec") or {}).get("replicas") or 0)
     ready = int((workload.get("status") or {}).get("readyReplicas") or 0)
-    starting: list[float] = []
-    took: list[float] = []
-    for pod in pods:
-        created = _epoch(pod["metadata"].get("creationTimestamp"))
-        if created is None or pod["metadata"].get("deletionTimestamp"):
-            continue
-        condition = next(
-            (c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None
-        )
-        if condition and condition.get("status") == "True":
-            became = _epoch(condition.get("lastTransitionTime"))
-            if became is not None and became >= created:
-                took.append(became - created)
-        else:
-            starting.append(max(0.0, now - created))
-    measured = quantile(sorted(took)[-TIME_TO_READY_SAMPLES:], 0.9) if took else None
+    record = readiness.record(readiness.Record.from_status(measured), pods, (), group_size).record
+    ages, remaining = readiness.starting(pods, record, now, prior_seconds, group_size)
+    keep = max(0, spec_replicas - ready)
     return FleetState(
         now=now,
         current_replicas=spec_replicas,
         ready_replicas=ready,
-        starting_ages=tuple(sorted(starting)[: max(0, spec_replicas - ready)]),
-        time_to_ready_seconds=measured,
+        starting_ages=ages[:keep],
+        time_to_ready_seconds=record.p90_seconds,
+        starting_remaining=remaining[:keep],
     )
 
 
@@ -140,8 +137,9 @@ def interval_of(body: Mapping[str, Any] | None) -> float | None:
 
 
 def _worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool:
-    """Record when what is decided changes (the reason's numbers drift every tick and do not count), and
-    otherwise at most every HEARTBEAT_SECONDS, so the terms shown stay current without a write per tick."""
+    """Record when what is decided changes (the reason's numbers drift every tick and do not count), or the
+    horizon's source (the first measured time-to-ready), and otherwise at most every HEARTBEAT_SECONDS, so
+    the terms shown stay current without a write per tick."""
     if not previous:
         return True
     keys = ("desiredReplicas", "action", "mode", "panic", "applied")
@@ -149,6 +147,8 @@ def _worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], n
         return True
     if bool(previous.get("unservableRequests")) != bool(decision.get("unservableRequests")):
         return True
+    if (previous.get("timeToReady") or {}).get("source") != (decision.get("timeToReady") or {}).get("source"):
+        return True  # the horizon went from the prior to a measurement
     last = _epoch(previous.get("time"))
     return last is None or now - last >= HEARTBEAT_SECONDS
 
@@ -223,7 +223,7 @@ class Autoscaler:
         workload = await self.api.get(workload_kind, namespace, name)
         if workload is None:
             return Tick()  # not applied yet (or blocked): the reconcile owns that
-        pods = await self.api.list(kube.POD, namespace, labels.serving_selector_string(name))
+        pods = await self.api.list(kube.POD, namespace, labels.owned_selector(name))
         key = (namespace, name)
         source = await self._source(body, str(plan.engine), scaling.prometheus)
         snapshot = await asyncio.to_thread(source.read)
@@ -231,7 +231,10 @@ class Autoscaler:
         previous = status.get("autoscaling") or {}
         state = self._states.get(key) or PolicyState.from_dict(previous.get("state") or {})
         config = PolicyConfig.from_spec(scaling, plan)
-        decision, state = decide(config, state, snapshot, fleet_from(workload, pods, self.clock()))
+        fleet = fleet_from(
+            workload, pods, self.clock(), status.get("timeToReady"), plan.nodes_per_replica, config.cold_start_seconds
+        )
+        decision, state = decide(config, state, snapshot, fleet)
         self._states[key] = state
         record = decision.to_status()
         metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decision.desired_replicas)

@@ -55,6 +55,8 @@ SECRET = Kind("v1", "Secret", "secrets")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
 # Read only: why pods wait for a node (status), and serving pods' time to ready (the autoscaler).
 POD = Kind("v1", "Pod", "pods")
+# Read only: the kubelet's `Pulled` events, for the image phase of a new replica's time to ready.
+EVENT = Kind("v1", "Event", "events")
 PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
 CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False)
 
@@ -82,7 +84,7 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # one of that name we did not create is never mounted) and the CA the user names in
     # spec.autoscaling.prometheus.caSecretRef. No list or watch: the operator never enumerates Secrets.
     ("", "secrets", ("get", "create", "delete")),
-    ("", "events", ("create",)),
+    ("", "events", ("create", "list")),
     ("", "pods", ("list", "watch")),
     # kopf's scanning: notices CRDs (e.g. LeaderWorkerSet) installed after the operator started.
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
@@ -217,8 +219,11 @@ class KubeApi:
         )
         return result
 
-    async def list(self, kind: Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        data = await self._call("GET", kind.collection(namespace), query=[("labelSelector", label_selector)])
+    async def list(
+        self, kind: Kind, namespace: str, label_selector: str = "", field_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v]
+        data = await self._call("GET", kind.collection(namespace), query=query)
         items: list[dict[str, Any]] = data.get("items") or []
         for item in items:  # list items carry no apiVersion/kind
             item.setdefault("apiVersion", kind.api_version)

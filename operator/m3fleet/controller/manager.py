@@ -14,6 +14,8 @@ one resource at a time:
   the operator does not control, and so does not watch) asks to be retried after a fixed delay.
 * Resources whose spec has autoscaling enabled are ticked every `intervalSeconds`; the others are never
   looked at between events. There is no periodic resync: drift shows up as a child event.
+* A time-to-ready measurement (startup.py) is due when a watched engine pod is ready and not yet counted
+  in the resource's `status.timeToReady`, also for the pods kopf lists at start; at rest nothing is due.
 * With peering, the queue stands still whenever kopf's peering would pause kopf (see peering.py).
 """
 
@@ -32,6 +34,7 @@ from m3fleet.controller.kube import ApiError
 from m3fleet.controller.peering import PeeringGate
 from m3fleet.controller.queue import WorkQueue
 from m3fleet.controller.reconcile import Reconciler
+from m3fleet.controller.startup import StartupTimer, counted
 from m3fleet.render.labels import NAME
 
 Key = tuple[str, str]  # namespace, name
@@ -81,13 +84,18 @@ class Work:
     reconcile_at: float | None = None
     tick_at: float | None = None
     ticked_at: float | None = None
+    measure_at: float | None = None
     failures: int = 0
 
 
 class Manager:
-    def __init__(self, reconciler: Reconciler, autoscaler: Autoscaler, workers: int = WORKERS) -> None:
+    def __init__(
+        self, reconciler: Reconciler, autoscaler: Autoscaler, startup: StartupTimer, workers: int = WORKERS
+    ) -> None:
         self.reconciler = reconciler
         self.autoscaler = autoscaler
+        self.startup = startup
+        self._unmeasured: set[Key] = set()  # a ready pod not yet counted was seen before its resource
         self.queue: WorkQueue[Key] = WorkQueue(self._process, workers)
         self.gate: PeeringGate | None = None
         self._bodies: dict[Key, dict[str, Any]] = {}
@@ -129,12 +137,20 @@ class Manager:
             self._reconcile_soon(key)
 
     def pod_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """An engine pod changed (scheduled, became ready, went away): its resource is due."""
+        """An engine pod changed (scheduled, became ready, went away): its resource is due; and a ready pod
+        not yet counted makes a time-to-ready measurement due (also one kopf lists at start, type None)."""
         name = ((body.get("metadata") or {}).get("labels") or {}).get(NAME)
-        if event_type is None or not name:
+        if not name:
             return
         key = (body["metadata"]["namespace"], name)
-        if key in self._bodies:
+        cached = self._bodies.get(key)
+        if event_type != "DELETED" and not counted(cached or {}, body):
+            if cached is None:
+                self._unmeasured.add(key)
+            else:
+                self._work.setdefault(key, Work()).measure_at = self._now()
+                self.queue.add(key)
+        if event_type is not None and cached is not None:
             self._reconcile_soon(key)
 
     # -- the cache ----------------------------------------------------------------------------------
@@ -147,12 +163,16 @@ class Manager:
         if (old is None and ours) or (old is not None and not newer(body, old)):
             return  # gone meanwhile, or a version we already have (our write's answer came first), or older
         self._bodies[key] = copy.deepcopy(dict(body))
+        if old is None and key in self._unmeasured:
+            self._unmeasured.discard(key)
+            self._work.setdefault(key, Work()).measure_at = self._now()
         if worth_reconciling(old, body):
             self._reconcile_soon(key)
 
     def _drop(self, key: Key) -> None:
         self._bodies.pop(key, None)
         self._work.pop(key, None)
+        self._unmeasured.discard(key)
         self.queue.forget(key)
         self.reconciler.forget(*key)
         self.autoscaler.forget(*key)
@@ -178,6 +198,9 @@ class Manager:
         if work.reconcile_at is not None and work.reconcile_at <= now and key in self._bodies:
             work.reconcile_at = None
             await self._reconcile(key, work)
+        if work.measure_at is not None and work.measure_at <= now and key in self._bodies:
+            work.measure_at = None
+            await self._measure(key, work)
         if key in self._bodies:
             self._schedule(key, work)
 
@@ -194,6 +217,16 @@ class Manager:
             self._observe(tick.status, ours=True)
         if tick.scale:
             work.reconcile_at = self._now()
+
+    async def _measure(self, key: Key, work: Work) -> None:
+        try:
+            written = await self.startup.measure(self._bodies[key])
+        except Exception as exc:  # measured again later; a failure never blocks reconciles
+            work.measure_at = self._now() + BACKOFF[1]
+            log.warning("%s/%s: time-to-ready measurement failed (retrying in %.0f s): %s", *key, BACKOFF[1], exc)
+            return
+        if written is not None:
+            self._observe(written, ours=True)
 
     async def _reconcile(self, key: Key, work: Work) -> None:
         try:
@@ -226,6 +259,6 @@ class Manager:
             self.autoscaler.forget(*key)
         elif work.tick_at is None:
             work.tick_at = now if work.ticked_at is None else work.ticked_at + interval
-        due = [t for t in (work.reconcile_at, work.tick_at) if t is not None]
+        due = [t for t in (work.reconcile_at, work.tick_at, work.measure_at) if t is not None]
         if due:
             self.queue.add(key, min(due) - now)

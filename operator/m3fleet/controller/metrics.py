@@ -1,7 +1,9 @@
 """The operator's own Prometheus metrics (on `m3fleet run --metrics-port`, default 9090).
 
 Reconciles, their duration and errors; writes by kind; desired vs ready replicas per resource;
-the autoscaler's decisions; whether this replica stands by (peering). One registry per process.
+the autoscaler's decisions; whether this replica stands by (peering); how long new engine replicas took
+to become ready, whole and by phase (each replica observed once, when first seen ready and not yet in
+`status.timeToReady`). One registry per process.
 """
 
 from __future__ import annotations
@@ -39,6 +41,23 @@ AUTOSCALER_DESIRED = Gauge(
     "m3fleet_autoscaler_desired_replicas",
     "The autoscaler's last desired replica count.",
     ["namespace", "name"],
+    registry=REGISTRY,
+)
+# Seconds: from pods on warm nodes with the image (seconds) to node provisioning and a cold weight read (an hour).
+STARTUP_BUCKETS = (1, 5, 15, 30, 60, 90, 120, 180, 240, 300, 420, 600, 900, 1200, 1800, 3600)
+TIME_TO_READY = Histogram(
+    "m3fleet_replica_time_to_ready_seconds",
+    "Pod created -> ready, per new engine replica (a multi-node group: all its pods ready).",
+    ["namespace", "name"],
+    buckets=STARTUP_BUCKETS,
+    registry=REGISTRY,
+)
+STARTUP_PHASE = Histogram(
+    "m3fleet_replica_startup_phase_seconds",
+    "Each phase of a new replica's start: schedule, image (only when the kubelet's Pulled event is known), "
+    "start (containers started), load (started -> ready).",
+    ["namespace", "name", "phase"],
+    buckets=STARTUP_BUCKETS,
     registry=REGISTRY,
 )
 

@@ -27,6 +27,7 @@ from m3fleet.controller.kube import KubeApi
 from m3fleet.controller.manager import Manager
 from m3fleet.controller.peering import PeeringGate
 from m3fleet.controller.reconcile import Reconciler
+from m3fleet.controller.startup import StartupTimer
 from m3fleet.controller.webhook import Webhook, WebhookError
 from m3fleet.controller.webhook import register as register_webhook
 
@@ -103,7 +104,7 @@ def run(
     priority, identity = peering_priority(), peering_identity()
     api = KubeApi(api_client())
     reconciler = Reconciler(api)
-    manager = Manager(reconciler, Autoscaler(api, reconciler.events))
+    manager = Manager(reconciler, Autoscaler(api, reconciler.events), StartupTimer(api))
     if not standalone:
         manager.gate = PeeringGate(
             api,

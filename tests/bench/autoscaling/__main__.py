@@ -3,7 +3,10 @@
 Runs the policy, the swept baselines and the oracle on each seed and prints the per-seed table and the
 summary of per-seed minimums (text), or the JSON list of per-seed objects (`-o json`: the
 `m3fleet simulate` contract's shape, with `frontier`, `workLowerBound` and `checks`);
-`--summary-json FILE` also writes the summary.
+`--summary-json FILE` also writes the summary. `--cold-start-model cache|pvc|hub` builds every cold start
+from phases (m3fleet/autoscaling/coldstart.py); `--compare-cold-start-models pvc,cache` runs each seed under
+each model side by side (same requests; the policy, the default baselines and the oracle; no sweep) and
+prints one row per seed and model.
 """
 
 from __future__ import annotations
@@ -11,11 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from m3fleet.autoscaling.scenarios import SCENARIOS
 from m3fleet.autoscaling.simulate import prepare
 
-from .report import format_text, seed_report, summarize
+from .report import _pct, format_text, seed_report, summarize
+
+MODELS = ("cache", "pvc", "hub")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -29,16 +35,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.autoscaling", description=__doc__)
     parser.add_argument("--scenario", required=True, choices=sorted(SCENARIOS))
     parser.add_argument("--seeds", default="1", help="A-B or A,B,C (develop on 1-30; check on others)")
-    parser.add_argument("--cold-start", type=float, help="every new replica takes this many seconds to be ready")
+    cold = parser.add_mutually_exclusive_group()
+    cold.add_argument("--cold-start", type=float, help="every new replica takes this many seconds to be ready")
+    cold.add_argument("--cold-start-model", choices=MODELS, help="cold starts built from phases with this source")
+    cold.add_argument("--compare-cold-start-models", help="e.g. pvc,cache: each seed under each model, side by side")
     parser.add_argument("--minutes", type=float, help="only the first N minutes of the scenario")
     parser.add_argument("--no-sweep", action="store_true", help="defaults and the oracle only")
     parser.add_argument("--priors-off", action="store_true", help="also run ours with its priors x0.5 and x2")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--summary-json", help="also write the summary (per-seed min/mean/max, checks) here")
     args = parser.parse_args(argv)
+    if args.compare_cold_start_models:
+        models = args.compare_cold_start_models.split(",")
+        unknown = [m for m in models if m not in MODELS]
+        if unknown:
+            parser.error(f"--compare-cold-start-models: unknown {unknown}; choose from {', '.join(MODELS)}")
+        return compare_models(args, models)
     reports = []
     for seed in parse_seeds(args.seeds):
-        setup = prepare(args.scenario, seed=seed, minutes=args.minutes, cold_start=args.cold_start)
+        setup = prepare(
+            args.scenario,
+            seed=seed,
+            minutes=args.minutes,
+            cold_start=args.cold_start,
+            cold_start_model=args.cold_start_model,
+        )
         reports.append(
             seed_report(setup, with_sweep=not args.no_sweep, prior_scales=(0.5, 2.0) if args.priors_off else ())
         )
@@ -51,6 +72,44 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(json.dumps(reports, indent=1) + "\n")
     else:
         sys.stdout.write(format_text(reports, summary))
+    return 0
+
+
+def compare_models(args: argparse.Namespace, models: list[str]) -> int:
+    """Each seed under each cold-start model, on the same requests: one row per (seed, model)."""
+    rows: list[dict[str, Any]] = []
+    for seed in parse_seeds(args.seeds):
+        for model in models:
+            setup = prepare(args.scenario, seed=seed, minutes=args.minutes, cold_start_model=model)
+            report = seed_report(setup, with_sweep=False)
+            assert setup.cold_start_model is not None
+            low, high = setup.cold_start_model.bounds()
+            rows.append({"seed": seed, "model": model, "coldStart": [round(low), round(high)], **report})
+        print(f"seed {seed} done", file=sys.stderr, flush=True)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(rows, indent=1) + "\n")
+        return 0
+    names = list(rows[0]["policies"])
+    lines = [f"scenario {args.scenario}: SLO attainment / GPU-hours per seed and cold-start model", ""]
+    lines.append(f"seed  {'model':<6} {'cold start':>11}  " + "  ".join(f"{n:>18}" for n in names))
+    for row in rows:
+        policies = row["policies"]
+        cells = [f"{_pct(policies[n]['sloAttainment'])}/{policies[n]['gpuHours']:.1f}" for n in names]
+        cold = row["coldStart"]
+        lines.append(
+            f"{row['seed']:>4}  {row['model']:<6} {f'{cold[0]}-{cold[1]} s':>11}  "
+            + "  ".join(f"{c:>18}" for c in cells)
+        )
+    lines += ["", "per-seed min / mean / max of the context-aware policy:"]
+    for model in models:
+        ours = [r["policies"]["context-aware"] for r in rows if r["model"] == model]
+        a = [p["sloAttainment"] for p in ours]
+        g = [p["gpuHours"] for p in ours]
+        lines.append(
+            f"  {model:<6} {_pct(min(a))} / {_pct(sum(a) / len(a))} / {_pct(max(a))};  "
+            f"{min(g):.1f} / {sum(g) / len(g):.1f} / {max(g):.1f} GPU-h"
+        )
+    sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 

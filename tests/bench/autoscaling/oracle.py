@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from m3fleet.api.models import Plan
 from m3fleet.autoscaling.scenarios import Request
 from m3fleet.autoscaling.simulate import Setup, simulate
-from m3fleet.autoscaling.simulator import PerfModel, PolicyResult, cold_start_range
+from m3fleet.autoscaling.simulator import PerfModel, PolicyResult
 
 from .baselines import Schedule
 
@@ -69,7 +69,7 @@ def oracle_counts(setup: Setup, headroom: float) -> list[int]:
     need = oracle_need(setup.requests, setup.model, setup.plan, setup.duration + setup.settings.tail_seconds, step)
     s = setup.scenario
     base = [max(s.min_replicas, min(s.max_replicas, math.ceil(headroom * n - 1e-9))) for n in need]
-    cold = setup.cold_start if setup.cold_start is not None else cold_start_range(setup.plan)[1]
+    cold = setup.worst_cold_start()
     lead = math.ceil((cold + step) / step)
     return [max(base[i : i + lead + 1]) for i in range(len(base))]
 
