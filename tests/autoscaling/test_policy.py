@@ -18,9 +18,8 @@ from m3fleet.autoscaling.policy import (
     recommend,
     stabilize,
 )
-from m3fleet.autoscaling.readiness import Record, record
+from m3fleet.autoscaling.readiness import Record, fleet_from, record
 from m3fleet.autoscaling.signals import MetricsSnapshot
-from m3fleet.controller.autoscaler import fleet_from
 
 from . import test_readiness as tr
 from .plans import sample_plan

@@ -8,11 +8,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from m3fleet.api import parse_resource
-from m3fleet.controller.autoscaler import fleet_from, interval_of
+from m3fleet.autoscaling.policy import RECORD_HEARTBEAT_SECONDS, replicas_to_apply, worth_recording
+from m3fleet.autoscaling.readiness import fleet_from
+from m3fleet.controller.autoscaler import interval_of
 from m3fleet.controller.manager import backoff, newer, worth_reconciling
 from m3fleet.controller.peering import verdict
-from m3fleet.controller.reconcile import desired_replicas, digest, what_matters
-from m3fleet.controller.status import Blocked, Workload, conditions
+from m3fleet.controller.reconcile import digest, what_matters
+from m3fleet.controller.status import Blocked, Workload, conditions, status_update
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -86,14 +88,14 @@ def doc(**spec: Any) -> dict[str, Any]:
 
 
 def test_desired_replicas_spec_unless_the_autoscaler_acts() -> None:
-    assert desired_replicas(parse_resource(doc(replicas=3)), {}) == 3
+    assert replicas_to_apply(parse_resource(doc(replicas=3)).spec, {}) == 3
     scaling = {"enabled": True, "minReplicas": 1, "maxReplicas": 5}
     acting = parse_resource(doc(replicas=3, autoscaling=scaling))
-    assert desired_replicas(acting, {"autoscaling": {"desiredReplicas": 4}}) == 4
-    assert desired_replicas(acting, {"autoscaling": {"desiredReplicas": 9}}) == 5  # clamped to max
-    assert desired_replicas(acting, {}) == 3  # no decision yet: spec, clamped
+    assert replicas_to_apply(acting.spec, {"autoscaling": {"desiredReplicas": 4}}) == 4
+    assert replicas_to_apply(acting.spec, {"autoscaling": {"desiredReplicas": 9}}) == 5  # clamped to max
+    assert replicas_to_apply(acting.spec, {}) == 3  # no decision yet: spec, clamped
     advisory = parse_resource(doc(replicas=3, autoscaling={**scaling, "mode": "advisory"}))
-    assert desired_replicas(advisory, {"autoscaling": {"desiredReplicas": 4}}) == 3
+    assert replicas_to_apply(advisory.spec, {"autoscaling": {"desiredReplicas": 4}}) == 3
 
 
 def test_drift_is_judged_on_what_matters() -> None:
@@ -194,3 +196,30 @@ def test_pods_that_no_node_fits_are_named_in_ready_with_the_schedulers_words() -
     ready = by_type(conditions([], 1, T0, stuck, None))["Ready"]
     assert ready["status"] == "False" and ready["reason"] == "Unschedulable" and why in ready["message"]
     assert by_type(conditions([], 1, T0, workload, None))["Ready"]["reason"] == "RolloutInProgress"
+
+
+def test_status_is_written_only_when_what_it_says_changes() -> None:
+    done = Workload(desired=2, replicas=2, ready=2, updated=2, observed_current=True)
+    body: dict[str, Any] = {"metadata": {"name": "m3", "generation": 2}, "status": {}}
+    first = status_update(body, T0, done, None, {"engine": "vllm"}, "sel", [])
+    assert first is not None and first["observedGeneration"] == 2 and first["plan"] == {"engine": "vllm"}
+    assert "generatedSecrets" not in first  # none made, none recorded before: nothing to say
+    settled = {**body, "status": first}
+    assert status_update(settled, T1, done, None, {"engine": "vllm"}, "sel", []) is None  # a later clock alone
+    # An invalid spec has no plan: the last one stays; a blocked reconcile leaves the Secrets record alone.
+    blocked = status_update(settled, T1, done, Blocked("InvalidSpec", "spec.x: bad"), None, "sel", None)
+    assert blocked is not None and blocked["plan"] == {"engine": "vllm"} and "generatedSecrets" not in blocked
+    dropped = status_update({**body, "status": {**first, "generatedSecrets": ["k"]}}, T1, done, None, None, "sel", [])
+    assert dropped is not None and dropped["generatedSecrets"] == []  # the Secret it no longer needs is recorded gone
+
+
+def test_an_autoscaler_decision_is_recorded_when_it_changes_or_on_the_heartbeat() -> None:
+    previous = {"desiredReplicas": 2, "action": "hold", "mode": "act", "panic": False, "applied": False, "time": T0}
+    now = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    same = {**previous, "reason": "hold at 2: other numbers"}
+    assert not worth_recording(previous, same, now + 60)
+    assert worth_recording(previous, same, now + RECORD_HEARTBEAT_SECONDS)
+    assert worth_recording(previous, {**same, "desiredReplicas": 3}, now + 60)
+    assert worth_recording(previous, {**same, "unservableRequests": 2}, now + 60)
+    assert worth_recording(previous, {**same, "timeToReady": {"source": "measured"}}, now + 60)
+    assert worth_recording({}, same, now)

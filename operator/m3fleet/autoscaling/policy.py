@@ -46,8 +46,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
 
-from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, Plan
+from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, MiniMaxM3DeploymentSpec, Plan
 from m3fleet.autoscaling.forecast import Bounds, ScheduleWindow, bounds_at, forecast_floor, parse_hhmm
+from m3fleet.autoscaling.readiness import epoch
 from m3fleet.autoscaling.signals import FleetState, Histogram, MetricsSnapshot, ReplicaSignals
 from m3fleet.text import tokens as format_tokens
 
@@ -1075,6 +1076,37 @@ def _burst_floor(bursts: tuple[tuple[float, int], ...], now: float, window: floa
         return 0
     (t0, n0), (t1, n1) = bursts
     return min(n0, n1) if t1 - t0 <= window and now - t1 <= window else 0
+
+
+def replicas_to_apply(spec: MiniMaxM3DeploymentSpec, status: Mapping[str, Any]) -> int:
+    """spec.replicas, unless the built-in autoscaler acts: then its last decision (GitOps keeps spec)."""
+    scaling = spec.autoscaling
+    if not scaling.enabled or scaling.mode != AutoscalingMode.ACT:
+        return spec.replicas
+    decided = (status.get("autoscaling") or {}).get("desiredReplicas")
+    count = int(decided) if isinstance(decided, int | float) else spec.replicas
+    return max(scaling.min_replicas, min(scaling.max_replicas, count))
+
+
+# A decision that changes nothing is still recorded this often, so the terms shown stay current.
+RECORD_HEARTBEAT_SECONDS = 300.0
+
+
+def worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool:
+    """Record when what is decided changes (the reason's numbers drift every tick and do not count), or the
+    horizon's source (the first measured time-to-ready), and otherwise at most every RECORD_HEARTBEAT_SECONDS, so
+    the terms shown stay current without a write per tick."""
+    if not previous:
+        return True
+    keys = ("desiredReplicas", "action", "mode", "panic", "applied")
+    if any(previous.get(k) != decision.get(k) for k in keys):
+        return True
+    if bool(previous.get("unservableRequests")) != bool(decision.get("unservableRequests")):
+        return True
+    if (previous.get("timeToReady") or {}).get("source") != (decision.get("timeToReady") or {}).get("source"):
+        return True  # the horizon went from the prior to a measurement
+    last = epoch(previous.get("time"))
+    return last is None or now - last >= RECORD_HEARTBEAT_SECONDS
 
 
 def _decision(

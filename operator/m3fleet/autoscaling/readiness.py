@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from m3fleet.autoscaling.signals import quantile
+from m3fleet.autoscaling.signals import FleetState, quantile
 
 PHASES = ("schedule", "image", "start", "load")
 WINDOW = 10  # the most recent replicas that became ready: the statistics' sample
@@ -450,3 +450,28 @@ def starting(
             left = whole - (now - r.created)
         remaining.append(max(0.0, left))
     return tuple(ages), tuple(remaining)
+
+
+def fleet_from(
+    workload: Mapping[str, Any],
+    pods: list[dict[str, Any]],
+    now: float,
+    measured: Mapping[str, Any] | None = None,
+    group_size: int = 1,
+    prior_seconds: float = 600.0,
+) -> FleetState:
+    """Replicas from the workload; each starting replica's age and remaining time from its pods' phases; the
+    measured time-to-ready from `measured` (`status.timeToReady`) and the pods that became ready since."""
+    spec_replicas = int((workload.get("spec") or {}).get("replicas") or 0)
+    ready = int((workload.get("status") or {}).get("readyReplicas") or 0)
+    measurements = record(Record.from_status(measured), pods, (), group_size).record
+    ages, remaining = starting(pods, measurements, now, prior_seconds, group_size)
+    keep = max(0, spec_replicas - ready)
+    return FleetState(
+        now=now,
+        current_replicas=spec_replicas,
+        ready_replicas=ready,
+        starting_ages=ages[:keep],
+        time_to_ready_seconds=measurements.p90_seconds,
+        starting_remaining=remaining[:keep],
+    )

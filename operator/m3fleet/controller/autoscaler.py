@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import calendar
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -30,8 +29,8 @@ from m3fleet.api import parse_resource
 from m3fleet.api.models import PrometheusSpec
 from m3fleet.autoscaling import readiness
 from m3fleet.autoscaling.metrics import PrometheusAdapter, Tls
-from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide
-from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
+from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide, worth_recording
+from m3fleet.autoscaling.signals import MetricsSnapshot
 from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events
 from m3fleet.controller.kube import KubeApi
@@ -90,40 +89,6 @@ def ca_from_secret(secret: Mapping[str, Any] | None, name: str, key: str) -> str
         raise ValueError(f"{where} key {key!r} is not a PEM certificate") from None
 
 
-def _epoch(timestamp: str | None) -> float | None:
-    if not timestamp:
-        return None
-    return float(calendar.timegm(time.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ")))
-
-
-def fleet_from(
-    workload: Mapping[str, Any],
-    pods: list[dict[str, Any]],
-    now: float,
-    measured: Mapping[str, Any] | None = None,
-    group_size: int = 1,
-    prior_seconds: float = 600.0,
-) -> FleetState:
-    """Replicas from the workload; each starting replica's age and remaining time from its pods' phases; the
-    measured time-to-ready from `measured` (`status.timeToReady`) and the pods that became ready since."""
-    spec_replicas = int((workload.get("spec") or {}).get("replicas") or 0)
-    ready = int((workload.get("status") or {}).get("readyReplicas") or 0)
-    record = readiness.record(readiness.Record.from_status(measured), pods, (), group_size).record
-    ages, remaining = readiness.starting(pods, record, now, prior_seconds, group_size)
-    keep = max(0, spec_replicas - ready)
-    return FleetState(
-        now=now,
-        current_replicas=spec_replicas,
-        ready_replicas=ready,
-        starting_ages=ages[:keep],
-        time_to_ready_seconds=record.p90_seconds,
-        starting_remaining=remaining[:keep],
-    )
-
-
-HEARTBEAT_SECONDS = 300.0
-
-
 def interval_of(body: Mapping[str, Any] | None) -> float | None:
     """Seconds between ticks of this resource; None when it does not autoscale (or its spec is invalid)."""
     scaling = ((body or {}).get("spec") or {}).get("autoscaling")
@@ -134,23 +99,6 @@ def interval_of(body: Mapping[str, Any] | None) -> float | None:
     except (SpecError, SpecErrors):
         return None
     return float(resource.spec.autoscaling.interval_seconds) if resource.spec.autoscaling.enabled else None
-
-
-def _worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool:
-    """Record when what is decided changes (the reason's numbers drift every tick and do not count), or the
-    horizon's source (the first measured time-to-ready), and otherwise at most every HEARTBEAT_SECONDS, so
-    the terms shown stay current without a write per tick."""
-    if not previous:
-        return True
-    keys = ("desiredReplicas", "action", "mode", "panic", "applied")
-    if any(previous.get(k) != decision.get(k) for k in keys):
-        return True
-    if bool(previous.get("unservableRequests")) != bool(decision.get("unservableRequests")):
-        return True
-    if (previous.get("timeToReady") or {}).get("source") != (decision.get("timeToReady") or {}).get("source"):
-        return True  # the horizon went from the prior to a measurement
-    last = _epoch(previous.get("time"))
-    return last is None or now - last >= HEARTBEAT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -231,14 +179,14 @@ class Autoscaler:
         previous = status.get("autoscaling") or {}
         state = self._states.get(key) or PolicyState.from_dict(previous.get("state") or {})
         config = PolicyConfig.from_spec(scaling, plan)
-        fleet = fleet_from(
+        fleet = readiness.fleet_from(
             workload, pods, self.clock(), status.get("timeToReady"), plan.nodes_per_replica, config.cold_start_seconds
         )
         decision, state = decide(config, state, snapshot, fleet)
         self._states[key] = state
         record = decision.to_status()
         metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decision.desired_replicas)
-        if not _worth_recording(previous, record, decision.time):
+        if not worth_recording(previous, record, decision.time):
             return Tick(decision)
         metrics.AUTOSCALER_DECISIONS.labels(namespace, name, str(record.get("action", "hold"))).inc()
         written = await self.api.patch_status(namespace, name, {"autoscaling": {**record, "state": state.to_dict()}})

@@ -26,12 +26,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from m3fleet.api import parse_resource
-from m3fleet.api.models import AutoscalingMode, MiniMaxM3Deployment, Plan
+from m3fleet.api.models import MiniMaxM3Deployment, Plan
+from m3fleet.autoscaling.policy import replicas_to_apply
 from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events, KopfEvents
 from m3fleet.controller.kube import ApiError, Kind, KubeApi
 from m3fleet.controller.secrets import ssh_key_secret
-from m3fleet.controller.status import Blocked, Workload, conditions
+from m3fleet.controller.status import Blocked, Workload, status_update
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import labels, render, required_secrets, set_owner
@@ -87,16 +88,6 @@ class Outcome:
     retry_after: float | None = None  # reconcile again after this many seconds (nothing would announce the fix)
 
 
-def desired_replicas(resource: MiniMaxM3Deployment, status: Mapping[str, Any]) -> int:
-    """spec.replicas, unless the built-in autoscaler acts: then its last decision (GitOps keeps spec)."""
-    scaling = resource.spec.autoscaling
-    if not scaling.enabled or scaling.mode != AutoscalingMode.ACT:
-        return resource.spec.replicas
-    decided = (status.get("autoscaling") or {}).get("desiredReplicas")
-    count = int(decided) if isinstance(decided, int | float) else resource.spec.replicas
-    return max(scaling.min_replicas, min(scaling.max_replicas, count))
-
-
 MISSING_API = {
     kube.LEADER_WORKER_SET.kind: (
         "LeaderWorkerSetNotInstalled",
@@ -149,7 +140,7 @@ class Reconciler:
         try:
             resource = parse_resource(dict(body))
             plan = make_plan(resource.spec)
-            objects = render(resource, plan, desired_replicas(resource, status))
+            objects = render(resource, plan, replicas_to_apply(resource.spec, status))
         except (SpecError, SpecErrors) as exc:
             return await self._blocked(body, outcome, Blocked("InvalidSpec", str(exc)), None)
 
@@ -364,19 +355,10 @@ class Reconciler:
         secrets: list[str] | None = None,
     ) -> None:
         meta = body["metadata"]
-        current = dict(body.get("status") or {})
-        generation = int(meta.get("generation") or 0)
-        new = {
-            "observedGeneration": generation,
-            "conditions": conditions(current.get("conditions") or [], generation, self.clock(), workload, blocked),
-            "plan": plan.model_dump(by_alias=True, mode="json") if plan is not None else current.get("plan"),
-            "replicas": workload.replicas,
-            "readyReplicas": workload.ready,
-            "selector": labels.serving_selector_string(meta["name"]),
-        }
-        if secrets is not None and (secrets or current.get("generatedSecrets")):
-            new["generatedSecrets"] = secrets  # None (blocked): leave the record as it is
-        if all(current.get(k) == v for k, v in new.items()):
+        plan_status = plan.model_dump(by_alias=True, mode="json") if plan is not None else None
+        selector = labels.serving_selector_string(meta["name"])
+        new = status_update(body, self.clock(), workload, blocked, plan_status, selector, secrets)
+        if new is None:
             return
         outcome.status = await self.api.patch_status(meta["namespace"], meta["name"], new)
         outcome.gone = outcome.status is None

@@ -21,6 +21,7 @@ compares equal and the operator writes nothing.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,3 +168,30 @@ def conditions(
         ),
         c(DEGRADED, False, "AsExpected", "the spec is valid and applied"),
     ]
+
+
+def status_update(
+    body: Mapping[str, Any],
+    now: str,
+    workload: Workload,
+    blocked: Blocked | None,
+    plan: dict[str, Any] | None,
+    selector: str,
+    secrets: list[str] | None,
+) -> dict[str, Any] | None:
+    """The status a reconcile reports, or None when the resource's status says all of it already (no write).
+    `plan` None keeps the last plan (an invalid spec has none); `secrets` None (blocked) keeps the record of
+    generated Secrets as it is."""
+    current = dict(body.get("status") or {})
+    generation = int(body["metadata"].get("generation") or 0)
+    new = {
+        "observedGeneration": generation,
+        "conditions": conditions(current.get("conditions") or [], generation, now, workload, blocked),
+        "plan": plan if plan is not None else current.get("plan"),
+        "replicas": workload.replicas,
+        "readyReplicas": workload.ready,
+        "selector": selector,
+    }
+    if secrets is not None and (secrets or current.get("generatedSecrets")):
+        new["generatedSecrets"] = secrets
+    return None if all(current.get(k) == v for k, v in new.items()) else new
