@@ -11,6 +11,8 @@ def test_real_tier_benchmark_smoke(chart: Cluster) -> None:
     print(result.table())
     assert result.forbidden == []
     assert result.quiet_traffic.get("write", 0) == 0, result.quiet_traffic
-    # exactly one apply per child; status written as the rollout moves (created, ready), not more
+    # exactly one apply per child; status written as the rollout moves (created, ready) and once for the new
+    # replica's time-to-ready record, not more (a pod's Ready and its Deployment's readyReplicas can arrive
+    # in two reconciles: one more write for some resources, never a write per event)
     assert result.applies_per_resource == bench.CHILDREN, result.table()
-    assert 1 <= result.status_writes_per_resource <= 3, result.table()
+    assert 1 <= result.status_writes_per_resource <= 3.5, result.table()
