@@ -55,6 +55,11 @@ SECRET = Kind("v1", "Secret", "secrets")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
 # Read only: why pods wait for a node (status), and serving pods' time to ready (the autoscaler).
 POD = Kind("v1", "Pod", "pods")
+# The model cache (MiniMaxM3ModelCache): its staging/cleanup Jobs and pre-pull DaemonSet, and the nodes it labels.
+CACHE = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3ModelCache", "minimaxm3modelcaches")
+JOB = Kind("batch/v1", "Job", "jobs")
+DAEMON_SET = Kind("apps/v1", "DaemonSet", "daemonsets")
+NODE = Kind("v1", "Node", "nodes", namespaced=False)
 PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
 CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False)
 
@@ -62,7 +67,7 @@ CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings
 # label) so that a change to any of them reconciles its owner. Secrets are never listed or watched (that
 # would read every Secret in scope): the one generated Secret is addressed by its deterministic name.
 CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, SERVICE)
-BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D)}
+BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET)}
 
 # Every (group, resource, verbs) the operator uses: this module's calls plus kopf's own watches, event
 # posting and peering. charts/ renders its ClusterRole/Role from this list; tests check both directions.
@@ -82,6 +87,16 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "secrets", ("get", "create", "delete")),
     ("", "events", ("create",)),
     ("", "pods", ("list", "watch")),
+    # The model cache: its resource (patch: the cleanup finalizer), status, and the owner-reference check.
+    ("m3fleet.dev", "minimaxm3modelcaches", ("get", "list", "watch", "patch")),
+    ("m3fleet.dev", "minimaxm3modelcaches/status", ("patch",)),
+    ("m3fleet.dev", "minimaxm3modelcaches/finalizers", ("update",)),
+    # One staging (or cleanup) Job per node, created once and deleted when stale; the image pre-pull DaemonSet.
+    ("batch", "jobs", ("list", "watch", "create", "delete")),
+    ("apps", "daemonsets", ("list", "watch", "create", "patch", "delete")),
+    # Nodes: which are in a cache's pool (watched: a new node is staged at once), and the cache's label on each
+    # node holding a verified copy. Cluster-scoped: in scope=namespace it is in the small ClusterRole.
+    ("", "nodes", ("list", "watch", "patch")),
     # kopf's scanning: notices CRDs (e.g. LeaderWorkerSet) installed after the operator started.
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     ("", "namespaces", ("list", "watch")),

@@ -319,7 +319,9 @@ class Reconciler:
         new = {
             "observedGeneration": generation,
             "conditions": conditions(current.get("conditions") or [], generation, self.clock(), workload, blocked),
-            "plan": plan.model_dump(by_alias=True, mode="json") if plan is not None else current.get("plan"),
+            "plan": plan.model_dump(by_alias=True, mode="json", exclude_none=True)
+            if plan is not None
+            else current.get("plan"),
             "replicas": workload.replicas,
             "readyReplicas": workload.ready,
             "selector": labels.serving_selector_string(meta["name"]),
