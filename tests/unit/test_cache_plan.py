@@ -277,3 +277,30 @@ def test_without_a_cache_nothing_changes() -> None:
     p = plan(resource.spec)
     assert p.model_cache is None and "modelCache" not in p.model_dump(by_alias=True, exclude_none=True)
     assert render(resource, p) == render(resource, p, cache=None)
+
+
+def test_a_job_is_read_from_the_job_controllers_conditions_and_its_pods_termination_message() -> None:
+    from m3fleet.controller.cache import job_view
+
+    cache = the_cache()
+    job = plan_cache(inputs(cache, nodes=nodes("h200-0"))).create[0]
+    job["status"] = {
+        "conditions": [
+            {"type": "FailureTarget", "status": "True"},
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "PodFailurePolicy",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            },
+        ]
+    }
+    terminated = {"exitCode": BAD_SOURCE_EXIT_CODE, "message": "revision x does not exist"}
+    pod = {"status": {"containerStatuses": [{"state": {"terminated": terminated}}]}}
+    view = job_view(job, [pod])
+    assert (view.node, view.state, view.bad_source, view.attempt) == ("h200-0", "Failed", True, 1)
+    assert view.message == "revision x does not exist" and view.content == cache.spec.content_digest()
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert job_view(job, []).state == "Complete"
+    job["status"] = {}
+    assert job_view(job, []).state == "Active"

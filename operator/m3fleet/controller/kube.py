@@ -194,8 +194,8 @@ class KubeApi:
             raise _error(kubernetes.client.ApiException(http_resp=response))
         return response
 
-    def _call_sync(self, *args: Any, text: bool = False, **kwargs: Any) -> Any:
-        response = self._send(*args, accept="*/*" if text else "application/json", **kwargs)
+    def _call_sync(self, *args: Any, text: bool = False, accept: str = "", **kwargs: Any) -> Any:
+        response = self._send(*args, accept=accept or ("*/*" if text else "application/json"), **kwargs)
         try:
             response.read()
         except NETWORK_ERRORS as exc:
@@ -230,8 +230,9 @@ class KubeApi:
         )
         return result
 
-    async def list(self, kind: Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        data = await self._call("GET", kind.collection(namespace), query=[("labelSelector", label_selector)])
+    async def list(self, kind: Kind, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+        query = [("labelSelector", label_selector)] if label_selector else []
+        data = await self._call("GET", kind.collection(namespace), query=query)
         items: list[dict[str, Any]] = data.get("items") or []
         for item in items:  # list items carry no apiVersion/kind
             item.setdefault("apiVersion", kind.api_version)
@@ -241,6 +242,31 @@ class KubeApi:
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             result: dict[str, Any] = await self._call("GET", f"{kind.collection(namespace)}/{name}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    async def exists(self, kind: Kind, namespace: str, name: str) -> bool:
+        """Whether an object exists, asked for its metadata only (PartialObjectMetadata): the answer never
+        carries its content (used for Secrets the operator must not read)."""
+        accept = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+        try:
+            await self._call("GET", f"{kind.collection(namespace)}/{name}", accept=accept)
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def merge_patch(
+        self, kind: Kind, namespace: str | None, name: str, patch: dict[str, Any], subresource: str = ""
+    ) -> dict[str, Any] | None:
+        """A JSON merge patch (node labels, a finalizer, a status); the object as stored, None when it is gone."""
+        path = f"{kind.collection(namespace)}/{name}" + (f"/{subresource}" if subresource else "")
+        try:
+            result: dict[str, Any] = await self._call("PATCH", path, patch, None, "application/merge-patch+json")
         except ApiError as exc:
             if exc.status == 404:
                 return None

@@ -27,6 +27,7 @@ from typing import Any
 
 from m3fleet.api import parse_resource
 from m3fleet.api.models import AutoscalingMode, MiniMaxM3Deployment, Plan
+from m3fleet.api.parse import parse_cache
 from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events, KopfEvents
 from m3fleet.controller.kube import ApiError, Kind, KubeApi
@@ -34,7 +35,7 @@ from m3fleet.controller.secrets import ssh_key_secret
 from m3fleet.controller.status import Blocked, Workload, conditions
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
-from m3fleet.render import labels, render, required_secrets, set_owner
+from m3fleet.render import cache_mount, labels, render, required_secrets, set_owner
 
 Key = tuple[str, str, str]  # apiVersion, kind, name
 REJECTED = (400, 403, 404, 422)  # the API server refuses our intent (not a transient failure)
@@ -151,9 +152,24 @@ class Reconciler:
         try:
             resource = parse_resource(dict(body))
             plan = make_plan(resource.spec)
-            objects = render(resource, plan, desired_replicas(resource, status))
+            cache_body = await self._model_cache(resource)
+            mount = cache_mount(resource, parse_cache(cache_body) if cache_body is not None else None)
+            objects = render(resource, plan, desired_replicas(resource, status), mount)
         except (SpecError, SpecErrors) as exc:
-            return await self._blocked(body, outcome, Blocked("InvalidSpec", str(exc)), None)
+            no_cache = isinstance(exc, SpecError) and exc.field == "spec.model.cacheRef.name"
+            return await self._blocked(
+                body, outcome, Blocked("ModelCacheNotFound" if no_cache else "InvalidSpec", str(exc)), None
+            )
+        model_cache_status = (
+            None
+            if mount is None or resource.spec.model.cache_ref is None
+            else {
+                "name": mount.name,
+                "nodeAffinity": resource.spec.model.cache_ref.node_affinity,
+                "nodeLabel": f"{mount.node_label}=ready",
+                "path": mount.path,
+            }
+        )
 
         served = await self._served_kinds()
         for obj in objects:
@@ -202,7 +218,7 @@ class Reconciler:
             report = report.with_pods(await self.api.list(kube.POD, namespace, labels.owned_selector(name)))
         metrics.DESIRED_REPLICAS.labels(namespace, name).set(report.desired)
         metrics.READY_REPLICAS.labels(namespace, name).set(report.ready)
-        await self._write_status(body, outcome, report, None, plan, secrets)
+        await self._write_status(body, outcome, report, None, plan, secrets, model_cache_status)
         return outcome
 
     async def _converge(
@@ -224,6 +240,13 @@ class Reconciler:
         applied = await self.api.apply(desired)
         agreed[key] = (intent, digest(what_matters(applied)))
         return applied
+
+    async def _model_cache(self, resource: MiniMaxM3Deployment) -> dict[str, Any] | None:
+        """The MiniMaxM3ModelCache that spec.model.cacheRef names, as stored (None: none named, or not there)."""
+        ref = resource.spec.model.cache_ref
+        if ref is None:
+            return None
+        return await self.api.get(kube.CACHE, resource.metadata.namespace, ref.name)
 
     async def _exists(self, body: Mapping[str, Any]) -> bool:
         """Whether the resource itself still exists. Asked only before re-creating a child that is gone: the
@@ -312,6 +335,7 @@ class Reconciler:
         blocked: Blocked | None,
         plan: Plan | None,
         secrets: list[str] | None = None,
+        model_cache: dict[str, Any] | None = None,
     ) -> None:
         meta = body["metadata"]
         current = dict(body.get("status") or {})
@@ -328,6 +352,8 @@ class Reconciler:
         }
         if secrets is not None and (secrets or current.get("generatedSecrets")):
             new["generatedSecrets"] = secrets  # None (blocked): leave the record as it is
+        if secrets is not None and (model_cache is not None or current.get("modelCache") is not None):
+            new["modelCache"] = model_cache  # which MiniMaxM3ModelCache the pods mount (None: removes it)
         if all(current.get(k) == v for k, v in new.items()):
             return
         outcome.status = await self.api.patch_status(meta["namespace"], meta["name"], new)
