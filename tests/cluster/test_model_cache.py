@@ -281,7 +281,7 @@ def test_failures_are_retried_never_labelled_and_a_rejected_source_is_reported(
     manual_node(chart)
     chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x", check=False)
     try:
-        chart.apply(cache("flaky", "manual"))
+        chart.apply(cache("flaky", "manual", deleteFilesOnRemoval=False))  # no kubelet here to run a cleanup
         [job] = eventually("a Job for the manual node", lambda: jobs(chart, "flaky"), 60)
         assert job_node(job) == MANUAL_NODE
         name = job["metadata"]["name"]

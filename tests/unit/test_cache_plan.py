@@ -304,3 +304,14 @@ def test_a_job_is_read_from_the_job_controllers_conditions_and_its_pods_terminat
     assert job_view(job, []).state == "Complete"
     job["status"] = {}
     assert job_view(job, []).state == "Active"
+
+
+def test_removal_cleans_a_node_whose_running_staging_job_it_stopped() -> None:
+    cache = the_cache(deleteFilesOnRemoval=True)
+    running = job("h200-0", "Active", cache=cache)
+    first = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=[running], deleting=True))
+    assert first.delete == [running] and first.create == []  # stop writing first
+    assert [n["name"] for n in first.nodes] == ["h200-0"] and not first.release  # the record is the status
+    second = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=[], deleting=True, reported_nodes=["h200-0"]))
+    assert [j["metadata"]["labels"]["m3fleet.dev/cache-action"] for j in second.create] == [CLEAN]
+    assert not second.release

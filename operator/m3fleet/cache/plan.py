@@ -91,6 +91,7 @@ class Inputs:
     secret_missing: str | None = None  # the token Secret's name when it does not exist
     daemonset_exists: bool = False
     deleting: bool = False  # metadata.deletionTimestamp is set
+    reported_nodes: Sequence[str] = ()  # status.nodes as last written: during removal, the nodes still to clean
 
 
 @dataclass(frozen=True)
@@ -489,7 +490,10 @@ def _removal(
         work.labels[name] = None
     pending: list[str] = []
     if inputs.cache.spec.delete_files_on_removal:
-        staged = sorted({j.node for j in stage_jobs if j.node in nodes})
+        # Every node that may hold files: a staging or cleanup Job ran there, or status still lists it (a staging
+        # Job deleted below to stop it writing is no record any more; the status written below is).
+        touched = {j.node for j in (*stage_jobs, *clean_jobs)} | set(inputs.reported_nodes)
+        staged = sorted(n for n in touched if n in nodes)
         for job in stage_jobs:
             if job.state == "Active":
                 work.delete.append(job)  # stop writing before the directory is removed

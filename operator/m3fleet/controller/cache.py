@@ -189,6 +189,7 @@ class CacheReconciler:
                 secret_missing=missing,
                 daemonset_exists=bool(daemonsets),
                 deleting=deleting,
+                reported_nodes=[n["name"] for n in (body.get("status") or {}).get("nodes") or [] if "name" in n],
             )
         )
         await self._apply(cache, work, namespace)
