@@ -194,10 +194,12 @@ def test_a_corrupted_file_is_rejected_and_the_copy_never_marked_complete(
     name = "model-00002-of-00002.safetensors"
     good = fake.files[name]
     fake.corrupt[name] = bytes([good[0] ^ 0xFF]) + good[1:]  # same size: only the published sha256 can tell
+    fake.corrupt["config.json"] = fake.files["config.json"].replace(b"M3", b"M4")  # a non-LFS file: git blob sha1
     dest = tmp_path / "nvme" / "m3"
     code, _, err = hf(tmp_path, dest, endpoint)
     assert code == 1, err
-    assert name in err and "sha256" in err
+    assert "2 of 4 files failed" in err and name in err and "sha256" in err
+    assert "config.json: git blob sha1" in err and not (dest / "config.json").exists()
     assert not (dest / MARKER).exists()
     assert not (dest / name).exists()  # never left behind looking like the real file
     assert (dest / "model-00001-of-00002.safetensors").read_bytes() == fake.files["model-00001-of-00002.safetensors"]
@@ -208,7 +210,7 @@ def test_a_corrupted_file_is_rejected_and_the_copy_never_marked_complete(
     fake.requests.clear()
     code, _, err = hf(tmp_path, dest, endpoint)
     assert code == 0, err
-    assert downloads(fake) == [name]
+    assert downloads(fake) == ["config.json", name]
     assert (dest / name).read_bytes() == good and (dest / MARKER).exists()
 
 

@@ -18,6 +18,7 @@ that images are really pulled (no container runtime), hostPath mounts, and that 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -157,6 +158,15 @@ def test_staged_labelled_used_and_removed(chart: Cluster, operator: OperatorProc
         [init] = ds["spec"]["template"]["spec"]["initContainers"]
         assert init["image"] == body["status"]["plan"]["image"] and init["command"] == ["sh", "-c", "exit 0"]
         assert ds["metadata"]["ownerReferences"][0]["kind"] == "MiniMaxM3ModelCache"
+
+        # Quiet at rest: once staged and rolled out, the operator writes nothing (node heartbeats, DaemonSet and
+        # Job status changes are read, never answered with a write).
+        def quiet() -> bool:
+            mark = operator.mark()
+            time.sleep(8)
+            return not operator.writes(operator.requests_since(mark))
+
+        eventually("the operator writes nothing at rest", quiet, 90, 0)
 
         # A node joining the pool is staged at once.
         label_node(chart, "h200-3", POOL_LABEL, "a")

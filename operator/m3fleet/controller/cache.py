@@ -47,7 +47,7 @@ from m3fleet.controller import kube
 from m3fleet.controller.kube import ApiError, KubeApi
 from m3fleet.controller.manager import backoff, key_of, newer
 from m3fleet.controller.queue import WorkQueue
-from m3fleet.controller.reconcile import utc_now
+from m3fleet.controller.reconcile import digest, utc_now
 from m3fleet.controller.status import condition
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
@@ -131,6 +131,9 @@ class CacheReconciler:
         self.api = api
         self.stager_image = stager_image
         self.clock = clock
+        # Per DaemonSet: (digest of our intent, the generation the apply returned). Quiet at rest: applied again
+        # only when the intent changes or someone changed its spec (a new generation).
+        self._applied: dict[tuple[str, str], tuple[str, int]] = {}
 
     async def reconcile(self, body: Mapping[str, Any]) -> CacheOutcome:
         meta = body["metadata"]
@@ -192,14 +195,16 @@ class CacheReconciler:
                 reported_nodes=[n["name"] for n in (body.get("status") or {}).get("nodes") or [] if "name" in n],
             )
         )
-        await self._apply(cache, work, namespace)
+        await self._apply(cache, work, namespace, daemonsets)
         if deleting and work.release:
             return await self._release(body)
         status = {**work.status, "nodes": work.nodes}
         verdicts = [(v.type, v.status, v.reason, v.message) for v in work.conditions]
         return CacheOutcome(await self._write_status(body, status, verdicts), work.requeue_after)
 
-    async def _apply(self, cache: MiniMaxM3ModelCache, work: Work, namespace: str) -> None:
+    async def _apply(
+        self, cache: MiniMaxM3ModelCache, work: Work, namespace: str, daemonsets: list[dict[str, Any]]
+    ) -> None:
         label = work.status["nodeLabel"].split("=", 1)[0]
         for node, value in work.labels.items():  # first: a node being rewritten is unlabelled before its Job
             await self.api.merge_patch(kube.NODE, None, node, {"metadata": {"labels": {label: value}}})
@@ -220,10 +225,16 @@ class CacheReconciler:
                     raise
             log.info("%s/%s: created Job %s", namespace, cache.metadata.name, obj["metadata"]["name"])
         if work.daemonset is not None:
-            await self.api.apply(work.daemonset)
+            key, intent = (namespace, work.daemonset["metadata"]["name"]), digest(work.daemonset)
+            live = next((d for d in daemonsets if d["metadata"]["name"] == key[1]), None)
+            generation = int((live or {}).get("metadata", {}).get("generation") or 0)
+            if live is None or self._applied.get(key) != (intent, generation):
+                applied = await self.api.apply(work.daemonset)
+                self._applied[key] = (intent, int(applied["metadata"].get("generation") or 0))
         elif work.delete_daemonset:
-            for ds in await self.api.list(kube.DAEMON_SET, namespace, f"{CACHE_LABEL}={cache.metadata.name}"):
+            for ds in daemonsets:
                 await self.api.delete(kube.DAEMON_SET, namespace, ds["metadata"]["name"], ds["metadata"]["uid"])
+                self._applied.pop((namespace, ds["metadata"]["name"]), None)
 
     async def _release(self, body: Mapping[str, Any]) -> CacheOutcome:
         meta = body["metadata"]
