@@ -6,7 +6,8 @@
 
 Sources -> generated files:
 
-* crds/m3fleet.dev_minimaxm3deployments.yaml -> charts/m3fleet/crds/ (byte-identical copy; Helm
+* crds/m3fleet.dev_minimaxm3deployments.yaml and crds/m3fleet.dev_minimaxm3modelcaches.yaml ->
+  charts/m3fleet/crds/ (byte-identical copy; Helm
   can only read files inside the chart) and manifests/install/crds/ (kustomize likewise).
 * m3fleet.controller.kube.RBAC -> charts/m3fleet/files/rbac.yaml, which the chart's (Cluster)Roles
   are rendered from, with the configuration each call is needed in.
@@ -39,6 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "m3fleet"
 CRD_SOURCE = ROOT / "crds" / "m3fleet.dev_minimaxm3deployments.yaml"
 CRD_FILE = CRD_SOURCE.name
+CACHE_CRD_SOURCE = ROOT / "crds" / "m3fleet.dev_minimaxm3modelcaches.yaml"
+CACHE_CRD_FILE = CACHE_CRD_SOURCE.name
 LUA = ROOT / "manifests" / "gitops" / "argocd" / "health.lua"
 
 RELEASE = "m3fleet"
@@ -59,6 +62,7 @@ CLUSTER_SCOPED = {
     ("apiextensions.k8s.io", "customresourcedefinitions"),
     ("", "namespaces"),
     ("kopf.dev", "clusterkopfpeerings"),
+    ("", "nodes"),
 }
 
 
@@ -565,9 +569,10 @@ def namespace_file() -> str:
 
 def install_file() -> str:
     crd = yaml.safe_load(CRD_SOURCE.read_text(encoding="utf-8"))
-    source = f"namespace + CRD + helm template {RELEASE} charts/m3fleet -n {NAMESPACE} --set webhook.enabled=false"
+    cache_crd = yaml.safe_load(CACHE_CRD_SOURCE.read_text(encoding="utf-8"))
+    source = f"namespace + CRDs + helm template {RELEASE} charts/m3fleet -n {NAMESPACE} --set webhook.enabled=false"
     header = GENERATED.format(source=source) + "# kubectl apply -f manifests/install.yaml\n"
-    return header + dump_all([namespace_object(), crd, *static_objects()])
+    return header + dump_all([namespace_object(), crd, cache_crd, *static_objects()])
 
 
 # --- all outputs -------------------------------------------------------------------------------
@@ -579,12 +584,14 @@ def _copy(path: Path) -> Callable[[], str]:
 
 OUTPUTS: dict[str, Callable[[], str]] = {
     f"charts/m3fleet/crds/{CRD_FILE}": _copy(CRD_SOURCE),
+    f"charts/m3fleet/crds/{CACHE_CRD_FILE}": _copy(CACHE_CRD_SOURCE),
     "charts/m3fleet/files/rbac.yaml": rbac_file,
     "charts/m3fleet/files/engine-metrics.yaml": engine_metrics_file,
     "charts/m3fleet/files/dashboards/m3fleet-fleet.json": dashboard_file,
     "manifests/dashboards/m3fleet-fleet.json": dashboard_file,
     "manifests/gitops/argocd/argocd-cm-patch.yaml": argocd_patch_file,
     f"manifests/install/crds/{CRD_FILE}": _copy(CRD_SOURCE),
+    f"manifests/install/crds/{CACHE_CRD_FILE}": _copy(CACHE_CRD_SOURCE),
     "manifests/install/namespace.yaml": namespace_file,
     "manifests/install/operator.yaml": operator_file,
     "manifests/install.yaml": install_file,

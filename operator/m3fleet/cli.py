@@ -1,4 +1,4 @@
-"""`m3fleet` command line: plan | render | crd | run | simulate | bench.
+"""`m3fleet` command line: plan | render | crd | run | simulate | bench | stage.
 
 Exit status: 0 success; 2 invalid input or an impossible spec (one message per failing resource
 on stderr, nothing on stdout); 1 an internal error. Never a traceback (set M3FLEET_DEBUG=1 to
@@ -19,10 +19,13 @@ from typing import Any
 import yaml
 
 from m3fleet.api import MiniMaxM3Deployment, Plan, parse_resource
+from m3fleet.api.cache import CACHE_KIND, MiniMaxM3ModelCache
 from m3fleet.api.crd import crd_yaml
+from m3fleet.api.models import KIND
+from m3fleet.api.parse import parse_cache
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
-from m3fleet.render import render
+from m3fleet.render import cache_mount, render
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INVALID = 0, 1, 2
 
@@ -85,21 +88,51 @@ def _report(doc: Document, exc: SpecError | SpecErrors) -> str:
     return f"error: {_label(doc)}:\n" + "\n".join(f"  - {e}" for e in errors)
 
 
-def process(target: str, each: Callable[[MiniMaxM3Deployment], Any]) -> tuple[list[Any], list[str]]:
-    """Parse every resource in `target` and apply `each`; collect results and per-resource errors."""
+def is_cache(body: Any) -> bool:
+    return isinstance(body, dict) and body.get("kind") == CACHE_KIND
+
+
+def process(
+    target: str, each: Callable[[MiniMaxM3Deployment, dict[tuple[str, str], MiniMaxM3ModelCache]], Any]
+) -> tuple[list[Any], list[str]]:
+    """Parse every resource in `target` and apply `each` (with the MiniMaxM3ModelCaches of the same input, by
+    namespace and name); collect results and per-resource errors. Caches are validated, not planned: the
+    operator stages them on the nodes (stderr says so)."""
     results: list[Any] = []
     problems: list[str] = []
-    for doc in read_documents(target):
+    documents = read_documents(target)
+    caches: dict[tuple[str, str], MiniMaxM3ModelCache] = {}
+    for doc in documents:
+        if not is_cache(doc.body):
+            continue
+        try:
+            cache = parse_cache(doc.body)
+            caches[cache.metadata.namespace, cache.metadata.name] = cache
+            print(
+                f"note: {_label(doc)}: {CACHE_KIND}, validated; not planned (the operator stages it on the nodes)",
+                file=sys.stderr,
+            )
+        except (SpecError, SpecErrors) as exc:
+            problems.append(_report(doc, exc))
+    for doc in documents:
+        if is_cache(doc.body):
+            continue
         try:
             resource = parse_resource(doc.body)
-            results.append(each(resource))
+            results.append(each(resource, caches))
         except (SpecError, SpecErrors) as exc:
             problems.append(_report(doc, exc))
     return results, problems
 
 
+def _render(resource: MiniMaxM3Deployment, caches: dict[tuple[str, str], MiniMaxM3ModelCache]) -> list[Any]:
+    ref = resource.spec.model.cache_ref
+    cache = caches.get((resource.metadata.namespace, ref.name)) if ref is not None else None
+    return render(resource, plan(resource.spec), cache=cache_mount(resource, cache))
+
+
 def plan_dict(p: Plan) -> dict[str, Any]:
-    return p.model_dump(by_alias=True, mode="json")
+    return p.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 PLAN_COLUMNS: Sequence[tuple[str, Callable[[str, Plan], object]]] = (
@@ -121,9 +154,16 @@ PLAN_COLUMNS: Sequence[tuple[str, Callable[[str, Plan], object]]] = (
 )
 
 
+CACHE_COLUMN: tuple[str, Callable[[str, Plan], object]] = (
+    "CACHE",
+    lambda n, p: f"{p.model_cache} ({p.model_cache_node_affinity})" if p.model_cache else "-",
+)
+
+
 def format_table(rows: list[tuple[str, Plan]]) -> str:
-    cells = [[h for h, _ in PLAN_COLUMNS]] + [[str(f(n, p)) for _, f in PLAN_COLUMNS] for n, p in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(PLAN_COLUMNS))]
+    columns = [*PLAN_COLUMNS, *([CACHE_COLUMN] if any(p.model_cache for _, p in rows) else [])]
+    cells = [[h for h, _ in columns]] + [[str(f(n, p)) for _, f in columns] for n, p in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells) + "\n"
 
 
@@ -146,7 +186,7 @@ def dump(objects: list[Any], output: str) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    results, problems = process(args.filename, lambda r: (r.metadata.name, plan(r.spec)))
+    results, problems = process(args.filename, lambda r, _: (r.metadata.name, plan(r.spec)))
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return EXIT_INVALID
@@ -160,7 +200,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    results, problems = process(args.filename, lambda r: render(r, plan(r.spec)))
+    results, problems = process(args.filename, _render)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return EXIT_INVALID
@@ -187,7 +227,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    sys.stdout.write(crd_yaml())
+    sys.stdout.write(crd_yaml(args.kind))
     return EXIT_OK
 
 
@@ -206,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_render.set_defaults(func=cmd_render)
 
     p_crd = sub.add_parser("crd", help="the CustomResourceDefinition YAML")
+    p_crd.add_argument("--kind", choices=(KIND, CACHE_KIND), default=KIND, help="which CRD (default: %(default)s)")
     p_crd.set_defaults(func=cmd_crd)
 
     from m3fleet.autoscaling.cli import register as register_simulate
@@ -215,6 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     from m3fleet.bench.cli import register as register_bench
 
     register_bench(sub)
+
+    from m3fleet.cache.stage import register as register_stage
+
+    register_stage(sub)
 
     p_run = sub.add_parser("run", help="the operator, against the current kube context")
     scope = p_run.add_mutually_exclusive_group()

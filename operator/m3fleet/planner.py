@@ -246,6 +246,17 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
         notes.extend(_multi_node_notes(spec, engine, accel, layout, nodes))
     notes.extend(engine.deviations.get(accel_name, ()))
     notes.extend(_caveats(engine_name, accel, variant, layout))
+    cache = spec.model.cache_ref
+    if cache is not None:
+        notes.append(
+            f"weights from the node-local copy of MiniMaxM3ModelCache {cache.name} (nodeAffinity "
+            f"{cache.node_affinity}: "
+            + (
+                "pods run only on nodes holding a verified copy)"
+                if cache.node_affinity == "Required"
+                else "pods prefer nodes holding a verified copy, else load from spec.model.source)"
+            )
+        )
 
     return Plan.model_validate(
         {
@@ -278,6 +289,8 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
             "maxSequencesAtMaxLen": chosen.sequences_at(max_len),
             "validated": validated,
             "notes": notes,
+            "modelCache": cache.name if cache is not None else None,
+            "modelCacheNodeAffinity": cache.node_affinity if cache is not None else None,
         }
     )
 

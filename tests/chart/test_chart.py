@@ -105,7 +105,8 @@ def test_default_objects() -> None:
 
 
 def test_chart_crds_are_the_repositorys() -> None:
-    """The chart ships the MiniMaxM3Deployment CRD (identical to crds/) and kopf's two peering CRDs."""
+    """The chart ships the MiniMaxM3Deployment and MiniMaxM3ModelCache CRDs (identical to crds/) and kopf's two
+    peering CRDs."""
     chart = helm.Chart.load(str(CHART))
     try:
         crds = {c["name"]: c["data"] for c in chart.crds}
@@ -115,11 +116,10 @@ def test_chart_crds_are_the_repositorys() -> None:
         "crds/kopf.dev_clusterkopfpeerings.yaml",
         "crds/kopf.dev_kopfpeerings.yaml",
         "crds/m3fleet.dev_minimaxm3deployments.yaml",
+        "crds/m3fleet.dev_minimaxm3modelcaches.yaml",
     ]
-    assert (
-        crds["crds/m3fleet.dev_minimaxm3deployments.yaml"]
-        == (ROOT / "crds/m3fleet.dev_minimaxm3deployments.yaml").read_text()
-    )
+    for name in ("m3fleet.dev_minimaxm3deployments.yaml", "m3fleet.dev_minimaxm3modelcaches.yaml"):
+        assert crds[f"crds/{name}"] == (ROOT / "crds" / name).read_text()
 
 
 @pytest.mark.parametrize("values", CASES.values(), ids=CASES.keys())

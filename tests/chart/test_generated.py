@@ -81,9 +81,10 @@ def test_install_yaml() -> None:
     namespace = one(docs, "Namespace")
     assert namespace["metadata"]["name"] == NAMESPACE
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    assert one(docs, "CustomResourceDefinition") == yaml.safe_load(
-        (ROOT / "crds/m3fleet.dev_minimaxm3deployments.yaml").read_text()
-    )
+    assert [d for d in docs if d["kind"] == "CustomResourceDefinition"] == [
+        yaml.safe_load((ROOT / f"crds/{name}").read_text())
+        for name in ("m3fleet.dev_minimaxm3deployments.yaml", "m3fleet.dev_minimaxm3modelcaches.yaml")
+    ]
     deployment = one(docs, "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["args"][:3] == [
         "run",

@@ -86,14 +86,17 @@ def test_operator_gets_exactly_kube_rbac(scope: str, peering: bool, scanning: bo
         namespaced = grants[("Role", "llm")]
         assert all(r.split("/")[0] not in CLUSTER_SCOPED for _, r, _ in namespaced)
         cluster_wide = grants.get(("ClusterRole", None), set())
-        # Cluster-wide, the namespace-scoped operator may only list/watch CRDs and namespaces.
-        assert {(r, v) for _, r, v in cluster_wide} <= {
+        # Cluster-wide, the namespace-scoped operator may only list/watch CRDs and namespaces (kopf's scanning),
+        # and list/watch/patch nodes (the model cache's pool and its node labels).
+        node_grants = {("", "nodes", v) for v in ("list", "watch", "patch")}
+        assert node_grants <= cluster_wide
+        assert {(r, v) for _, r, v in cluster_wide - node_grants} <= {
             ("customresourcedefinitions", "list"),
             ("customresourcedefinitions", "watch"),
             ("namespaces", "list"),
             ("namespaces", "watch"),
         }
-        assert bool(cluster_wide) == scanning
+        assert bool(cluster_wide - node_grants) == scanning
         assert set(grants) <= {("Role", "llm"), ("ClusterRole", None)}
 
 

@@ -141,3 +141,30 @@ def test_run_with_a_webhook_port_needs_its_certificate(capsys: pytest.CaptureFix
     assert (code, out) == (2, "")
     assert f"--webhook-cert-dir {tmp_path}: no {tmp_path / 'tls.crt'} or {tmp_path / 'tls.key'}" in err
     assert "Traceback" not in err
+
+
+CACHE_SAMPLE = SAMPLES_DIR.parent / "cache" / "h200-bf16.yaml"
+
+
+def test_plan_and_render_take_a_model_cache_in_the_input(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run(capsys, "plan", "-f", str(CACHE_SAMPLE), "-o", "json")
+    [planned] = json.loads(out)
+    assert code == 0 and (planned["modelCache"], planned["modelCacheNodeAffinity"]) == ("m3-bf16", "Preferred")
+    assert "m3-bf16" in err and "MiniMaxM3ModelCache, validated; not planned" in err
+    code, out, _ = run(capsys, "plan", "-f", str(CACHE_SAMPLE))
+    assert code == 0 and "CACHE" in out.splitlines()[0] and "m3-bf16 (Preferred)" in out
+    code, out, _ = run(capsys, "render", "-f", str(CACHE_SAMPLE))
+    [workload] = [d for d in yaml.safe_load_all(out) if d["kind"] == "Deployment"]
+    volumes = workload["spec"]["template"]["spec"]["volumes"]
+    assert {
+        "name": "model-cache",
+        "hostPath": {"path": "/mnt/nvme/m3fleet/minimax-m3-bf16", "type": "DirectoryOrCreate"},
+    } in volumes
+    # Without the cache in the input, render cannot know its path: a clear error, nothing on stdout.
+    deployment_only = CACHE_SAMPLE.read_text().split("---\n", 1)[1]
+    code, out, err = run(capsys, "render", "-f", write(tmp_path, deployment_only))
+    assert code == 2 and out == "" and "spec.model.cacheRef.name" in err and "same input" in err
+    # An invalid cache is reported like any invalid resource.
+    bad = CACHE_SAMPLE.read_text().replace("path: /mnt/nvme", "path: mnt/nvme")
+    code, out, err = run(capsys, "plan", "-f", write(tmp_path, bad))
+    assert code == 2 and out == "" and "spec.path" in err and "absolute" in err

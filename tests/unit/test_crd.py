@@ -154,6 +154,14 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
         "spec.model.source",
     ),
     (with_spec(model__source={}), "exactly one", "spec.model.source"),
+    (
+        with_spec(
+            model__source={"huggingFace": {"cacheClaimName": "c"}},
+            model__cacheRef={"name": "m3", "nodeAffinity": "Preferred"},
+        ),
+        "must then be a pvc",
+        "spec.model.cacheRef.nodeAffinity",
+    ),
     (with_spec(rollout={"maxSurge": 0, "maxUnavailable": 0}), "at least 1", "spec.rollout.maxUnavailable"),
     (with_spec(rollout={"maxUnavailable": 0}), "at least 1", "spec.rollout.maxUnavailable"),  # maxSurge defaults to 0
     (with_spec(autoscaling__prometheus={"url": "file:///etc/passwd"}), "http:// or https://", PROM_URL),
@@ -202,6 +210,8 @@ VALID_CASES = [
         ]
     ),
     with_spec(model__source={"huggingFace": {"cacheClaimName": "c", "tokenSecretRef": {"name": "hf"}}}),
+    with_spec(model__source={"huggingFace": {"cacheClaimName": "c"}}, model__cacheRef={"name": "m3"}),
+    with_spec(model__cacheRef={"name": "m3", "nodeAffinity": "Preferred"}),
     with_spec(rollout={"maxSurge": 1, "maxUnavailable": 0}),
     with_spec(rollout={"maxSurge": 0, "maxUnavailable": 1}),
     with_spec(rollout={"maxSurge": 2}),

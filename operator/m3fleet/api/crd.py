@@ -13,7 +13,16 @@ import copy
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
+from m3fleet.api.cache import (
+    CACHE_KIND,
+    CACHE_PLURAL,
+    CACHE_SHORT_NAMES,
+    CACHE_SINGULAR,
+    MiniMaxM3ModelCacheSpec,
+    MiniMaxM3ModelCacheStatus,
+)
 from m3fleet.api.models import (
     CATEGORIES,
     GROUP,
@@ -28,6 +37,16 @@ from m3fleet.api.models import (
 )
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
+CACHE_CRD_NAME = f"{CACHE_PLURAL}.{GROUP}"
+
+CACHE_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Accelerator", "type": "string", "jsonPath": ".spec.nodes.accelerator"},
+    {"name": "Nodes", "type": "string", "jsonPath": ".status.nodesSummary", "description": "ready/total"},
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+    {"name": "Path", "type": "string", "jsonPath": ".spec.path", "priority": 1},
+    {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Degraded")].reason', "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Engine", "type": "string", "jsonPath": ".spec.engine.name"},
@@ -102,26 +121,27 @@ def _filled_default(node: dict[str, Any]) -> dict[str, Any]:
     return filled
 
 
-def schema_of(model: type[MiniMaxM3DeploymentSpec] | type[MiniMaxM3DeploymentStatus]) -> dict[str, Any]:
+def schema_of(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.get("$defs", {})
     result: dict[str, Any] = _structural(raw, defs)
     return result
 
 
-def openapi_schema() -> dict[str, Any]:
-    spec = schema_of(MiniMaxM3DeploymentSpec)
-    status = schema_of(MiniMaxM3DeploymentStatus)
+def _root_schema(
+    spec_model: type[BaseModel], status_model: type[BaseModel], kind: str, description: str, spec_description: str
+) -> dict[str, Any]:
+    spec = schema_of(spec_model)
+    status = schema_of(status_model)
     spec.pop("description", None)
     status.pop("description", None)
     return {
         "type": "object",
-        "description": "MiniMaxM3Deployment serves MiniMax-M3 on a GPU pool: m3fleet plans the layout, renders "
-        "the engine pods, reconciles them and autoscales replicas.",
+        "description": description,
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "m3fleet.dev/v1alpha1."},
-            "kind": {"type": "string", "description": "MiniMaxM3Deployment."},
+            "kind": {"type": "string", "description": f"{kind}."},
             # A structural schema may declare only metadata.name and generateName. Declaring both as strings
             # lets the root CEL rules point `fieldPath: .metadata.name` at the name, and bounds their cost
             # (253: the apiserver's own limit for names).
@@ -132,26 +152,55 @@ def openapi_schema() -> dict[str, Any]:
                     "generateName": {"type": "string", "maxLength": 253},
                 },
             },
-            "spec": {**spec, "description": "What to serve and how."},
+            "spec": {**spec, "description": spec_description},
             "status": {**status, "description": "What the operator observed."},
         },
         "x-kubernetes-validations": RESOURCE_VALIDATIONS,
     }
 
 
-def build_crd() -> dict[str, Any]:
+def openapi_schema() -> dict[str, Any]:
+    return _root_schema(
+        MiniMaxM3DeploymentSpec,
+        MiniMaxM3DeploymentStatus,
+        KIND,
+        "MiniMaxM3Deployment serves MiniMax-M3 on a GPU pool: m3fleet plans the layout, renders "
+        "the engine pods, reconciles them and autoscales replicas.",
+        "What to serve and how.",
+    )
+
+
+def cache_openapi_schema() -> dict[str, Any]:
+    return _root_schema(
+        MiniMaxM3ModelCacheSpec,
+        MiniMaxM3ModelCacheStatus,
+        CACHE_KIND,
+        "MiniMaxM3ModelCache stages a MiniMax-M3 checkpoint on the local disks of a GPU pool's "
+        "nodes, verifies it, labels the nodes that hold it and pre-pulls the engine images; a "
+        "MiniMaxM3Deployment with spec.model.cacheRef mounts that copy.",
+        "What to stage where.",
+    )
+
+
+def _crd(
+    names: tuple[str, str, str, tuple[str, ...]],
+    schema: dict[str, Any],
+    subresources: dict[str, Any],
+    columns: list[dict[str, Any]],
+) -> dict[str, Any]:
+    kind, plural, singular, short_names = names
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/part-of": "m3fleet"}},
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/part-of": "m3fleet"}},
         "spec": {
             "group": GROUP,
             "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": list(short_names),
                 "categories": list(CATEGORIES),
             },
             "scope": "Namespaced",
@@ -160,22 +209,34 @@ def build_crd() -> dict[str, Any]:
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "schema": {"openAPIV3Schema": openapi_schema()},
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.replicas",
-                            "statusReplicasPath": ".status.replicas",
-                            "labelSelectorPath": ".status.selector",
-                        },
-                    },
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": subresources,
+                    "additionalPrinterColumns": columns,
                 }
             ],
         },
     }
 
 
-def crd_yaml() -> str:
+def build_cache_crd() -> dict[str, Any]:
+    names = (CACHE_KIND, CACHE_PLURAL, CACHE_SINGULAR, CACHE_SHORT_NAMES)
+    return _crd(names, cache_openapi_schema(), {"status": {}}, CACHE_PRINTER_COLUMNS)
+
+
+def build_crd() -> dict[str, Any]:
+    scale = {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    return _crd(
+        (KIND, PLURAL, SINGULAR, SHORT_NAMES), openapi_schema(), {"status": {}, "scale": scale}, PRINTER_COLUMNS
+    )
+
+
+def crd_yaml(kind: str = KIND) -> str:
+    if kind == CACHE_KIND:
+        header = "# Generated by `m3fleet crd --kind MiniMaxM3ModelCache` from operator/m3fleet/api/cache.py. "
+        return header + "Do not edit by hand.\n" + yaml.safe_dump(build_cache_crd(), sort_keys=False, width=120)
     header = "# Generated by `m3fleet crd` from operator/m3fleet/api/models.py. Do not edit by hand.\n"
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=120)

@@ -219,7 +219,41 @@ class ModelSource(CamelModel):
         return self
 
 
+class NodeAffinityMode(StrEnum):
+    REQUIRED = "Required"
+    PREFERRED = "Preferred"
+
+
+class ModelCacheRef(CamelModel):
+    """A MiniMaxM3ModelCache in the resource's namespace whose node-local copy the engine pods mount."""
+
+    name: str = Field(min_length=1, max_length=63, description="The MiniMaxM3ModelCache (same namespace).")
+    node_affinity: NodeAffinityMode = Field(
+        default=NodeAffinityMode.REQUIRED,
+        description="Required: pods run only on nodes holding a verified copy and mount it. Preferred: pods "
+        "prefer those nodes and mount the copy there, else load from spec.model.source (a pvc).",
+    )
+
+
+CACHE_PREFERRED_PROBLEM = (
+    "is Preferred, but a pod on a node without the copy falls back to spec.model.source, which must then be a pvc "
+    "(a Hugging Face source has no directory to fall back to)"
+)
+CACHE_PREFERRED_FIX = "use nodeAffinity Required, or a pvc source"
+
+
 class ModelSpec(CamelModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.cacheRef) || self.cacheRef.nodeAffinity != 'Preferred' || has(self.source.pvc)",
+                    f"cacheRef.nodeAffinity {CACHE_PREFERRED_PROBLEM}; fix: {CACHE_PREFERRED_FIX}",
+                    ".cacheRef.nodeAffinity",
+                )
+            ]
+        }
+    )
     variant: Variant = Field(default=Variant.BF16, description="Checkpoint precision: bf16, mxfp8 or mxfp4.")
     checkpoint: str = Field(
         default="",
@@ -231,6 +265,18 @@ class ModelSpec(CamelModel):
     language_model_only: bool = Field(
         default=False, description="Skip the vision encoder (text-only serving; frees GPU memory)."
     )
+    cache_ref: ModelCacheRef | None = Field(
+        default=None,
+        description="Serve from the node-local copy a MiniMaxM3ModelCache staged (mounted read-only) instead of "
+        "reading spec.model.source at start.",
+    )
+
+    @model_validator(mode="after")
+    def _preferred_falls_back_to_a_pvc(self) -> ModelSpec:
+        ref = self.cache_ref
+        if ref is not None and ref.node_affinity == NodeAffinityMode.PREFERRED and self.source.pvc is None:
+            raise invalid(CACHE_PREFERRED_PROBLEM, CACHE_PREFERRED_FIX, "cacheRef.nodeAffinity")
+        return self
 
 
 # --- spec.engine ----------------------------------------------------------------------------
@@ -760,6 +806,12 @@ class Plan(CamelModel):
     max_sequences_at_max_len: int = Field(description="Full-length sequences the replica holds at once.")
     validated: bool = Field(description="The shape equals a published recipe's.")
     notes: list[str] = Field(default_factory=list, max_length=32, description="Assumptions and warnings.")
+    model_cache: str | None = Field(
+        default=None, description="MiniMaxM3ModelCache the weights come from (absent: spec.model.source)."
+    )
+    model_cache_node_affinity: NodeAffinityMode | None = Field(
+        default=None, description="Required or Preferred: how pods are placed on nodes holding the cache."
+    )
 
 
 class Condition(CamelModel):
@@ -846,6 +898,11 @@ class MiniMaxM3DeploymentStatus(CamelModel):
     )
     time_to_ready: TimeToReadyStatus | None = Field(
         default=None, description="How long new replicas took to become ready, by phase (measured from the pods)."
+    )
+    model_cache: dict[str, Any] | None = Field(
+        default=None,
+        description="The MiniMaxM3ModelCache the pods mount: name, nodeAffinity, node label, nodes ready.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     autoscaling: dict[str, Any] | None = Field(
         default=None,

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from m3fleet.api.cache import CACHE_KIND, MiniMaxM3ModelCache
 from m3fleet.api.models import API_VERSION, KIND, MiniMaxM3Deployment, MiniMaxM3DeploymentSpec, ObjectMeta
 from m3fleet.errors import SpecError, SpecErrors
 
@@ -105,6 +106,21 @@ def parse_resource(doc: Any) -> MiniMaxM3Deployment:
                 "metadata": dict(meta),
                 "spec": spec.model_dump(by_alias=True),
             }
+        )
+    except ValidationError as exc:
+        raise spec_errors(exc, "") from None
+
+
+def parse_cache(doc: Any) -> MiniMaxM3ModelCache:
+    """Validate one MiniMaxM3ModelCache manifest. Raises SpecErrors."""
+    if not isinstance(doc, Mapping) or doc.get("kind") != CACHE_KIND or doc.get("apiVersion") != API_VERSION:
+        raise SpecErrors([SpecError("kind", "is not a MiniMaxM3ModelCache", f"set apiVersion: {API_VERSION}")])
+    meta = doc.get("metadata") or {}
+    if not isinstance(meta, Mapping) or not meta.get("name"):
+        raise SpecErrors([SpecError("metadata.name", "is missing", "give the cache a name")])
+    try:
+        return MiniMaxM3ModelCache.model_validate(
+            {"apiVersion": API_VERSION, "kind": CACHE_KIND, "metadata": dict(meta), "spec": doc.get("spec")}
         )
     except ValidationError as exc:
         raise spec_errors(exc, "") from None

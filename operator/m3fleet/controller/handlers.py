@@ -13,8 +13,10 @@ from typing import Any
 
 import kopf
 
+from m3fleet.api.cache import CACHE_PLURAL
 from m3fleet.api.models import GROUP, PLURAL, VERSION
 from m3fleet.controller import kube
+from m3fleet.controller.cache import CacheManager
 from m3fleet.controller.manager import Manager
 from m3fleet.render.labels import MANAGED_BY, MANAGER
 
@@ -31,7 +33,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 60
     settings.peering.name = PEERING_NAME
     settings.peering.mandatory = False  # without the peering CRDs a single replica still runs
-    for kind in (*kube.CHILD_KINDS, kube.POD):  # watch only our own children and pods, filtered by the API server
+    # watch only our own children, the cache's Jobs/DaemonSets and pods, filtered by the API server
+    for kind in (*kube.CHILD_KINDS, kube.JOB, kube.DAEMON_SET, kube.POD):
         settings.watching.label_selectors[kind.group, version_of(kind), kind.plural] = f"{MANAGED_BY}={MANAGER}"
 
 
@@ -39,7 +42,7 @@ def version_of(kind: kube.Kind) -> str:
     return kind.api_version.rpartition("/")[2]
 
 
-def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
+def register(registry: kopf.OperatorRegistry, manager: Manager, caches: CacheManager | None = None) -> None:
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
@@ -47,11 +50,18 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         await manager.stop()
+        if caches is not None:
+            await caches.stop()
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def resource_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         manager.start()
         manager.resource_event(type, body)
+        if caches is not None:
+            caches.deployment_event(type, body)
+
+    if caches is not None:
+        register_caches(registry, caches)
 
     async def child_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         manager.child_event(type, body)
@@ -66,3 +76,25 @@ def register(registry: kopf.OperatorRegistry, manager: Manager) -> None:
     @kopf.on.event("", "v1", "pods", labels={MANAGED_BY: MANAGER}, registry=registry)
     async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         manager.pod_event(type, body)
+
+
+def register_caches(registry: kopf.OperatorRegistry, caches: CacheManager) -> None:
+    """MiniMaxM3ModelCaches, their Jobs and DaemonSets (labelled), and every node (a node joining the pool is
+    staged at once; the manager ignores status heartbeats)."""
+
+    @kopf.on.event(GROUP, VERSION, CACHE_PLURAL, registry=registry)
+    async def cache_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+        caches.start()
+        caches.cache_event(type, body)
+
+    async def cache_child_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+        caches.child_event(type, body)
+
+    for kind in (kube.JOB, kube.DAEMON_SET):
+        kopf.on.event(
+            kind.group, version_of(kind), kind.plural, labels={MANAGED_BY: MANAGER}, registry=registry, id="cache"
+        )(cache_child_event)
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    async def node_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+        caches.node_event(type, body)

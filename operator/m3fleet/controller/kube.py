@@ -57,6 +57,11 @@ M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments"
 POD = Kind("v1", "Pod", "pods")
 # Read only: the kubelet's `Pulled` events, for the image phase of a new replica's time to ready.
 EVENT = Kind("v1", "Event", "events")
+# The model cache (MiniMaxM3ModelCache): its staging/cleanup Jobs and pre-pull DaemonSet, and the nodes it labels.
+CACHE = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3ModelCache", "minimaxm3modelcaches")
+JOB = Kind("batch/v1", "Job", "jobs")
+DAEMON_SET = Kind("apps/v1", "DaemonSet", "daemonsets")
+NODE = Kind("v1", "Node", "nodes", namespaced=False)
 PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
 CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False)
 
@@ -65,7 +70,7 @@ CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings
 # (kopf, filtered by the managed-by label) so that a change to any of them reconciles its owner. Secrets are
 # never listed or watched (that would read every Secret in scope): they are addressed by name.
 CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, SERVICE)
-BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D)}
+BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET)}
 
 # Every (group, resource, verbs) the operator uses: this module's calls plus kopf's own watches, event
 # posting and peering. charts/ renders its ClusterRole/Role from this list; tests check both directions.
@@ -86,6 +91,16 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "secrets", ("get", "create", "delete")),
     ("", "events", ("create", "list")),
     ("", "pods", ("list", "watch")),
+    # The model cache: its resource (patch: the cleanup finalizer), status, and the owner-reference check.
+    ("m3fleet.dev", "minimaxm3modelcaches", ("get", "list", "watch", "patch")),
+    ("m3fleet.dev", "minimaxm3modelcaches/status", ("patch",)),
+    ("m3fleet.dev", "minimaxm3modelcaches/finalizers", ("update",)),
+    # One staging (or cleanup) Job per node, created once and deleted when stale; the image pre-pull DaemonSet.
+    ("batch", "jobs", ("list", "watch", "create", "delete")),
+    ("apps", "daemonsets", ("list", "watch", "create", "patch", "delete")),
+    # Nodes: which are in a cache's pool (watched: a new node is staged at once), and the cache's label on each
+    # node holding a verified copy. Cluster-scoped: in scope=namespace it is in the small ClusterRole.
+    ("", "nodes", ("list", "watch", "patch")),
     # kopf's scanning: notices CRDs (e.g. LeaderWorkerSet) installed after the operator started.
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
     ("", "namespaces", ("list", "watch")),
@@ -183,8 +198,8 @@ class KubeApi:
             raise _error(kubernetes.client.ApiException(http_resp=response))
         return response
 
-    def _call_sync(self, *args: Any, text: bool = False, **kwargs: Any) -> Any:
-        response = self._send(*args, accept="*/*" if text else "application/json", **kwargs)
+    def _call_sync(self, *args: Any, text: bool = False, accept: str = "", **kwargs: Any) -> Any:
+        response = self._send(*args, accept=accept or ("*/*" if text else "application/json"), **kwargs)
         try:
             response.read()
         except NETWORK_ERRORS as exc:
@@ -220,7 +235,7 @@ class KubeApi:
         return result
 
     async def list(
-        self, kind: Kind, namespace: str, label_selector: str = "", field_selector: str = ""
+        self, kind: Kind, namespace: str | None, label_selector: str = "", field_selector: str = ""
     ) -> list[dict[str, Any]]:
         query = [(k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v]
         data = await self._call("GET", kind.collection(namespace), query=query)
@@ -233,6 +248,31 @@ class KubeApi:
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             result: dict[str, Any] = await self._call("GET", f"{kind.collection(namespace)}/{name}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    async def exists(self, kind: Kind, namespace: str, name: str) -> bool:
+        """Whether an object exists, asked for its metadata only (PartialObjectMetadata): the answer never
+        carries its content (used for Secrets the operator must not read)."""
+        accept = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+        try:
+            await self._call("GET", f"{kind.collection(namespace)}/{name}", accept=accept)
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def merge_patch(
+        self, kind: Kind, namespace: str | None, name: str, patch: dict[str, Any], subresource: str = ""
+    ) -> dict[str, Any] | None:
+        """A JSON merge patch (node labels, a finalizer, a status); the object as stored, None when it is gone."""
+        path = f"{kind.collection(namespace)}/{name}" + (f"/{subresource}" if subresource else "")
+        try:
+            result: dict[str, Any] = await self._call("PATCH", path, patch, None, "application/merge-patch+json")
         except ApiError as exc:
             if exc.status == 404:
                 return None

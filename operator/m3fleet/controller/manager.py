@@ -153,6 +153,13 @@ class Manager:
         if event_type is not None and cached is not None:
             self._reconcile_soon(key)
 
+    def cache_changed(self, namespace: str, cache: str) -> None:
+        """A MiniMaxM3ModelCache appeared, changed or went away: the resources that name it render again."""
+        for key, body in self._bodies.items():
+            ref = (((body.get("spec") or {}).get("model") or {}).get("cacheRef") or {}).get("name")
+            if key[0] == namespace and ref == cache:
+                self._reconcile_soon(key)
+
     # -- the cache ----------------------------------------------------------------------------------
 
     def _observe(self, body: Mapping[str, Any], *, ours: bool = False) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from m3fleet.api import parse_resource
 from m3fleet.api.models import MiniMaxM3Deployment, Plan
+from m3fleet.api.parse import parse_cache
 from m3fleet.autoscaling.policy import replicas_to_apply
 from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events, KopfEvents
@@ -35,7 +36,7 @@ from m3fleet.controller.secrets import ssh_key_secret
 from m3fleet.controller.status import Blocked, Workload, status_update
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
-from m3fleet.render import labels, render, required_secrets, set_owner
+from m3fleet.render import cache_mount, labels, render, required_secrets, set_owner
 from m3fleet.render.ownership import CONFLICT_REASON, NameConflict, conflict, conflict_message, controlled_by
 
 Key = tuple[str, str, str]  # apiVersion, kind, name
@@ -140,9 +141,24 @@ class Reconciler:
         try:
             resource = parse_resource(dict(body))
             plan = make_plan(resource.spec)
-            objects = render(resource, plan, replicas_to_apply(resource.spec, status))
+            cache_body = await self._model_cache(resource)
+            mount = cache_mount(resource, parse_cache(cache_body) if cache_body is not None else None)
+            objects = render(resource, plan, replicas_to_apply(resource.spec, status), mount)
         except (SpecError, SpecErrors) as exc:
-            return await self._blocked(body, outcome, Blocked("InvalidSpec", str(exc)), None)
+            no_cache = isinstance(exc, SpecError) and exc.field == "spec.model.cacheRef.name"
+            return await self._blocked(
+                body, outcome, Blocked("ModelCacheNotFound" if no_cache else "InvalidSpec", str(exc)), None
+            )
+        model_cache_status = (
+            None
+            if mount is None or resource.spec.model.cache_ref is None
+            else {
+                "name": mount.name,
+                "nodeAffinity": resource.spec.model.cache_ref.node_affinity,
+                "nodeLabel": f"{mount.node_label}=ready",
+                "path": mount.path,
+            }
+        )
 
         served = await self._served_kinds()
         for obj in objects:
@@ -198,7 +214,7 @@ class Reconciler:
             report = report.with_pods(await self.api.list(kube.POD, namespace, labels.owned_selector(name)))
         metrics.DESIRED_REPLICAS.labels(namespace, name).set(report.desired)
         metrics.READY_REPLICAS.labels(namespace, name).set(report.ready)
-        await self._write_status(body, outcome, report, None, plan, secrets)
+        await self._write_status(body, outcome, report, None, plan, secrets, model_cache_status)
         return outcome
 
     async def _converge(
@@ -255,6 +271,13 @@ class Reconciler:
             elif secret is not None:
                 present.add(secret_name)
         return found
+
+    async def _model_cache(self, resource: MiniMaxM3Deployment) -> dict[str, Any] | None:
+        """The MiniMaxM3ModelCache that spec.model.cacheRef names, as stored (None: none named, or not there)."""
+        ref = resource.spec.model.cache_ref
+        if ref is None:
+            return None
+        return await self.api.get(kube.CACHE, resource.metadata.namespace, ref.name)
 
     async def _exists(self, body: Mapping[str, Any]) -> bool:
         """Whether the resource itself still exists. Asked only before re-creating a child that is gone: the
@@ -353,11 +376,12 @@ class Reconciler:
         blocked: Blocked | None,
         plan: Plan | None,
         secrets: list[str] | None = None,
+        model_cache: dict[str, Any] | None = None,
     ) -> None:
         meta = body["metadata"]
-        plan_status = plan.model_dump(by_alias=True, mode="json") if plan is not None else None
+        plan_status = plan.model_dump(by_alias=True, mode="json", exclude_none=True) if plan is not None else None
         selector = labels.serving_selector_string(meta["name"])
-        new = status_update(body, self.clock(), workload, blocked, plan_status, selector, secrets)
+        new = status_update(body, self.clock(), workload, blocked, plan_status, selector, secrets, model_cache)
         if new is None:
             return
         outcome.status = await self.api.patch_status(meta["namespace"], meta["name"], new)

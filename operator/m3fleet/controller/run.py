@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +23,7 @@ import urllib3
 
 from m3fleet.controller import metrics
 from m3fleet.controller.autoscaler import Autoscaler
+from m3fleet.controller.cache import DEFAULT_STAGER_IMAGE, STAGER_IMAGE_VARIABLE, CacheManager, CacheReconciler
 from m3fleet.controller.handlers import PEERING_NAME, register
 from m3fleet.controller.kube import KubeApi
 from m3fleet.controller.manager import Manager
@@ -83,6 +85,14 @@ def peering_identity() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}/{os.getpid()}/{random.randrange(16**4):04x}"
 
 
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    def call() -> None:
+        first()
+        second()
+
+    return call
+
+
 def run(
     namespace: str | None,
     all_namespaces: bool,
@@ -105,20 +115,23 @@ def run(
     api = KubeApi(api_client())
     reconciler = Reconciler(api)
     manager = Manager(reconciler, Autoscaler(api, reconciler.events), StartupTimer(api))
-    if not standalone:
+    stager_image = os.environ.get(STAGER_IMAGE_VARIABLE) or DEFAULT_STAGER_IMAGE
+    caches = CacheManager(CacheReconciler(api, stager_image), on_change=manager.cache_changed)
+    if not standalone:  # one gate for both queues: a paused peer stages nothing either
+        caches.queue.pause()  # until the gate has looked at the peering object (as the manager's queue)
         manager.gate = PeeringGate(
             api,
             name=PEERING_NAME,
             namespace=scope,
             identity=identity,
             priority=priority,
-            pause=manager.queue.pause,
-            resume=manager.queue.resume,
+            pause=_both(manager.queue.pause, caches.queue.pause),
+            resume=_both(manager.queue.resume, caches.queue.resume),
         )
     # kopf's default registry is its SmartOperatorRegistry, the one that carries kopf's default login handlers
     # (a plain OperatorRegistry has none and ends in "LoginError: Ran out of valid credentials").
     registry = kopf.get_default_registry()
-    register(registry, manager)
+    register(registry, manager, caches)
     if webhook is not None:
         register_webhook(registry, webhook)
     if metrics_port:

@@ -178,10 +178,11 @@ def status_update(
     plan: dict[str, Any] | None,
     selector: str,
     secrets: list[str] | None,
+    model_cache: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """The status a reconcile reports, or None when the resource's status says all of it already (no write).
     `plan` None keeps the last plan (an invalid spec has none); `secrets` None (blocked) keeps the record of
-    generated Secrets as it is."""
+    generated Secrets and of the model cache as they are; `model_cache` None otherwise removes the record."""
     current = dict(body.get("status") or {})
     generation = int(body["metadata"].get("generation") or 0)
     new = {
@@ -194,4 +195,6 @@ def status_update(
     }
     if secrets is not None and (secrets or current.get("generatedSecrets")):
         new["generatedSecrets"] = secrets
+    if secrets is not None and (model_cache is not None or current.get("modelCache") is not None):
+        new["modelCache"] = model_cache  # which MiniMaxM3ModelCache the pods mount
     return None if all(current.get(k) == v for k, v in new.items()) else new

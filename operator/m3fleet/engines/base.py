@@ -21,6 +21,11 @@ from m3fleet.catalog import ACCELERATORS, ENGINES, ROPE, AcceleratorFacts, Engin
 from m3fleet.errors import SpecError
 
 MODEL_MOUNT = "/models"
+CACHE_MOUNT = (
+    "/model-cache"  # the node-local copy of a MiniMaxM3ModelCache (Preferred; Required mounts it at MODEL_MOUNT)
+)
+MODEL_LINK_DIR = "/m3fleet-model"  # Preferred: an emptyDir whose `checkpoint` symlink the init container points
+MODEL_LINK = f"{MODEL_LINK_DIR}/checkpoint"
 HF_CACHE_MOUNT = "/hf-cache"
 CONFIG_MOUNT = "/etc/m3fleet"
 SSH_MOUNT = "/etc/m3fleet-ssh"
@@ -40,6 +45,16 @@ LWS_WORKER_INDEX = "$(LWS_WORKER_INDEX)"
 
 
 @dataclass(frozen=True)
+class CacheMount:
+    """The MiniMaxM3ModelCache a resource serves from, as far as its pods need to know it."""
+
+    name: str
+    path: str  # the node-local directory
+    node_label: str  # <key>=ready on nodes holding a verified copy
+    required: bool  # nodeAffinity Required (else Preferred)
+
+
+@dataclass(frozen=True)
 class Context:
     """Everything an engine needs to know about one resource."""
 
@@ -47,6 +62,7 @@ class Context:
     namespace: str
     spec: MiniMaxM3DeploymentSpec
     plan: Plan
+    cache: CacheMount | None = None
 
     @property
     def engine(self) -> EngineFacts:
@@ -62,7 +78,10 @@ class Context:
 
     @property
     def model_path(self) -> str:
-        """What the engine loads: the mounted checkpoint directory, or the hub id (downloaded into the cache)."""
+        """What the engine loads: the mounted checkpoint directory, or the hub id (downloaded into the cache).
+        With a model cache: the node-local copy (Required), or a symlink to it or to the pvc (Preferred)."""
+        if self.cache is not None:
+            return MODEL_MOUNT if self.cache.required else MODEL_LINK
         pvc = self.spec.model.source.pvc
         if pvc is None:
             return self.plan.checkpoint

@@ -108,7 +108,7 @@ def chat_template_path(ctx: Context) -> str | None:
     """The checkpoint's chat template when its path is known at render time: a mounted checkpoint directory.
     A Hugging Face source has none (the file lands in a snapshot directory of the cache), so the launch script
     fetches it into the shared cache first and passes the cached path (`hub_chat_template_lookup`)."""
-    if ctx.spec.model.source.pvc is None:
+    if ctx.spec.model.source.pvc is None and ctx.cache is None:
         return None
     return f"{ctx.model_path}/{CHAT_TEMPLATE_FILE}"
 

@@ -14,9 +14,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, Plan
+from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
+from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, NodeAffinityMode, Plan
 from m3fleet.engines import Context, EngineLaunch, Role, launch
+from m3fleet.engines.base import CacheMount
 from m3fleet.engines.trtllm import ssh_secret_name
+from m3fleet.errors import SpecError
 from m3fleet.render import labels
 from m3fleet.render.pod import pod_template
 
@@ -31,8 +34,8 @@ def service_name(resource_name: str) -> str:
     return f"{resource_name}-{SERVICE_SUFFIX}"
 
 
-def context_for(resource: MiniMaxM3Deployment, plan: Plan) -> Context:
-    return Context(resource.metadata.name, resource.metadata.namespace, resource.spec, plan)
+def context_for(resource: MiniMaxM3Deployment, plan: Plan, cache: CacheMount | None = None) -> Context:
+    return Context(resource.metadata.name, resource.metadata.namespace, resource.spec, plan, cache)
 
 
 def _meta(ctx: Context, name: str, **extra: Any) -> dict[str, Any]:
@@ -122,9 +125,14 @@ def _service(ctx: Context) -> dict[str, Any]:
     }
 
 
-def render(resource: MiniMaxM3Deployment, plan: Plan, replicas: int | None = None) -> list[dict[str, Any]]:
-    """Every child object. `replicas` overrides spec.replicas (the autoscaler's decision)."""
-    ctx = context_for(resource, plan)
+def render(
+    resource: MiniMaxM3Deployment, plan: Plan, replicas: int | None = None, cache: CacheMount | None = None
+) -> list[dict[str, Any]]:
+    """Every child object. `replicas` overrides spec.replicas (the autoscaler's decision); `cache` is the
+    MiniMaxM3ModelCache that spec.model.cacheRef names (needed when it is set)."""
+    if resource.spec.model.cache_ref is not None and cache is None:
+        cache_mount(resource, None)  # raises: which cache is missing, and the fix
+    ctx = context_for(resource, plan, cache)
     engine = launch(ctx)
     count = resource.spec.replicas if replicas is None else replicas
     objects: list[dict[str, Any]] = []
@@ -138,6 +146,24 @@ def render(resource: MiniMaxM3Deployment, plan: Plan, replicas: int | None = Non
         objects.append(_deployment(ctx, engine, count))
     objects.append(_service(ctx))
     return objects
+
+
+def cache_mount(resource: MiniMaxM3Deployment, cache: MiniMaxM3ModelCache | None) -> CacheMount | None:
+    """What the pods need of the MiniMaxM3ModelCache that spec.model.cacheRef names; None without a cacheRef.
+    Raises SpecError when the resource names a cache that is not there."""
+    ref = resource.spec.model.cache_ref
+    if ref is None:
+        return None
+    namespace = resource.metadata.namespace
+    if cache is None or cache.metadata.name != ref.name or cache.metadata.namespace != namespace:
+        raise SpecError(
+            "spec.model.cacheRef.name",
+            f"MiniMaxM3ModelCache {ref.name} does not exist in namespace {namespace}",
+            f"create it (kubectl get m3cache -n {namespace} lists them) or correct the name; for m3fleet render, "
+            "put the cache in the same input",
+        )
+    label = node_label_key(namespace, ref.name)
+    return CacheMount(ref.name, cache.spec.path, label, ref.node_affinity == NodeAffinityMode.REQUIRED)
 
 
 def required_secrets(resource: MiniMaxM3Deployment, plan: Plan) -> list[str]:
@@ -162,4 +188,4 @@ def set_owner(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
     return child
 
 
-__all__ = ["context_for", "labels", "render", "required_secrets", "service_name", "set_owner"]
+__all__ = ["cache_mount", "context_for", "labels", "render", "required_secrets", "service_name", "set_owner"]

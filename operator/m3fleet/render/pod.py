@@ -7,8 +7,11 @@ from typing import Any
 from m3fleet.api.models import Accelerator
 from m3fleet.catalog.facts import POD_SHM_GIB
 from m3fleet.engines.base import (
+    CACHE_MOUNT,
     CONFIG_MOUNT,
     HF_CACHE_MOUNT,
+    MODEL_LINK,
+    MODEL_LINK_DIR,
     MODEL_MOUNT,
     SSH_MOUNT,
     Container,
@@ -44,7 +47,7 @@ def _probe(probe: Probe | None) -> dict[str, Any] | None:
 def model_env(ctx: Context) -> list[dict[str, Any]]:
     """HF_HOME, and HF_TOKEN from its Secret, when the weights come from the Hugging Face cache."""
     hf = ctx.spec.model.source.hugging_face
-    if hf is None:
+    if hf is None or ctx.cache is not None:
         return []
     env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": HF_CACHE_MOUNT}]
     if hf.token_secret_ref is not None:  # referenced, never copied: the operator never reads the token
@@ -54,8 +57,29 @@ def model_env(ctx: Context) -> list[dict[str, Any]]:
 
 
 def model_volumes(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The checkpoint's volume and mount: its claim read-only at MODEL_MOUNT, or the shared Hugging Face cache."""
+    """The checkpoint's volume and mount: its claim read-only at MODEL_MOUNT, or the shared Hugging Face cache.
+    With a model cache: the node-local copy read-only (hostPath) at MODEL_MOUNT (Required: the pod runs only where
+    it is complete, so the directory must exist); Preferred mounts it at CACHE_MOUNT (created if absent) next to
+    the pvc, and an init container points MODEL_LINK at whichever holds the checkpoint."""
     source = ctx.spec.model.source
+    cache = ctx.cache
+    if cache is not None and cache.required:
+        host = {"path": cache.path, "type": "Directory"}
+        return [{"name": "model-cache", "hostPath": host}], [
+            {"name": "model-cache", "mountPath": MODEL_MOUNT, "readOnly": True}
+        ]
+    if cache is not None and source.pvc is not None:
+        claim = {"claimName": source.pvc.claim_name, "readOnly": True}
+        volumes = [
+            {"name": "model", "persistentVolumeClaim": claim},
+            {"name": "model-cache", "hostPath": {"path": cache.path, "type": "DirectoryOrCreate"}},
+            {"name": "model-link", "emptyDir": {"sizeLimit": "1Mi"}},
+        ]
+        return volumes, [
+            {"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True},
+            {"name": "model-cache", "mountPath": CACHE_MOUNT, "readOnly": True},
+            {"name": "model-link", "mountPath": MODEL_LINK_DIR},
+        ]
     if source.pvc is not None:
         claim = {"claimName": source.pvc.claim_name, "readOnly": True}
         return [{"name": "model", "persistentVolumeClaim": claim}], [
@@ -160,9 +184,76 @@ def placement(ctx: Context) -> dict[str, Any]:
     return where
 
 
+COMPLETE_MARKER = ".m3fleet-complete.json"  # written by `m3fleet stage` after the whole copy verified
+
+
+def model_link_init(ctx: Context, mounts: list[dict[str, Any]], security: dict[str, Any]) -> list[dict[str, Any]]:
+    """Preferred model cache: an init container (the engine image, its shell) that points MODEL_LINK at the
+    node-local copy when it is complete and verified (its marker file), else at the pvc's checkpoint."""
+    cache, pvc = ctx.cache, ctx.spec.model.source.pvc
+    if cache is None or cache.required or pvc is None:
+        return []
+    fallback = f"{MODEL_MOUNT}/{pvc.sub_path.strip('/')}".rstrip("/") if pvc.sub_path else MODEL_MOUNT
+    script = (
+        f"if [ -f {CACHE_MOUNT}/{COMPLETE_MARKER} ]; then target={CACHE_MOUNT}; else target={fallback}; fi; "
+        f'ln -sfn "$target" {MODEL_LINK} && echo "model: $target"'
+    )
+    return [
+        {
+            "name": "model-link",
+            "image": ctx.plan.image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["sh", "-c", script],
+            "volumeMounts": mounts,
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+            "securityContext": security,
+        }
+    ]
+
+
+def cache_affinity(ctx: Context) -> dict[str, Any] | None:
+    """Nodes whose copy is complete and verified carry `<cache label>=ready`: required or preferred."""
+    if ctx.cache is None:
+        return None
+    expression = {"key": ctx.cache.node_label, "operator": "In", "values": ["ready"]}
+    if ctx.cache.required:
+        return {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [expression]}]
+            }
+        }
+    return {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "preference": {"matchExpressions": [expression]}}
+        ]
+    }
+
+
+def _with_cache_affinity(ctx: Context, where: dict[str, Any]) -> dict[str, Any]:
+    extra = cache_affinity(ctx)
+    if extra is None:
+        return where
+    node = dict(where.get("affinity", {}).get("nodeAffinity", {}))
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if "requiredDuringSchedulingIgnoredDuringExecution" in extra:
+        ours = extra["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
+        if required:  # terms are ORed: our expression goes into every one of them
+            terms = [
+                {**t, "matchExpressions": [*t.get("matchExpressions", []), *ours]}
+                for t in required["nodeSelectorTerms"]
+            ]
+        else:
+            terms = [{"matchExpressions": ours}]
+        node["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
+    else:
+        node.update(extra)
+    return {**where, "affinity": {**where.get("affinity", {}), "nodeAffinity": node}}
+
+
 def _placement(ctx: Context) -> dict[str, Any]:
-    """An engine pod's placement: the pool's, and for a multi-node group one NVLink domain."""
-    where = placement(ctx)
+    """An engine pod's placement: the pool's, the model cache's nodes, and for a multi-node group one NVLink
+    domain."""
+    where = _with_cache_affinity(ctx, placement(ctx))
     domain = ctx.accelerator.nvlink_domain_label
     if ctx.multi_node and domain is not None:
         where["affinity"] = {**where.get("affinity", {}), "podAffinity": _same_nvlink_domain(ctx, domain)}
@@ -205,7 +296,9 @@ def pod_template(
         probe = _probe(getattr(container.probes, kind))
         if probe is not None:
             spec_container[f"{kind}Probe"] = probe
+    init = model_link_init(ctx, mounts, spec_container["securityContext"])
     pod_spec: dict[str, Any] = {
+        **({"initContainers": init} if init else {}),
         "containers": [spec_container],
         "volumes": volumes,
         **_placement(ctx),

@@ -1,0 +1,232 @@
+"""The `MiniMaxM3ModelCache` custom resource (`m3fleet.dev/v1alpha1`): a checkpoint staged on a pool's nodes.
+
+Shaped after what platform teams run today: KServe's LocalModelCache (a checkpoint + node groups), OME's
+model agent (download to every node of a pool, label the nodes that hold it), NVIDIA's NIMCache (a source
+with a pinned revision and a token Secret, or a PVC) and KubeAI's cache profiles (where on the node). One
+resource says which checkpoint (a Hugging Face repo at a pinned commit with a token Secret, or a PVC), which
+nodes (an accelerator pool plus labels and tolerations), where on each node (an absolute node-local path,
+e.g. NVMe), whether to pre-pull the engine images of the deployments that use it, and whether removing it
+also removes the files. The operator stages the copy with a Job per node (`m3fleet stage`, the same program
+this package ships), labels the nodes whose copy is complete and verified, and reports per-node progress.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from m3fleet.api.models import (
+    API_VERSION,
+    GROUP,
+    Accelerator,
+    CamelModel,
+    Condition,
+    ObjectMeta,
+    PvcSource,
+    SecretKeyRef,
+    cel,
+    invalid,
+)
+
+CACHE_KIND = "MiniMaxM3ModelCache"
+CACHE_PLURAL = "minimaxm3modelcaches"
+CACHE_SINGULAR = "minimaxm3modelcache"
+CACHE_SHORT_NAMES = ("m3cache",)
+
+# Node labels: `cache.m3fleet.dev/<namespace>.<name>=ready` on each node holding a complete, verified copy.
+# The key's name part is at most 63 characters (the apiserver's rule), so namespace + "." + name must fit.
+NODE_LABEL_PREFIX = "cache.m3fleet.dev/"
+NODE_LABEL_READY = "ready"
+LABEL_NAME_MAX = 63
+REVISION_PATTERN = "^[0-9a-f]{40}$"
+REPO_PATTERN = "^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*$"
+# An absolute path with no empty, "." or ".." segments and no trailing slash; never "/" itself.
+PATH_PATTERN = r"^(/[A-Za-z0-9_@+=,:-][A-Za-z0-9_.@+=,:-]*)+$"
+PATH_PROBLEM = (
+    "is not an absolute node-local directory: it must start with '/', name at least one directory, and have no "
+    "'.', '..' or empty segments and no trailing '/'"
+)
+PATH_FIX = "give an absolute path on the node's local disk, e.g. /mnt/nvme/m3fleet/minimax-m3"
+REVISION_PROBLEM = "is not a pinned commit: a branch or tag can move, and a copy staged from it could not be verified"
+REVISION_FIX = (
+    "give the full 40-character commit hash (the repo's 'Files and versions' page, or `hf api models/<repo>` -> sha)"
+)
+_PATH_RE = re.compile(PATH_PATTERN)
+FORBIDDEN_PATHS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/proc", "/root", "/sbin", "/sys", "/usr", "/var")
+
+
+def node_label_key(namespace: str, name: str) -> str:
+    return f"{NODE_LABEL_PREFIX}{namespace}.{name}"
+
+
+def label_key_problem(namespace: str, name: str) -> str | None:
+    size = len(namespace) + 1 + len(name)
+    if size > LABEL_NAME_MAX:
+        return (
+            f"namespace and name together ({namespace}.{name}, {size} characters) are longer than the "
+            f"{LABEL_NAME_MAX} characters of the node label {NODE_LABEL_PREFIX}<namespace>.<name>; use a shorter name"
+        )
+    return None
+
+
+class HuggingFaceCacheSource(CamelModel):
+    repo: str = Field(
+        max_length=200,
+        pattern=REPO_PATTERN,
+        description="Hugging Face model repo, e.g. MiniMaxAI/MiniMax-M3.",
+    )
+    revision: str = Field(
+        max_length=40,
+        description="The commit to stage: its full 40-character hash (a branch or tag can move).",
+        json_schema_extra={"pattern": REVISION_PATTERN},
+    )
+    token_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret (in this namespace) with a Hugging Face token, given to the staging Job as HF_TOKEN "
+        "via secretKeyRef; the operator checks that it exists (metadata only) and never reads it.",
+    )
+    endpoint: str = Field(
+        default="",
+        max_length=512,
+        description="Hub endpoint (HF_ENDPOINT), e.g. an in-cluster mirror; empty means huggingface.co.",
+    )
+
+    @field_validator("revision")
+    @classmethod
+    def _pinned(cls, value: str) -> str:
+        if not re.fullmatch(REVISION_PATTERN.strip("^$"), value):
+            raise invalid(REVISION_PROBLEM, REVISION_FIX)
+        return value
+
+
+class CacheSource(CamelModel):
+    """Where the checkpoint comes from: exactly one of `huggingFace` or `pvc`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.pvc) != has(self.huggingFace)",
+                    "set exactly one of spec.source.huggingFace or spec.source.pvc",
+                )
+            ]
+        }
+    )
+    hugging_face: HuggingFaceCacheSource | None = Field(default=None, description="Download from Hugging Face.")
+    pvc: PvcSource | None = Field(
+        default=None,
+        description="Copy from a claim (ReadOnlyMany). Verified against m3fleet-manifest.json in its directory "
+        "(path, size and sha256 per file) when present, else against the source files' sizes.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> CacheSource:
+        if (self.pvc is None) == (self.hugging_face is None):
+            has = "has both pvc and huggingFace" if self.pvc else "has neither pvc nor huggingFace"
+            raise invalid(has, "set exactly one of spec.source.huggingFace or spec.source.pvc")
+        return self
+
+
+class CacheNodes(CamelModel):
+    accelerator: Accelerator = Field(description="The pool: every node with this accelerator's labels.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra node labels that narrow the pool (all must match)."
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="corev1 Tolerations for the staging Jobs and the image pre-pull pods (the accelerator's own "
+        "GPU taint is always tolerated).",
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
+
+
+class MiniMaxM3ModelCacheSpec(CamelModel):
+    source: CacheSource = Field(description="Which checkpoint, and where it comes from.")
+    nodes: CacheNodes = Field(description="Which nodes get a copy.")
+    path: str = Field(
+        max_length=1024,
+        description="Absolute directory on each node's local disk (e.g. NVMe) that holds the copy; engine pods "
+        "mount it read-only.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(f"self.matches('{PATH_PATTERN}')", f"path {PATH_PROBLEM}; fix: {PATH_FIX}"),
+                cel(
+                    f"!({list(FORBIDDEN_PATHS)}.exists(p, self == p))",
+                    f"path is a system directory; fix: {PATH_FIX}",
+                ),
+            ]
+        },
+    )
+    pre_pull_images: bool = Field(
+        default=True,
+        description="Pull the engine images of the deployments that use this cache onto its nodes ahead of time "
+        "(a DaemonSet owned by the cache).",
+    )
+    delete_files_on_removal: bool = Field(
+        default=False,
+        description="When the cache is deleted, also delete the files on each node (a cleanup Job per node); "
+        "node labels are always removed.",
+    )
+    stager_image: str = Field(
+        default="",
+        max_length=512,
+        description="Image that runs `m3fleet stage` in the Jobs; empty means the operator's own image.",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not _PATH_RE.fullmatch(value) or any(seg in (".", "..") for seg in value.split("/")):
+            raise invalid(PATH_PROBLEM, PATH_FIX)
+        if value in FORBIDDEN_PATHS:
+            raise invalid("is a system directory", PATH_FIX)
+        return value
+
+    def content_digest(self) -> str:
+        """What a node's copy is a copy of (source and path): a change means every node stages again."""
+        source = self.source.model_dump(by_alias=True, mode="json", exclude={"hugging_face": {"token_secret_ref"}})
+        text = repr(sorted(source.items())) + "|" + self.path
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class CacheNodeStatus(CamelModel):
+    name: str = Field(max_length=253, description="Node.")
+    phase: str = Field(
+        description="Pending (Job not started), Staging, Ready (complete and verified), Failed (retried), Removing.",
+    )
+    attempts: int = Field(default=0, description="Staging Jobs run for the current content.")
+    message: str = Field(default="", max_length=4096, description="The last failure, or what is under way.")
+
+
+class MiniMaxM3ModelCacheStatus(CamelModel):
+    observed_generation: int = Field(default=0, description="Generation the status reflects.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Ready (every selected node holds a verified copy), Degraded (bad input or failures).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    nodes_total: int = Field(default=0, description="Nodes selected.")
+    nodes_ready: int = Field(default=0, description="Nodes holding a complete, verified copy.")
+    nodes_summary: str = Field(default="", description="'ready/total', for kubectl get.")
+    node_label: str = Field(default="", description="The label on nodes holding a verified copy (=ready).")
+    content: str = Field(default="", description="Digest of what is staged (source and path).")
+    nodes: list[CacheNodeStatus] = Field(
+        default_factory=list,
+        max_length=4096,
+        description="Per node: its phase, attempts and last message.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    images: list[str] = Field(default_factory=list, max_length=64, description="Engine images pre-pulled.")
+
+
+class MiniMaxM3ModelCache(CamelModel):
+    api_version: str = Field(default=API_VERSION, description=f"{GROUP}/v1alpha1.")
+    kind: str = Field(default=CACHE_KIND, description=CACHE_KIND)
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
+    spec: MiniMaxM3ModelCacheSpec = Field(description="What to stage where.")
+    status: MiniMaxM3ModelCacheStatus | None = Field(default=None, description="What the operator observed.")

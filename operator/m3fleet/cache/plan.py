@@ -1,0 +1,515 @@
+"""The work a MiniMaxM3ModelCache needs, from what the cluster holds now. Pure: the shell reads, this decides.
+
+Given the cache, the nodes (name, labels, schedulable), its Jobs (per node: which content, which attempt, how
+it ended) and the engine images of the deployments that use it, `plan_cache` says which Jobs to create and
+delete, which node labels to set or remove, the pre-pull DaemonSet, the status, and when to look again.
+
+Rules:
+* A node is in the pool when it has the accelerator's labels and every `nodes.nodeSelector` label. Each pool
+  node gets one staging Job per content (source + path, `content_digest`) and attempt, pinned to it.
+* A node is labelled `<cache label>=ready` exactly when a Job of the current content completed on it (the
+  staging program exits 0 only after every file verified and the marker is written). A node whose current
+  Job is running or failed is not labelled; the label is removed before a new Job for it is created.
+* A failed Job is retried with a new attempt after 1, 2, 4 ... up to 30 minutes (the Job itself already retried
+  its pod with the job controller's backoff).
+* Bad input never deletes what is staged: a pool with no nodes, a missing token Secret or a source the staging
+  program rejects (unknown revision or repo, no access: exit code 3, which fails the Job at once) is reported in
+  a condition; nodes out of the pool keep their labels and their copy; and a node whose copy of an earlier
+  content is complete keeps (or gets back) its label while the new content's source is rejected, since the
+  staging program checks the source before it writes a byte.
+* Jobs are deleted only when their node is gone, or when a newer content's Job completed on their node.
+* Deleting the cache removes every label; with `deleteFilesOnRemoval`, one cleanup Job per node that ran a
+  staging Job removes the directory, and the finalizer goes once they completed (or their node is gone).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from m3fleet.api.cache import (
+    NODE_LABEL_READY,
+    MiniMaxM3ModelCache,
+    label_key_problem,
+    node_label_key,
+)
+from m3fleet.catalog import ACCELERATORS
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "m3fleet"
+CACHE_LABEL = "m3fleet.dev/cache"  # on Jobs and the DaemonSet: which cache (the pod_event of engines ignores it)
+CONTENT_LABEL = "m3fleet.dev/cache-content"
+ACTION_LABEL = "m3fleet.dev/cache-action"  # stage | clean
+NODE_ANNOTATION = "m3fleet.dev/node"
+ATTEMPT_ANNOTATION = "m3fleet.dev/attempt"
+FINALIZER = "m3fleet.dev/cache-cleanup"
+STAGE, CLEAN = "stage", "clean"
+BAD_SOURCE_EXIT_CODE = 3  # `m3fleet stage`: the source itself is wrong (revision, repo, access); no retry helps
+JOB_BACKOFF_LIMIT = 3  # pod retries inside one Job (the job controller's own backoff: 10 s, 20 s, 40 s)
+RETRY_SECONDS = (60.0, 1800.0)  # a failed Job's next attempt: after 1 min, doubling up to 30 min
+BLOCKED_RECHECK_SECONDS = 60.0  # a missing Secret is looked for again (Secrets are not watched)
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+STAGE_MOUNT = "/cache"
+SOURCE_MOUNT = "/source"
+PHASES = ("Pending", "Staging", "Ready", "Failed", "Removing")
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    labels: Mapping[str, str]
+    schedulable: bool = True
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One of the cache's Jobs as the job controller reports it."""
+
+    name: str
+    uid: str
+    node: str
+    content: str
+    action: str  # stage | clean
+    attempt: int
+    state: str  # Active | Complete | Failed
+    finished_at: float | None = None  # epoch seconds of the Complete/Failed condition
+    bad_source: bool = False  # failed by the pod failure policy on exit code 3
+    message: str = ""  # the pod's termination message, or the Job's condition message
+
+
+@dataclass(frozen=True)
+class Inputs:
+    cache: MiniMaxM3ModelCache
+    uid: str
+    nodes: Sequence[NodeView]
+    jobs: Sequence[JobView]
+    images: Sequence[str]  # engine images of the MiniMaxM3Deployments whose cacheRef names this cache
+    now: float  # epoch seconds
+    stager_image: str  # the operator's image, unless spec.stagerImage says otherwise
+    secret_missing: str | None = None  # the token Secret's name when it does not exist
+    daemonset_exists: bool = False
+    deleting: bool = False  # metadata.deletionTimestamp is set
+    reported_nodes: Sequence[str] = ()  # status.nodes as last written: during removal, the nodes still to clean
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A condition to report: (type, status, reason, message)."""
+
+    type: str
+    status: str
+    reason: str
+    message: str
+
+
+@dataclass
+class Work:
+    create: list[dict[str, Any]] = field(default_factory=list)  # Jobs to create
+    delete: list[JobView] = field(default_factory=list)  # Jobs to delete
+    labels: dict[str, str | None] = field(default_factory=dict)  # node -> label value (None: remove)
+    daemonset: dict[str, Any] | None = None  # the pre-pull DaemonSet to apply
+    delete_daemonset: bool = False
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # status.nodes
+    conditions: list[Verdict] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)  # the rest of status
+    requeue_after: float | None = None
+    release: bool = False  # deletion: every label is gone and cleanup is done: drop the finalizer
+
+
+def _hash(*parts: str) -> str:
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:10]
+
+
+def job_name(cache: str, action: str, node: str, content: str, attempt: int) -> str:
+    """At most 63 characters whatever the node's name (the job-name label on its pods must fit)."""
+    return f"{cache[:40]}-{action}-{_hash(node, content, str(attempt))}"
+
+
+def in_pool(cache: MiniMaxM3ModelCache, node: NodeView) -> bool:
+    accelerator = ACCELERATORS[cache.spec.nodes.accelerator]
+    for key, values in accelerator.node_labels.items():
+        if key in cache.spec.nodes.node_selector:
+            continue  # the user's label wins (as for engine pods)
+        if node.labels.get(key) not in values:
+            return False
+    return all(node.labels.get(k) == v for k, v in cache.spec.nodes.node_selector.items())
+
+
+def retry_delay(attempt: int) -> float:
+    first, longest = RETRY_SECONDS
+    return float(min(longest, first * 2.0 ** max(0, attempt - 1)))
+
+
+def _owner(cache: MiniMaxM3ModelCache, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": cache.api_version,
+        "kind": cache.kind,
+        "name": cache.metadata.name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _labels(cache: MiniMaxM3ModelCache) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "minimax-m3",
+        "app.kubernetes.io/instance": cache.metadata.name,
+        "app.kubernetes.io/component": "model-cache",
+        MANAGED_BY: MANAGER,
+        CACHE_LABEL: cache.metadata.name,
+    }
+
+
+def _tolerations(cache: MiniMaxM3ModelCache) -> list[dict[str, Any]]:
+    accelerator = ACCELERATORS[cache.spec.nodes.accelerator]
+    gpu_taint = {"key": accelerator.resource_name, "operator": "Exists", "effect": "NoSchedule"}
+    return [gpu_taint, *cache.spec.nodes.tolerations]
+
+
+def _on_node(node: str) -> dict[str, Any]:
+    """Pinned to one node the way DaemonSets pin their pods: a required affinity on the node's name (the
+    scheduler still checks taints and resources, unlike spec.nodeName)."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def stage_command(cache: MiniMaxM3ModelCache) -> tuple[list[str], list[dict[str, Any]]]:
+    """`m3fleet stage ...` for this cache's source, and the environment it needs."""
+    source = cache.spec.source
+    if source.hugging_face is not None:
+        hf = source.hugging_face
+        args = ["m3fleet", "stage", "huggingface", "--repo", hf.repo, "--revision", hf.revision]
+        env: list[dict[str, Any]] = [{"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"}]
+        if hf.endpoint:
+            env.append({"name": "HF_ENDPOINT", "value": hf.endpoint})
+        if hf.token_secret_ref is not None:  # referenced, never read by the operator
+            ref = {"name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}
+            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+        return [*args, "--dest", STAGE_MOUNT], env
+    assert source.pvc is not None
+    origin = f"{SOURCE_MOUNT}/{source.pvc.sub_path.strip('/')}".rstrip("/") if source.pvc.sub_path else SOURCE_MOUNT
+    return ["m3fleet", "stage", "copy", "--from", origin, "--dest", STAGE_MOUNT], []
+
+
+def _job(inputs: Inputs, node: str, action: str, attempt: int) -> dict[str, Any]:
+    cache, content = inputs.cache, inputs.cache.spec.content_digest()
+    volumes: list[dict[str, Any]] = [
+        {"name": "cache", "hostPath": {"path": cache.spec.path, "type": "DirectoryOrCreate"}}
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "cache", "mountPath": STAGE_MOUNT}]
+    if action == STAGE:
+        command, env = stage_command(cache)
+        if cache.spec.source.pvc is not None:
+            claim = {"claimName": cache.spec.source.pvc.claim_name, "readOnly": True}
+            volumes.append({"name": "source", "persistentVolumeClaim": claim})
+            mounts.append({"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True})
+    else:
+        command, env = ["m3fleet", "stage", "clean", "--dest", STAGE_MOUNT], []
+    env = [*env, {"name": "HF_HOME", "value": f"{STAGE_MOUNT}/.m3fleet-hf-home"}]
+    container = {
+        "name": action,
+        "image": cache.spec.stager_image or inputs.stager_image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "env": env,
+        "volumeMounts": mounts,
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        # Writes a root-owned node directory: root, but nothing more (no privilege, every capability dropped
+        # but the ones a copy that keeps ownership needs).
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    labels = {**_labels(cache), CONTENT_LABEL: content, ACTION_LABEL: action}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(cache.metadata.name, action, node, content, attempt),
+            "namespace": cache.metadata.namespace,
+            "labels": labels,
+            "annotations": {NODE_ANNOTATION: node, ATTEMPT_ANNOTATION: str(attempt)},
+            "ownerReferences": [_owner(cache, inputs.uid)],
+        },
+        "spec": {
+            "backoffLimit": JOB_BACKOFF_LIMIT,
+            # A rejected source fails the Job at once: retrying the same request cannot help.
+            "podFailurePolicy": {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": action, "operator": "In", "values": [BAD_SOURCE_EXIT_CODE]},
+                    }
+                ]
+            },
+            "template": {
+                "metadata": {"labels": labels, "annotations": {NODE_ANNOTATION: node}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "affinity": _on_node(node),
+                    "tolerations": _tolerations(cache),
+                    "containers": [container],
+                    "volumes": volumes,
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                },
+            },
+        },
+    }
+
+
+def _daemonset(inputs: Inputs) -> dict[str, Any]:
+    """Pre-pull: one pod per pool node whose init containers are the engine images running `sh -c 'exit 0'`
+    (every engine image is a full Linux userland with a shell), then a pause container that holds the pod (and
+    so the images: the kubelet's image GC does not remove images in use)."""
+    cache = inputs.cache
+    accelerator = ACCELERATORS[cache.spec.nodes.accelerator]
+    selector = {k: v[0] for k, v in accelerator.node_labels.items() if len(v) == 1}
+    selector.update(cache.spec.nodes.node_selector)
+    tiny = {"requests": {"cpu": "1m", "memory": "8Mi"}, "limits": {"memory": "64Mi"}}
+    security = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    init = [
+        {
+            "name": f"pull-{index}",
+            "image": image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["sh", "-c", "exit 0"],
+            "resources": tiny,
+            "securityContext": security,
+        }
+        for index, image in enumerate(sorted(set(inputs.images)))
+    ]
+    labels = {**_labels(cache), ACTION_LABEL: "pre-pull"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": f"{cache.metadata.name}-prepull",
+            "namespace": cache.metadata.namespace,
+            "labels": labels,
+            "ownerReferences": [_owner(cache, inputs.uid)],
+        },
+        "spec": {
+            "selector": {"matchLabels": {CACHE_LABEL: cache.metadata.name, ACTION_LABEL: "pre-pull"}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": dict(sorted(selector.items())),
+                    "tolerations": _tolerations(cache),
+                    "initContainers": init,
+                    "containers": [
+                        {
+                            "name": "pause",
+                            "image": PAUSE_IMAGE,
+                            "imagePullPolicy": "IfNotPresent",
+                            "resources": tiny,
+                            "securityContext": {**security, "runAsNonRoot": True, "runAsUser": 65535},
+                        }
+                    ],
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 1,
+                },
+            },
+        },
+    }
+
+
+def _latest(jobs: Sequence[JobView]) -> JobView | None:
+    return max(jobs, key=lambda j: j.attempt) if jobs else None
+
+
+def plan_cache(inputs: Inputs) -> Work:
+    cache = inputs.cache
+    meta = cache.metadata
+    work = Work()
+    label = node_label_key(meta.namespace, meta.name)
+    content = cache.spec.content_digest()
+    nodes = {n.name: n for n in inputs.nodes}
+    labelled = {n.name for n in inputs.nodes if label in n.labels}
+    stage_jobs = [j for j in inputs.jobs if j.action == STAGE]
+    clean_jobs = [j for j in inputs.jobs if j.action == CLEAN]
+    work.status = {"nodeLabel": f"{label}={NODE_LABEL_READY}", "content": content}
+
+    if (problem := label_key_problem(meta.namespace, meta.name)) is not None:
+        work.conditions = [
+            Verdict("Ready", "False", "InvalidSpec", f"metadata.name: {problem}"),
+            Verdict("Degraded", "True", "InvalidSpec", f"metadata.name: {problem}"),
+        ]
+        return work
+
+    # Jobs whose node is gone: nothing to record any more.
+    work.delete.extend(j for j in inputs.jobs if j.node not in nodes)
+
+    if inputs.deleting:
+        return _removal(inputs, work, label, labelled, nodes, stage_jobs, clean_jobs)
+
+    pool = sorted(n for n, node in nodes.items() if in_pool(cache, node))
+    by_node: dict[str, list[JobView]] = {}
+    for job in stage_jobs:
+        by_node.setdefault(job.node, []).append(job)
+    ready: set[str] = set()
+    failures: list[str] = []
+    bad_source: list[str] = []
+    waiting: list[float] = []
+    blocked = inputs.secret_missing is not None
+    statuses: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(pool) | set(by_node)):
+        if name not in nodes:
+            continue
+        jobs = by_node.get(name, [])
+        current = _latest([j for j in jobs if j.content == content])
+        older_complete = [j for j in jobs if j.content != content and j.state == "Complete"]
+        entry: dict[str, Any] = {"name": name, "attempts": current.attempt if current else 0, "message": ""}
+        statuses[name] = entry
+        if current is not None and current.state == "Complete":
+            entry["phase"] = "Ready"
+            ready.add(name)
+            work.delete.extend(j for j in jobs if j is not current)  # the older record is superseded
+            continue
+        if current is not None and current.state == "Failed" and current.bad_source:
+            entry.update(phase="Failed", message=current.message)
+            bad_source.append(f"{name}: {current.message}")
+            if older_complete:  # the staging program rejected the source before writing: the old copy stands
+                ready.add(name)
+                entry["message"] += "; the copy staged before is kept"
+            continue
+        if name not in pool:
+            entry.update(phase="Pending", message="no longer in the pool; nothing is staged here any more")
+            continue
+        if current is not None and current.state == "Active":
+            entry.update(phase="Staging", message=f"job {current.name}")
+            continue
+        if current is not None and current.state == "Failed":
+            due = (current.finished_at or inputs.now) + retry_delay(current.attempt)
+            entry.update(phase="Failed", message=current.message)
+            failures.append(f"{name}: {current.message}")
+            if due > inputs.now:
+                waiting.append(due - inputs.now)
+                continue
+        if blocked:
+            entry.update(phase="Pending", message=f"waiting for Secret {inputs.secret_missing}")
+            continue
+        if not nodes[name].schedulable:
+            entry.update(phase="Pending", message="node is cordoned (unschedulable)")
+            continue
+        attempt = (current.attempt + 1) if current is not None else 1
+        entry.update(phase="Staging", attempts=attempt, message="job created")
+        work.create.append(_job(inputs, name, STAGE, attempt))
+
+    for name in sorted(labelled - ready):
+        work.labels[name] = None  # removed before any Job is created (the shell applies labels first)
+    for name in sorted(ready - labelled):
+        work.labels[name] = NODE_LABEL_READY
+
+    pool_ready = [n for n in pool if n in ready]
+    work.nodes = [statuses[n] for n in sorted(statuses)]
+    work.status.update(nodesTotal=len(pool), nodesReady=len(pool_ready), nodesSummary=f"{len(pool_ready)}/{len(pool)}")
+    images = sorted(set(inputs.images)) if cache.spec.pre_pull_images else []
+    work.status["images"] = images
+    if images:
+        work.daemonset = _daemonset(inputs)
+    elif inputs.daemonset_exists:
+        work.delete_daemonset = True
+
+    work.conditions = _conditions(inputs, pool, pool_ready, failures, bad_source)
+    if blocked:
+        waiting.append(BLOCKED_RECHECK_SECONDS)
+    work.requeue_after = min(waiting) if waiting else None
+    return work
+
+
+def _conditions(
+    inputs: Inputs, pool: list[str], ready: list[str], failures: list[str], bad_source: list[str]
+) -> list[Verdict]:
+    spec = inputs.cache.spec
+    accel = spec.nodes.accelerator
+    if not pool:
+        selector = f" and nodeSelector {dict(spec.nodes.node_selector)}" if spec.nodes.node_selector else ""
+        message = (
+            f"spec.nodes: no node has the {accel} accelerator's labels{selector}; nothing is staged, and nodes "
+            "staged before keep their copy and label; fix: correct spec.nodes (kubectl get nodes --show-labels) "
+            "or add nodes to the pool"
+        )
+        return [Verdict("Ready", "False", "NoNodes", message), Verdict("Degraded", "True", "NoNodes", message)]
+    if inputs.secret_missing is not None:
+        message = (
+            f"spec.source.huggingFace.tokenSecretRef: Secret {inputs.secret_missing} does not exist in namespace "
+            f"{inputs.cache.metadata.namespace}; no new staging starts and nothing staged is touched; fix: create it "
+            f"(kubectl create secret generic {inputs.secret_missing} --from-literal=token=hf_...) or correct the name"
+        )
+        return [
+            Verdict("Ready", "False", "SecretNotFound", message),
+            Verdict("Degraded", "True", "SecretNotFound", message),
+        ]
+    summary = f"{len(ready)} of {len(pool)} nodes hold a verified copy"
+    if bad_source:
+        message = (
+            f"the source was rejected ({bad_source[0]}); nothing staged before is deleted; fix: correct "
+            "spec.source (the revision must be a commit of the repo, the token must have access)"
+        )
+        return [
+            Verdict("Ready", "False", "SourceRejected", f"{summary}; {message}"),
+            Verdict("Degraded", "True", "SourceRejected", message),
+        ]
+    ready_verdict = (
+        Verdict("Ready", "True", "AllNodesReady", summary)
+        if len(ready) == len(pool)
+        else Verdict("Ready", "False", "Staging", summary)
+    )
+    if failures:
+        message = f"{len(failures)} node(s) failed staging and will be retried: {failures[0]}"
+        return [ready_verdict, Verdict("Degraded", "True", "StagingFailed", message)]
+    return [ready_verdict, Verdict("Degraded", "False", "AsExpected", "the spec is valid")]
+
+
+def _removal(
+    inputs: Inputs,
+    work: Work,
+    label: str,
+    labelled: set[str],
+    nodes: Mapping[str, NodeView],
+    stage_jobs: Sequence[JobView],
+    clean_jobs: Sequence[JobView],
+) -> Work:
+    """The cache is being deleted: labels off; optionally the files, one cleanup Job per node that had any."""
+    for name in sorted(labelled):
+        work.labels[name] = None
+    pending: list[str] = []
+    if inputs.cache.spec.delete_files_on_removal:
+        # Every node that may hold files: a staging or cleanup Job ran there, or status still lists it (a staging
+        # Job deleted below to stop it writing is no record any more; the status written below is).
+        touched = {j.node for j in (*stage_jobs, *clean_jobs)} | set(inputs.reported_nodes)
+        staged = sorted(n for n in touched if n in nodes)
+        for job in stage_jobs:
+            if job.state == "Active":
+                work.delete.append(job)  # stop writing before the directory is removed
+        for name in staged:
+            mine = _latest([j for j in clean_jobs if j.node == name])
+            if mine is not None and mine.state == "Complete":
+                continue
+            pending.append(name)
+            if any(j.node == name and j.state == "Active" for j in stage_jobs):
+                continue  # the cleanup starts once the staging Job is gone
+            if mine is None or (
+                mine.state == "Failed" and (mine.finished_at or 0) + retry_delay(mine.attempt) <= inputs.now
+            ):
+                work.create.append(_job(inputs, name, CLEAN, (mine.attempt + 1) if mine else 1))
+    work.nodes = [{"name": n, "phase": "Removing", "attempts": 0, "message": "removing the copy"} for n in pending]
+    work.conditions = [Verdict("Ready", "False", "Deleting", f"removing labels; {len(pending)} node(s) still cleaning")]
+    work.release = not pending and not labelled
+    work.requeue_after = None if work.release else 10.0
+    return work

@@ -1,0 +1,360 @@
+"""The MiniMaxM3ModelCache shell: read the world, call `m3fleet.cache.plan.plan_cache`, apply, report.
+
+One reconcile reads the cache's nodes (all nodes: the pool is decided in the plan), its Jobs (and, for a failed
+one, its pod's termination message), the engine images of the deployments that name it and whether its token
+Secret exists (metadata only: the token is never read); then, in this order, it sets/removes node labels (a
+label goes before a Job that rewrites the copy is created), deletes and creates Jobs, applies or deletes the
+pre-pull DaemonSet, writes status, and drops its finalizer once a deleted cache is cleaned up.
+
+`CacheManager` runs these from a work queue like the deployments' `Manager`: a cache is due when first seen,
+when its generation, labels or deletion change, when one of its Jobs or its DaemonSet changes, when a node is
+added, removed, relabelled or (un)cordoned, and when a deployment naming it changes; a failed reconcile is
+retried after 1 s doubling up to 60 s; the plan's own `requeue_after` (a Job's next attempt, a Secret looked
+for again, a cleanup under way) schedules the next look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from m3fleet.api import parse_resource
+from m3fleet.api.cache import MiniMaxM3ModelCache
+from m3fleet.api.parse import parse_cache
+from m3fleet.cache.plan import (
+    ACTION_LABEL,
+    ATTEMPT_ANNOTATION,
+    BAD_SOURCE_EXIT_CODE,
+    CACHE_LABEL,
+    CONTENT_LABEL,
+    FINALIZER,
+    MANAGED_BY,
+    MANAGER,
+    NODE_ANNOTATION,
+    Inputs,
+    JobView,
+    NodeView,
+    Work,
+    plan_cache,
+)
+from m3fleet.controller import kube
+from m3fleet.controller.kube import ApiError, KubeApi
+from m3fleet.controller.manager import backoff, key_of, newer
+from m3fleet.controller.queue import WorkQueue
+from m3fleet.controller.reconcile import digest, utc_now
+from m3fleet.controller.status import condition
+from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.planner import plan as make_plan
+
+Key = tuple[str, str]
+DEFAULT_STAGER_IMAGE = "ghcr.io/m3fleet/operator:0.1.0"
+STAGER_IMAGE_VARIABLE = "M3FLEET_STAGER_IMAGE"  # the chart sets it to the operator's own image
+TRIGGERS = ("uid", "generation", "labels", "deletionTimestamp")
+
+log = logging.getLogger("m3fleet.cache")
+
+
+def _epoch(stamp: str | None) -> float | None:
+    if not stamp:
+        return None
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def job_view(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> JobView:
+    """What the plan needs of a Job: its state from the job controller's conditions, and for a failure the
+    staging program's own words (the pod's termination message) and whether it rejected the source."""
+    meta = job["metadata"]
+    conditions = (job.get("status") or {}).get("conditions") or []
+    ended = {c["type"]: c for c in conditions if c.get("status") == "True" and c.get("type") in ("Complete", "Failed")}
+    state = "Complete" if "Complete" in ended else "Failed" if "Failed" in ended else "Active"
+    done = ended.get(state, {})
+    message, bad_source = str(done.get("message") or ""), done.get("reason") == "PodFailurePolicy"
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            if terminated.get("exitCode") not in (None, 0):
+                message = str(terminated.get("message") or message or terminated.get("reason") or "")
+                bad_source = bad_source or terminated.get("exitCode") == BAD_SOURCE_EXIT_CODE
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    return JobView(
+        name=meta["name"],
+        uid=meta.get("uid", ""),
+        node=annotations.get(NODE_ANNOTATION, ""),
+        content=labels.get(CONTENT_LABEL, ""),
+        action=labels.get(ACTION_LABEL, ""),
+        attempt=int(annotations.get(ATTEMPT_ANNOTATION) or 1),
+        state=state,
+        finished_at=_epoch(done.get("lastTransitionTime")),
+        bad_source=bad_source and state == "Failed",
+        message=message[:1000],
+    )
+
+
+def node_view(node: Mapping[str, Any]) -> NodeView:
+    return NodeView(
+        node["metadata"]["name"],
+        dict(node["metadata"].get("labels") or {}),
+        not (node.get("spec") or {}).get("unschedulable", False),
+    )
+
+
+def images_for(cache: MiniMaxM3ModelCache, deployments: list[dict[str, Any]]) -> list[str]:
+    """Engine images of the deployments in the cache's namespace whose cacheRef names it (invalid ones skipped:
+    their own status says why)."""
+    images = []
+    for body in deployments:
+        try:
+            resource = parse_resource(body)
+            ref = resource.spec.model.cache_ref
+            if ref is not None and ref.name == cache.metadata.name:
+                images.append(make_plan(resource.spec).image)
+        except (SpecError, SpecErrors):
+            continue
+    return sorted(set(images))
+
+
+@dataclass
+class CacheOutcome:
+    status: dict[str, Any] | None = None
+    requeue_after: float | None = None
+    gone: bool = False
+
+
+class CacheReconciler:
+    def __init__(self, api: KubeApi, stager_image: str, clock: Callable[[], str] = utc_now) -> None:
+        self.api = api
+        self.stager_image = stager_image
+        self.clock = clock
+        # Per DaemonSet: (digest of our intent, the generation the apply returned). Quiet at rest: applied again
+        # only when the intent changes or someone changed its spec (a new generation).
+        self._applied: dict[tuple[str, str], tuple[str, int]] = {}
+
+    async def reconcile(self, body: Mapping[str, Any]) -> CacheOutcome:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        deleting = bool(meta.get("deletionTimestamp"))
+        try:
+            cache = parse_cache(dict(body))
+        except (SpecError, SpecErrors) as exc:  # admission checks the same: only an older CRD lets this through
+            if deleting:
+                return await self._release(body)
+            verdicts = [("Ready", "False", "InvalidSpec", str(exc)), ("Degraded", "True", "InvalidSpec", str(exc))]
+            return CacheOutcome(await self._write_status(body, {}, verdicts))
+        if not deleting and FINALIZER not in (meta.get("finalizers") or []):
+            patch = {
+                "metadata": {
+                    "finalizers": [*(meta.get("finalizers") or []), FINALIZER],
+                    "resourceVersion": meta.get("resourceVersion"),
+                }
+            }
+            if await self.api.merge_patch(kube.CACHE, namespace, name, patch) is None:
+                return CacheOutcome(gone=True)
+
+        selector = f"{CACHE_LABEL}={name},{MANAGED_BY}={MANAGER}"
+        nodes, jobs, daemonsets, deployments = await asyncio.gather(
+            self.api.list(kube.NODE, None, ""),
+            self.api.list(kube.JOB, namespace, selector),
+            self.api.list(kube.DAEMON_SET, namespace, selector),
+            self.api.list(kube.M3D, namespace, ""),
+        )
+        views = []
+        for job in jobs:
+            failed = any(
+                c.get("type") == "Failed" and c.get("status") == "True"
+                for c in (job.get("status") or {}).get("conditions") or []
+            )
+            pods = (
+                await self.api.list(kube.POD, namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}")
+                if failed
+                else []
+            )
+            views.append(job_view(job, pods))
+        missing = None
+        hf = cache.spec.source.hugging_face
+        secret = hf.token_secret_ref if hf is not None and not deleting else None
+        if secret is not None and not await self.api.exists(kube.SECRET, namespace, secret.name):
+            missing = secret.name
+        work = plan_cache(
+            Inputs(
+                cache=cache,
+                uid=meta["uid"],
+                nodes=[node_view(n) for n in nodes],
+                jobs=views,
+                images=images_for(cache, deployments),
+                now=time.time(),
+                stager_image=self.stager_image,
+                secret_missing=missing,
+                daemonset_exists=bool(daemonsets),
+                deleting=deleting,
+                reported_nodes=[n["name"] for n in (body.get("status") or {}).get("nodes") or [] if "name" in n],
+            )
+        )
+        await self._apply(cache, work, namespace, daemonsets)
+        if deleting and work.release:
+            return await self._release(body)
+        status = {**work.status, "nodes": work.nodes}
+        verdicts = [(v.type, v.status, v.reason, v.message) for v in work.conditions]
+        return CacheOutcome(await self._write_status(body, status, verdicts), work.requeue_after)
+
+    async def _apply(
+        self, cache: MiniMaxM3ModelCache, work: Work, namespace: str, daemonsets: list[dict[str, Any]]
+    ) -> None:
+        label = work.status["nodeLabel"].split("=", 1)[0]
+        for node, value in work.labels.items():  # first: a node being rewritten is unlabelled before its Job
+            await self.api.merge_patch(kube.NODE, None, node, {"metadata": {"labels": {label: value}}})
+            log.info(
+                "%s/%s: node %s %s",
+                namespace,
+                cache.metadata.name,
+                node,
+                f"labelled {label}={value}" if value else f"unlabelled {label}",
+            )
+        for job in work.delete:
+            await self.api.delete(kube.JOB, namespace, job.name, job.uid)
+        for obj in work.create:
+            try:
+                await self.api.create(obj)
+            except ApiError as exc:
+                if exc.status != 409:  # 409: created already (a lost answer, a restart)
+                    raise
+            log.info("%s/%s: created Job %s", namespace, cache.metadata.name, obj["metadata"]["name"])
+        if work.daemonset is not None:
+            key, intent = (namespace, work.daemonset["metadata"]["name"]), digest(work.daemonset)
+            live = next((d for d in daemonsets if d["metadata"]["name"] == key[1]), None)
+            generation = int((live or {}).get("metadata", {}).get("generation") or 0)
+            if live is None or self._applied.get(key) != (intent, generation):
+                applied = await self.api.apply(work.daemonset)
+                self._applied[key] = (intent, int(applied["metadata"].get("generation") or 0))
+        elif work.delete_daemonset:
+            for ds in daemonsets:
+                await self.api.delete(kube.DAEMON_SET, namespace, ds["metadata"]["name"], ds["metadata"]["uid"])
+                self._applied.pop((namespace, ds["metadata"]["name"]), None)
+
+    async def _release(self, body: Mapping[str, Any]) -> CacheOutcome:
+        meta = body["metadata"]
+        rest = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+        patch = {"metadata": {"finalizers": rest or None, "resourceVersion": meta.get("resourceVersion")}}
+        await self.api.merge_patch(kube.CACHE, meta["namespace"], meta["name"], patch)
+        return CacheOutcome(gone=True)
+
+    async def _write_status(
+        self, body: Mapping[str, Any], fields: dict[str, Any], verdicts: list[tuple[str, str, str, str]]
+    ) -> dict[str, Any] | None:
+        meta = body["metadata"]
+        current = dict(body.get("status") or {})
+        generation = int(meta.get("generation") or 0)
+        previous = current.get("conditions") or []
+        now = self.clock()
+        new = {
+            "observedGeneration": generation,
+            **fields,
+            "conditions": [condition(previous, t, s, r, m, generation, now) for t, s, r, m in verdicts],
+        }
+        if all(current.get(k) == v for k, v in new.items()):
+            return None
+        return await self.api.merge_patch(kube.CACHE, meta["namespace"], meta["name"], {"status": new}, "status")
+
+
+class CacheManager:
+    """The caches' work queue (the same design as the deployments' Manager, one key per cache)."""
+
+    def __init__(self, reconciler: CacheReconciler, on_change: Callable[[str, str], None] | None = None) -> None:
+        self.reconciler = reconciler
+        self.on_change = on_change  # a cache's spec changed: the deployments naming it re-render
+        self.queue: WorkQueue[Key] = WorkQueue(self._process, workers=4)
+        self._bodies: dict[Key, dict[str, Any]] = {}
+        self._failures: dict[Key, int] = {}
+        self._nodes: dict[str, tuple[tuple[tuple[str, str], ...], bool]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.queue.run(), name="m3fleet cache queue")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def cache_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        key = key_of(body)
+        if event_type == "DELETED":
+            self._bodies.pop(key, None)
+            self.queue.forget(key)
+            if self.on_change is not None:
+                self.on_change(*key)
+            return
+        self._observe(body)
+
+    def _observe(self, body: Mapping[str, Any]) -> None:
+        key = key_of(body)
+        old = self._bodies.get(key)
+        if old is not None and not newer(body, old):
+            return
+        self._bodies[key] = copy.deepcopy(dict(body))
+        if old is None or any(old["metadata"].get(k) != body["metadata"].get(k) for k in TRIGGERS):
+            self.queue.add(key)
+            if self.on_change is not None:
+                self.on_change(*key)
+
+    def child_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A Job or the DaemonSet of a cache changed."""
+        name = ((body.get("metadata") or {}).get("labels") or {}).get(CACHE_LABEL)
+        key = (body["metadata"].get("namespace", ""), name or "")
+        if event_type is not None and key in self._bodies:
+            self.queue.add(key)
+
+    def node_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A node joined, left, or changed labels or schedulability: every cache looks at its pool again. Status
+        heartbeats (most node events) change neither and are ignored."""
+        name = body["metadata"]["name"]
+        seen = (
+            tuple(sorted((body["metadata"].get("labels") or {}).items())),
+            bool((body.get("spec") or {}).get("unschedulable")),
+        )
+        if event_type == "DELETED":
+            self._nodes.pop(name, None)
+        elif self._nodes.get(name) == seen:
+            return
+        else:
+            self._nodes[name] = seen
+        for key in self._bodies:
+            self.queue.add(key)
+
+    def deployment_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A deployment naming a cache changed: its engine image may be one to pre-pull."""
+        ref = (((body.get("spec") or {}).get("model") or {}).get("cacheRef") or {}).get("name")
+        key = (body["metadata"].get("namespace", ""), str(ref or ""))
+        if ref and key in self._bodies:
+            self.queue.add(key)
+
+    async def _process(self, key: Key) -> None:
+        body = self._bodies.get(key)
+        if body is None:
+            return
+        try:
+            outcome = await self.reconciler.reconcile(body)
+        except Exception as exc:
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            delay = backoff(failures, exc.retry_after if isinstance(exc, ApiError) else None)
+            if isinstance(exc, ApiError):
+                log.warning("%s/%s: cache reconcile failed: %s; retrying in %.0f s", *key, exc, delay)
+            else:
+                log.exception("%s/%s: cache reconcile failed; retrying in %.0f s", *key, delay)
+            self.queue.add(key, delay)
+            return
+        self._failures.pop(key, None)
+        if outcome.gone:
+            self._bodies.pop(key, None)
+            return
+        if outcome.status is not None:
+            self._observe(outcome.status)
+        if outcome.requeue_after is not None:
+            self.queue.add(key, outcome.requeue_after)

@@ -1,0 +1,343 @@
+"""MiniMaxM3ModelCache on the real tier: admission, the staging Jobs pinned to each pool node and completed, node
+labels, status and `kubectl get` columns, a node joining the pool staged at once, bad input reported without
+touching what is staged, the pre-pull DaemonSet, a deployment that requires the cache's nodes and mounts the
+copy, a failed staging pod retried and never labelled, a rejected source failing its Job at once, and removal
+(labels off, cleanup Jobs, finalizer released). The operator runs as the chart's ServiceAccount.
+
+What kwok leaves unproven: kwok runs no containers. On kwok nodes a Job's pod is moved to Running and then
+Succeeded by kwok's stages, and the real job controller (kube-controller-manager) then marks the Job Complete;
+so here a "completed" staging Job proves the operator's wiring (Job spec admitted, pinned by the real scheduler,
+its completion read, the node labelled), not the staging program, which is proven on its own against a stand-in
+Hugging Face Hub and a claim directory (tests/cache/test_stage.py, the same `m3fleet stage` console script the
+Job runs). Failures are driven on a node that no kwok process manages (the test plays its kubelet and patches the
+pod's status to Failed with the exit code and termination message `m3fleet stage` writes); the real job
+controller then retries the pod or, for exit code 3, fails the Job by its pod failure policy. Not proven here:
+that images are really pulled (no container runtime), hostPath mounts, and that the engine loads the copy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tests.cluster.cluster import Cluster, OperatorProcess, eventually
+from tests.cluster.fleet import condition, delete, operated_namespace, renamed, sample, wait_ready
+
+NAMESPACE = "cache"
+POOL_LABEL = "m3fleet.test/cache-pool"
+NODE_LABEL = f"cache.m3fleet.dev/{NAMESPACE}.m3"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+MANUAL_NODE = "h200-manual"  # no kwok: the test is its kubelet
+MANUAL_TAINT = {"key": "m3fleet.test/manual", "value": "true", "effect": "NoSchedule"}
+
+
+@pytest.fixture(scope="module")
+def operator(chart: Cluster) -> Iterator[OperatorProcess]:
+    with operated_namespace(chart, NAMESPACE, "operator-model-cache") as running:
+        yield running
+
+
+def cache(name: str, pool: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "source": {
+            "huggingFace": {
+                "repo": "MiniMaxAI/MiniMax-M3",
+                "revision": REVISION,
+                "tokenSecretRef": {"name": "hf-token", "key": "token"},
+            }
+        },
+        "nodes": {
+            "accelerator": "h200",
+            "nodeSelector": {POOL_LABEL: pool},
+            "tolerations": [{**MANUAL_TAINT, "operator": "Equal"}],
+        },
+        "path": "/mnt/nvme/m3fleet/m3",
+        "deleteFilesOnRemoval": True,
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "m3fleet.dev/v1alpha1",
+        "kind": "MiniMaxM3ModelCache",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": body,
+    }
+
+
+def label_node(cluster: Cluster, node: str, key: str, value: str | None) -> None:
+    cluster.kubectl("label", "node", node, f"{key}={value}" if value is not None else f"{key}-", "--overwrite")
+
+
+def node_labels(cluster: Cluster, node: str) -> dict[str, str]:
+    body = cluster.get("node", node)
+    assert body is not None
+    labels: dict[str, str] = body["metadata"].get("labels") or {}
+    return labels
+
+
+def jobs(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    return cluster.list("jobs", NAMESPACE, f"m3fleet.dev/cache={name}")
+
+
+def job_node(job: dict[str, Any]) -> str:
+    return str(job["metadata"]["annotations"]["m3fleet.dev/node"])
+
+
+def status(cluster: Cluster, name: str) -> dict[str, Any]:
+    body = cluster.get("m3cache", name, NAMESPACE) or {}
+    value: dict[str, Any] = body.get("status") or {}
+    return value
+
+
+def get_columns(cluster: Cluster, name: str) -> dict[str, str]:
+    out = cluster.kubectl("get", "m3cache", name, "-n", NAMESPACE).stdout.splitlines()
+    header, row = out[0].split(), out[1].split()
+    return dict(zip(header, row, strict=False))
+
+
+def test_bad_input_is_rejected_at_admission(chart: Cluster) -> None:
+    chart.namespace(NAMESPACE)
+    result = chart.apply(cache("relative", "a", path="mnt/nvme"), check=False)
+    assert result.returncode != 0 and "path" in result.stderr and "absolute" in result.stderr, result.stderr
+    body = cache("branch", "a")
+    body["spec"]["source"]["huggingFace"]["revision"] = "main"
+    result = chart.apply(body, check=False)
+    assert result.returncode != 0 and "revision" in result.stderr, result.stderr
+
+
+def test_staged_labelled_used_and_removed(chart: Cluster, operator: OperatorProcess) -> None:
+    pool = ("h200-4", "h200-5")
+    for node in pool:
+        label_node(chart, node, POOL_LABEL, "a")
+    chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x")
+    deployment = renamed(sample("vllm-h200-tp8"), "cached", NAMESPACE)
+    deployment["spec"]["model"]["cacheRef"] = {"name": "m3"}
+    try:
+        chart.apply(cache("m3", "a"))
+
+        # One Job per pool node, pinned to it by the real scheduler, completed; the nodes labelled.
+        eventually("a staging Job per pool node", lambda: sorted(map(job_node, jobs(chart, "m3"))) == list(pool), 60)
+        for job in jobs(chart, "m3"):
+            [pod] = chart.list("pods", NAMESPACE, f"batch.kubernetes.io/job-name={job['metadata']['name']}")
+            assert pod["spec"]["nodeName"] == job_node(job)
+            volume = pod["spec"]["volumes"][0]["hostPath"]
+            assert volume == {"path": "/mnt/nvme/m3fleet/m3", "type": "DirectoryOrCreate"}
+            assert pod["spec"]["containers"][0]["command"][:3] == ["m3fleet", "stage", "huggingface"]
+        eventually(
+            "both nodes labelled ready", lambda: all(node_labels(chart, n).get(NODE_LABEL) == "ready" for n in pool), 90
+        )
+        eventually(
+            "status 2/2 Ready", lambda: condition({"status": status(chart, "m3")}, "Ready").get("status") == "True", 60
+        )
+        columns = get_columns(chart, "m3")
+        assert columns["NODES"] == "2/2" and columns["READY"] == "True", columns
+        assert {n["name"]: n["phase"] for n in status(chart, "m3")["nodes"]} == dict.fromkeys(pool, "Ready")
+        assert "h200-0" not in {n["name"] for n in status(chart, "m3")["nodes"]}  # not in the pool
+
+        # A deployment that requires the cache: placed on a labelled node, mounting the copy; status says so.
+        chart.apply(deployment)
+        body = wait_ready(chart, "cached", NAMESPACE)
+        assert (
+            body["status"]["modelCache"]["name"] == "m3" and body["status"]["modelCache"]["nodeAffinity"] == "Required"
+        )
+        assert body["status"]["plan"]["modelCache"] == "m3"
+        [pod] = chart.list("pods", NAMESPACE, "m3fleet.dev/name=cached")
+        assert pod["spec"]["nodeName"] in pool
+        assert {"name": "model-cache", "hostPath": {"path": "/mnt/nvme/m3fleet/m3", "type": "Directory"}} in pod[
+            "spec"
+        ]["volumes"]
+
+        # The engine image is pre-pulled on the pool by a DaemonSet the cache owns.
+        def prepull() -> dict[str, Any] | None:
+            ds = chart.get("daemonset", "m3-prepull", NAMESPACE)
+            return ds if ds and (ds.get("status") or {}).get("numberReady") == len(pool) else None
+
+        ds = eventually("the pre-pull DaemonSet ready on the pool", prepull, 90)
+        [init] = ds["spec"]["template"]["spec"]["initContainers"]
+        assert init["image"] == body["status"]["plan"]["image"] and init["command"] == ["sh", "-c", "exit 0"]
+        assert ds["metadata"]["ownerReferences"][0]["kind"] == "MiniMaxM3ModelCache"
+
+        # Quiet at rest: once staged and rolled out, the operator writes nothing (node heartbeats, DaemonSet and
+        # Job status changes are read, never answered with a write).
+        def quiet() -> bool:
+            mark = operator.mark()
+            time.sleep(8)
+            return not operator.writes(operator.requests_since(mark))
+
+        eventually("the operator writes nothing at rest", quiet, 90, 0)
+
+        # A node joining the pool is staged at once.
+        label_node(chart, "h200-3", POOL_LABEL, "a")
+        eventually("the new node labelled", lambda: node_labels(chart, "h200-3").get(NODE_LABEL) == "ready", 90)
+        eventually("3/3", lambda: status(chart, "m3").get("nodesSummary") == "3/3", 60)
+
+        # Bad input: a Secret that does not exist, then a pool with no nodes. Reported; nothing staged is touched.
+        before = sorted(j["metadata"]["uid"] for j in jobs(chart, "m3"))
+        patch = {"spec": {"source": {"huggingFace": {"tokenSecretRef": {"name": "nope", "key": "token"}}}}}
+        chart.kubectl("patch", "m3cache", "m3", "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
+        degraded = eventually(
+            "SecretNotFound",
+            lambda: (
+                (c := condition({"status": status(chart, "m3")}, "Degraded")).get("reason") == "SecretNotFound" and c
+            ),
+            60,
+        )
+        assert "Secret nope does not exist" in degraded["message"] and "fix:" in degraded["message"]
+        patch = {"spec": {"nodes": {"nodeSelector": {POOL_LABEL: "typo"}}}}
+        chart.kubectl("patch", "m3cache", "m3", "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
+        ready = eventually(
+            "NoNodes",
+            lambda: (c := condition({"status": status(chart, "m3")}, "Ready")).get("reason") == "NoNodes" and c,
+            60,
+        )
+        assert "typo" in ready["message"]
+        assert sorted(j["metadata"]["uid"] for j in jobs(chart, "m3")) == before
+        assert all(node_labels(chart, n).get(NODE_LABEL) == "ready" for n in (*pool, "h200-3"))
+        assert chart.get("deployment", "cached", NAMESPACE) is not None
+
+        # Removal: labels off, a cleanup Job per node that held a copy (completed by kwok), finalizer released.
+        delete(chart, "cached", NAMESPACE)
+        chart.kubectl("delete", "m3cache", "m3", "-n", NAMESPACE, "--wait=false")
+
+        def cleaned() -> bool:
+            cleanups = chart.list("jobs", NAMESPACE, "m3fleet.dev/cache=m3,m3fleet.dev/cache-action=clean")
+            return sorted(map(job_node, cleanups)) == sorted((*pool, "h200-3"))
+
+        eventually("a cleanup Job per node", cleaned, 60)
+        eventually("the cache gone", lambda: chart.get("m3cache", "m3", NAMESPACE) is None, 90)
+        assert not any(NODE_LABEL in node_labels(chart, n) for n in (*pool, "h200-3"))
+    finally:
+        chart.kubectl("delete", "m3d", "cached", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        chart.kubectl("delete", "m3cache", "m3", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        for node in ("h200-3", *pool):
+            label_node(chart, node, POOL_LABEL, None)
+
+
+def manual_node(cluster: Cluster) -> None:
+    """An H200 node no kwok process manages: Ready as far as the scheduler can tell, its pods never run."""
+    cluster.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": MANUAL_NODE,
+                "labels": {
+                    "kubernetes.io/arch": "amd64",
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/hostname": MANUAL_NODE,
+                    "nvidia.com/gpu.product": "NVIDIA-H200",
+                    POOL_LABEL: "manual",
+                },
+            },
+            "spec": {"taints": [MANUAL_TAINT]},
+        }
+    )
+    ready = {
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "the test"}],
+            "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"},
+            "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"},
+        }
+    }
+    cluster.kubectl("patch", "node", MANUAL_NODE, "--subresource=status", "--type=merge", "-p", json.dumps(ready))
+
+
+def fail_pod(cluster: Cluster, pod: dict[str, Any], code: int, message: str) -> None:
+    """What the kubelet reports when `m3fleet stage` exits `code` after writing `message` to the termination log."""
+    terminated = {
+        "exitCode": code,
+        "reason": "Error",
+        "message": message,
+        "startedAt": "2026-01-01T00:00:00Z",
+        "finishedAt": "2026-01-01T00:00:01Z",
+    }
+    patch = {
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": pod["spec"]["containers"][0]["name"],
+                    "image": pod["spec"]["containers"][0]["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": terminated},
+                }
+            ],
+        }
+    }
+    cluster.kubectl(
+        "patch",
+        "pod",
+        pod["metadata"]["name"],
+        "-n",
+        NAMESPACE,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(patch),
+    )
+
+
+def pods_of(cluster: Cluster, job: str) -> list[dict[str, Any]]:
+    return cluster.list("pods", NAMESPACE, f"batch.kubernetes.io/job-name={job}")
+
+
+def test_failures_are_retried_never_labelled_and_a_rejected_source_is_reported(
+    chart: Cluster, operator: OperatorProcess
+) -> None:
+    manual_node(chart)
+    chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x", check=False)
+    try:
+        chart.apply(cache("flaky", "manual", deleteFilesOnRemoval=False))  # no kubelet here to run a cleanup
+        [job] = eventually("a Job for the manual node", lambda: jobs(chart, "flaky"), 60)
+        assert job_node(job) == MANUAL_NODE
+        name = job["metadata"]["name"]
+        [pod] = eventually(
+            "its pod scheduled", lambda: [p for p in pods_of(chart, name) if p["spec"].get("nodeName")], 60
+        )
+        fail_pod(chart, pod, 1, "1 of 4 files failed verification: model.safetensors: sha256 ab != published cd")
+        # The job controller retries the pod (its own backoff); the node is never labelled meanwhile.
+        eventually("a second pod (the job controller's retry)", lambda: len(pods_of(chart, name)) == 2, 90)
+        entry = eventually(
+            "the node reported Staging",
+            lambda: next((n for n in status(chart, "flaky").get("nodes", []) if n["name"] == MANUAL_NODE), None),
+            30,
+        )
+        assert entry["phase"] in ("Staging", "Failed")
+        assert NODE_LABEL.replace(".m3", ".flaky") not in node_labels(chart, MANUAL_NODE)
+        chart.kubectl("delete", "m3cache", "flaky", "-n", NAMESPACE, "--wait=false")
+        eventually("flaky gone", lambda: chart.get("m3cache", "flaky", NAMESPACE) is None, 60, 1)
+
+        # A rejected source (exit code 3) fails the Job at once and is reported with the program's own words.
+        body = cache("unknown", "manual", deleteFilesOnRemoval=False)
+        body["spec"]["source"]["huggingFace"]["revision"] = "f" * 40
+        chart.apply(body)
+        [job] = eventually("a Job for the unknown revision", lambda: jobs(chart, "unknown"), 60)
+        name = job["metadata"]["name"]
+        [pod] = eventually(
+            "its pod scheduled", lambda: [p for p in pods_of(chart, name) if p["spec"].get("nodeName")], 60
+        )
+        words = f"revision {'f' * 40} does not exist in MiniMaxAI/MiniMax-M3: give a commit of the repo"
+        fail_pod(chart, pod, 3, words)
+        degraded = eventually(
+            "SourceRejected",
+            lambda: (
+                (c := condition({"status": status(chart, "unknown")}, "Degraded")).get("reason") == "SourceRejected"
+                and c
+            ),
+            90,
+        )
+        assert words in degraded["message"]
+        failed = chart.get("job", name, NAMESPACE)
+        assert failed is not None
+        [cond] = [c for c in failed["status"]["conditions"] if c["type"] == "Failed"]
+        assert cond["reason"] == "PodFailurePolicy" and len(pods_of(chart, name)) == 1  # not retried
+        assert "cache.m3fleet.dev/cache.unknown" not in node_labels(chart, MANUAL_NODE)
+        assert get_columns(chart, "unknown")["NODES"] == "0/1"
+    finally:
+        for name in ("flaky", "unknown"):
+            chart.kubectl("delete", "m3cache", name, "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        chart.kubectl("delete", "node", MANUAL_NODE, "--ignore-not-found", "--wait=false", check=False)

@@ -1,0 +1,317 @@
+"""The model cache's pure core: the per-node work plan, the resource's validation, and what a deployment that
+names a cache renders (mount and node affinity)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from m3fleet.api import parse_resource
+from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
+from m3fleet.cache.plan import (
+    BAD_SOURCE_EXIT_CODE,
+    CLEAN,
+    STAGE,
+    Inputs,
+    JobView,
+    NodeView,
+    plan_cache,
+    retry_delay,
+)
+from m3fleet.errors import SpecError
+from m3fleet.planner import plan
+from m3fleet.render import cache_mount, render
+from tests.conftest import SAMPLES_DIR, load_sample
+
+H200 = {"nvidia.com/gpu.product": "NVIDIA-H200", "kubernetes.io/arch": "amd64"}
+LABEL = node_label_key("llm", "m3")
+NOW = 1_000_000.0
+
+
+def cache_doc(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "source": {"huggingFace": {"repo": "MiniMaxAI/MiniMax-M3", "revision": "a" * 40}},
+        "nodes": {"accelerator": "h200"},
+        "path": "/mnt/nvme/m3",
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "m3fleet.dev/v1alpha1",
+        "kind": "MiniMaxM3ModelCache",
+        "metadata": {"name": "m3", "namespace": "llm"},
+        "spec": body,
+    }
+
+
+def the_cache(**spec: Any) -> MiniMaxM3ModelCache:
+    return MiniMaxM3ModelCache.model_validate(cache_doc(**spec))
+
+
+def nodes(*names: str, labelled: tuple[str, ...] = ()) -> list[NodeView]:
+    return [NodeView(n, {**H200, **({LABEL: "ready"} if n in labelled else {})}) for n in names]
+
+
+def job(node: str, state: str, attempt: int = 1, cache: MiniMaxM3ModelCache | None = None, **kw: Any) -> JobView:
+    content = (cache or the_cache()).spec.content_digest()
+    return JobView(f"j-{node}-{attempt}", f"uid-{node}-{attempt}", node, content, STAGE, attempt, state, **kw)
+
+
+def inputs(cache: MiniMaxM3ModelCache | None = None, **kw: Any) -> Inputs:
+    base: dict[str, Any] = {"uid": "u1", "nodes": [], "jobs": [], "images": [], "now": NOW, "stager_image": "op:1"}
+    base.update(kw)
+    return Inputs(cache=cache or the_cache(), **base)
+
+
+def test_each_pool_node_gets_one_pinned_staging_job_and_only_pool_nodes() -> None:
+    other = NodeView("cpu-0", {"kubernetes.io/arch": "amd64"})
+    work = plan_cache(inputs(nodes=[*nodes("h200-0", "h200-1"), other]))
+    pinned = [
+        j["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        for j in work.create
+    ]
+    assert [p["nodeSelectorTerms"][0]["matchFields"][0]["values"] for p in pinned] == [["h200-0"], ["h200-1"]]
+    container = work.create[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"][:3] == ["m3fleet", "stage", "huggingface"]
+    assert container["image"] == "op:1"
+    assert work.create[0]["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"] == "/mnt/nvme/m3"
+    rule = work.create[0]["spec"]["podFailurePolicy"]["rules"][0]
+    assert rule["action"] == "FailJob" and rule["onExitCodes"]["values"] == [BAD_SOURCE_EXIT_CODE]
+    assert work.status["nodesSummary"] == "0/2" and work.labels == {}
+    assert {n["name"]: n["phase"] for n in work.nodes} == {"h200-0": "Staging", "h200-1": "Staging"}
+    assert all(len(j["metadata"]["name"]) <= 63 for j in work.create)
+
+
+def test_the_token_is_referenced_never_copied() -> None:
+    cache = the_cache(
+        source={
+            "huggingFace": {
+                "repo": "MiniMaxAI/MiniMax-M3",
+                "revision": "b" * 40,
+                "tokenSecretRef": {"name": "hf", "key": "token"},
+                "endpoint": "http://mirror:8080",
+            }
+        }
+    )
+    env = plan_cache(inputs(cache, nodes=nodes("h200-0"))).create[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in env
+    assert {"name": "HF_ENDPOINT", "value": "http://mirror:8080"} in env
+
+
+def test_only_a_completed_job_of_the_current_content_labels_its_node() -> None:
+    work = plan_cache(
+        inputs(
+            nodes=nodes("h200-0", "h200-1", "h200-2", labelled=("h200-1",)),
+            jobs=[job("h200-0", "Complete"), job("h200-1", "Active"), job("h200-2", "Failed", finished_at=NOW)],
+        )
+    )
+    assert work.labels == {"h200-0": "ready", "h200-1": None}  # h200-1 is being rewritten: not ready
+    assert work.create == []  # running, or failed and waiting for its backoff
+    assert work.status["nodesSummary"] == "1/3"
+    assert work.requeue_after == retry_delay(1)
+    degraded = next(c for c in work.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "StagingFailed")
+
+
+def test_a_failed_job_is_retried_with_a_new_attempt_after_its_backoff() -> None:
+    failed = job("h200-0", "Failed", attempt=2, finished_at=NOW - retry_delay(2) - 1, message="disk full")
+    work = plan_cache(inputs(nodes=nodes("h200-0"), jobs=[failed]))
+    assert [j["metadata"]["annotations"]["m3fleet.dev/attempt"] for j in work.create] == ["3"]
+    assert retry_delay(1) < retry_delay(2) < retry_delay(20) == 1800.0
+
+
+def test_a_changed_source_restages_and_removes_the_label_first() -> None:
+    old = the_cache()
+    new = the_cache(source={"huggingFace": {"repo": "MiniMaxAI/MiniMax-M3", "revision": "c" * 40}})
+    work = plan_cache(
+        inputs(new, nodes=nodes("h200-0", labelled=("h200-0",)), jobs=[job("h200-0", "Complete", cache=old)])
+    )
+    assert work.labels == {"h200-0": None} and len(work.create) == 1
+    assert work.delete == []  # the old record stays until the new copy is complete
+
+
+def test_a_rejected_source_keeps_the_copy_staged_before() -> None:
+    old = the_cache()
+    new = the_cache(source={"huggingFace": {"repo": "MiniMaxAI/MiniMax-M3", "revision": "d" * 40}})
+    message = "revision ddd does not exist"
+    rejected = job("h200-0", "Failed", cache=new, bad_source=True, message=message, finished_at=NOW)
+    work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[job("h200-0", "Complete", cache=old), rejected]))
+    assert work.labels == {"h200-0": "ready"} and work.create == [] and work.delete == []
+    degraded = next(c for c in work.conditions if c.type == "Degraded")
+    assert degraded.reason == "SourceRejected" and "revision ddd does not exist" in degraded.message
+
+
+def test_a_pool_with_no_nodes_says_so_and_touches_nothing() -> None:
+    cache = the_cache(nodes={"accelerator": "h200", "nodeSelector": {"pool": "typo"}})
+    staged = nodes("h200-0", labelled=("h200-0",))
+    work = plan_cache(inputs(cache, nodes=staged, jobs=[job("h200-0", "Complete", cache=cache)]))
+    assert work.create == [] and work.delete == [] and work.labels == {}
+    ready = next(c for c in work.conditions if c.type == "Ready")
+    assert ready.reason == "NoNodes" and "nodeSelector {'pool': 'typo'}" in ready.message and "fix:" in ready.message
+
+
+def test_a_missing_secret_blocks_new_jobs_only() -> None:
+    work = plan_cache(
+        inputs(nodes=nodes("h200-0", "h200-1"), jobs=[job("h200-0", "Complete")], secret_missing="hf-token")
+    )
+    assert work.create == [] and work.labels == {"h200-0": "ready"}
+    degraded = next(c for c in work.conditions if c.type == "Degraded")
+    assert degraded.reason == "SecretNotFound" and "hf-token" in degraded.message
+    assert work.requeue_after == 60.0
+
+
+def test_jobs_of_nodes_that_are_gone_are_deleted() -> None:
+    work = plan_cache(inputs(nodes=nodes("h200-0"), jobs=[job("h200-0", "Complete"), job("h200-9", "Complete")]))
+    assert [j.node for j in work.delete] == ["h200-9"]
+
+
+def test_pre_pull_daemonset_runs_each_engine_image_as_an_init_container() -> None:
+    work = plan_cache(inputs(nodes=nodes("h200-0"), images=["vllm:2", "vllm:1", "vllm:2"]))
+    ds = work.daemonset
+    assert ds is not None
+    pod = ds["spec"]["template"]["spec"]
+    assert [(c["image"], c["command"]) for c in pod["initContainers"]] == [
+        ("vllm:1", ["sh", "-c", "exit 0"]),
+        ("vllm:2", ["sh", "-c", "exit 0"]),
+    ]
+    assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H200"
+    assert ds["metadata"]["ownerReferences"][0]["kind"] == "MiniMaxM3ModelCache"
+    off = plan_cache(inputs(the_cache(prePullImages=False), images=["vllm:1"], daemonset_exists=True))
+    assert off.daemonset is None and off.delete_daemonset
+
+
+def test_removal_drops_labels_and_cleans_files_when_asked() -> None:
+    staged = [job("h200-0", "Complete")]
+    keep = plan_cache(inputs(nodes=nodes("h200-0", labelled=("h200-0",)), jobs=staged, deleting=True))
+    assert keep.labels == {"h200-0": None} and keep.create == [] and not keep.release
+    assert plan_cache(inputs(nodes=nodes("h200-0"), jobs=[job("h200-0", "Complete")], deleting=True)).release
+
+    cache = the_cache(deleteFilesOnRemoval=True)
+    staged = [job("h200-0", "Complete", cache=cache)]
+    work = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=staged, deleting=True))
+    assert [j["metadata"]["labels"]["m3fleet.dev/cache-action"] for j in work.create] == [CLEAN]
+    assert work.create[0]["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["m3fleet", "stage", "clean"]
+    assert not work.release
+    cleaned = JobView("c", "cu", "h200-0", cache.spec.content_digest(), CLEAN, 1, "Complete")
+    done = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=[*staged, cleaned], deleting=True))
+    assert done.release and done.create == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "field", "words"),
+    [
+        ({"path": "mnt/nvme"}, "path", "absolute"),
+        ({"path": "/mnt/../etc"}, "path", "absolute"),
+        ({"path": "/etc"}, "path", "system directory"),
+        ({"source": {"huggingFace": {"repo": "MiniMaxAI/MiniMax-M3", "revision": "main"}}}, "revision", "pinned"),
+        ({"source": {}}, "source", "neither pvc nor huggingFace"),
+    ],
+)
+def test_bad_input_names_the_field_and_the_fix(spec: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        the_cache(**spec)
+    text = str(info.value)
+    assert field in text and words in text and "fix" in str(info.value.errors()[0].get("ctx", {}))
+
+
+def _vllm(cache_ref: dict[str, Any] | None) -> Any:
+    doc = copy.deepcopy(load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml"))
+    doc["metadata"]["namespace"] = "llm"
+    if cache_ref is not None:
+        doc["spec"]["model"]["cacheRef"] = cache_ref
+    return parse_resource(doc)
+
+
+def _pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    workload = next(o for o in objects if o["kind"] == "Deployment")
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def test_a_deployment_with_a_required_cache_mounts_the_copy_and_runs_only_where_it_is() -> None:
+    resource = _vllm({"name": "m3"})
+    p = plan(resource.spec)
+    assert (p.model_cache, p.model_cache_node_affinity) == ("m3", "Required")
+    pod = _pod(render(resource, p, cache=cache_mount(resource, the_cache())))
+    assert {"name": "model-cache", "hostPath": {"path": "/mnt/nvme/m3", "type": "Directory"}} in pod["volumes"]
+    assert not any("persistentVolumeClaim" in v for v in pod["volumes"])
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model-cache")
+    assert mount == {"name": "model-cache", "mountPath": "/models", "readOnly": True}
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": LABEL, "operator": "In", "values": ["ready"]} in terms[0]["matchExpressions"]
+    assert "/models" in pod["containers"][0]["args"] or "/models" in pod["containers"][0]["command"]
+
+
+def test_a_preferred_cache_falls_back_to_the_claim_where_there_is_no_copy() -> None:
+    resource = _vllm({"name": "m3", "nodeAffinity": "Preferred"})
+    pod = _pod(render(resource, plan(resource.spec), cache=cache_mount(resource, the_cache())))
+    preferred = pod["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred[0]["preference"]["matchExpressions"][0]["key"] == LABEL
+    (init,) = pod["initContainers"]
+    script = init["command"][2]
+    assert "/model-cache/.m3fleet-complete.json" in script and "target=/models" in script
+    assert any("persistentVolumeClaim" in v for v in pod["volumes"])
+    assert "/m3fleet-model/checkpoint" in pod["containers"][0]["args"] + pod["containers"][0]["command"]
+
+
+def test_a_deployment_naming_a_missing_cache_is_a_spec_error() -> None:
+    resource = _vllm({"name": "nope"})
+    with pytest.raises(SpecError) as info:
+        render(resource, plan(resource.spec))
+    assert info.value.field == "spec.model.cacheRef.name" and "nope" in info.value.problem
+
+
+def test_preferred_needs_a_claim_to_fall_back_to() -> None:
+    doc = copy.deepcopy(load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml"))
+    doc["spec"]["model"]["source"] = {"huggingFace": {"cacheClaimName": "hf"}}
+    doc["spec"]["model"]["cacheRef"] = {"name": "m3", "nodeAffinity": "Preferred"}
+    with pytest.raises(Exception) as info:
+        parse_resource(doc)
+    assert "spec.model.cacheRef.nodeAffinity" in str(info.value) and "pvc" in str(info.value)
+
+
+def test_without_a_cache_nothing_changes() -> None:
+    resource = _vllm(None)
+    p = plan(resource.spec)
+    assert p.model_cache is None and "modelCache" not in p.model_dump(by_alias=True, exclude_none=True)
+    assert render(resource, p) == render(resource, p, cache=None)
+
+
+def test_a_job_is_read_from_the_job_controllers_conditions_and_its_pods_termination_message() -> None:
+    from m3fleet.controller.cache import job_view
+
+    cache = the_cache()
+    job = plan_cache(inputs(cache, nodes=nodes("h200-0"))).create[0]
+    job["status"] = {
+        "conditions": [
+            {"type": "FailureTarget", "status": "True"},
+            {
+                "type": "Failed",
+                "status": "True",
+                "reason": "PodFailurePolicy",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            },
+        ]
+    }
+    terminated = {"exitCode": BAD_SOURCE_EXIT_CODE, "message": "revision x does not exist"}
+    pod = {"status": {"containerStatuses": [{"state": {"terminated": terminated}}]}}
+    view = job_view(job, [pod])
+    assert (view.node, view.state, view.bad_source, view.attempt) == ("h200-0", "Failed", True, 1)
+    assert view.message == "revision x does not exist" and view.content == cache.spec.content_digest()
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert job_view(job, []).state == "Complete"
+    job["status"] = {}
+    assert job_view(job, []).state == "Active"
+
+
+def test_removal_cleans_a_node_whose_running_staging_job_it_stopped() -> None:
+    cache = the_cache(deleteFilesOnRemoval=True)
+    running = job("h200-0", "Active", cache=cache)
+    first = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=[running], deleting=True))
+    assert first.delete == [running] and first.create == []  # stop writing first
+    assert [n["name"] for n in first.nodes] == ["h200-0"] and not first.release  # the record is the status
+    second = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=[], deleting=True, reported_nodes=["h200-0"]))
+    assert [j["metadata"]["labels"]["m3fleet.dev/cache-action"] for j in second.create] == [CLEAN]
+    assert not second.release
