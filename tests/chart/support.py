@@ -1,7 +1,7 @@
 """Shared helpers for the chart, install-manifest and GitOps tests.
 
 * `render()` renders charts/m3fleet offline with the Helm v4 SDK (helm-python-sdk), the same code
-  path charts/generate.py uses for manifests/install.
+  path hack/generate.py uses for manifests/install.
 * `validate_builtin()` checks a built-in object against the Kubernetes 1.33 OpenAPI schemas, strictly
   (unknown fields rejected), with kubernetes-validate.
 * `check_fields()` checks a custom resource of another project (Prometheus Operator, Argo CD, Flux,
@@ -35,8 +35,8 @@ KUBECTL = Path(sysconfig.get_path("scripts")) / "kubectl"
 
 @cache
 def generate() -> ModuleType:
-    """charts/generate.py as a module (it is a script, not part of a package)."""
-    spec = importlib.util.spec_from_file_location("m3fleet_chart_generate", ROOT / "charts" / "generate.py")
+    """hack/generate.py as a module (it is a script, not part of a package)."""
+    spec = importlib.util.spec_from_file_location("m3fleet_chart_generate", ROOT / "hack" / "generate.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

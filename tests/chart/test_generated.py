@@ -1,8 +1,8 @@
 """Generated files stay in sync with their sources, and the install manifests build and validate.
 
-charts/generate.py writes the chart's CRD copy, its RBAC and engine-metrics data files, the
+hack/generate.py writes the chart's CRD copy, its RBAC and engine-metrics data files, the
 dashboard (and the chart's copy), the Argo CD health-check patch, manifests/install/ and
-manifests/install.yaml. When a test here fails, run `python3 charts/generate.py` and review the diff.
+manifests/install.yaml. When a test here fails, run `python3 hack/generate.py` and review the diff.
 """
 
 from __future__ import annotations
@@ -15,24 +15,44 @@ import yaml
 
 from tests.chart.support import CHART, KUBECTL, NAMESPACE, ROOT, generate, load_yaml_docs, one, validate_any
 
-FIX = "generated files are stale: run `python3 charts/generate.py` and commit the result"
+FIX = "generated files are stale: run `python3 hack/generate.py` and commit the result"
 
 
 def test_generated_files_are_up_to_date() -> None:
     assert generate().stale() == [], FIX
 
 
-def test_generate_check_mode_reports_drift(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    gen = generate()
-    assert gen.main(["--check"]) == 0
-    # Point the script at a copy with one stale file: --check names it and says how to fix it.
-    (tmp_path / "manifests").mkdir()
+def test_generate_check_mode_reports_drift(tmp_path: Any) -> None:
+    """The script run as CI runs it, on a copy of the tree with one generated file gone stale: --check names
+    it and says how to fix it, and changes nothing."""
+    import shutil
+    import sys
+
+    for part in ("hack", "charts", "crds", "manifests"):
+        shutil.copytree(ROOT / part, tmp_path / part)
+    script = [sys.executable, str(tmp_path / "hack" / "generate.py"), "--check"]
+    assert subprocess.run(script, capture_output=True, text=True).returncode == 0
     (tmp_path / "manifests" / "install.yaml").write_text("stale\n")
-    monkeypatch.setattr(gen, "ROOT", tmp_path)
-    monkeypatch.setattr(gen, "OUTPUTS", {"manifests/install.yaml": lambda: "fresh\n"})
-    assert gen.main(["--check"]) == 1
-    err = capsys.readouterr().err
-    assert "stale: manifests/install.yaml" in err and "fix: python3 charts/generate.py" in err
+    (tmp_path / "crds" / "m3fleet.dev_minimaxm3deployments.yaml").write_text("stale\n")
+    checked = subprocess.run(script, capture_output=True, text=True)
+    assert checked.returncode == 1, checked.stderr
+    assert (
+        "stale: manifests/install.yaml" in checked.stderr
+        and "stale: crds/m3fleet.dev_minimaxm3deployments.yaml" in checked.stderr
+    )
+    assert "fix: python3 hack/generate.py" in checked.stderr
+    assert (tmp_path / "manifests" / "install.yaml").read_text() == "stale\n"
+
+
+def test_the_dashboard_has_every_engines_query_and_no_template_left() -> None:
+    from m3fleet.catalog.metrics import ENGINE_METRICS
+
+    source = (ROOT / "hack" / "dashboard.json").read_text()
+    built = (ROOT / "manifests" / "dashboards" / "m3fleet-fleet.json").read_text()
+    assert "{metric}" in source and "{metric}" not in built and "m3fleetPerEngine" not in built
+    for metrics in ENGINE_METRICS.values():
+        for name in (metrics.kv_usage[0], metrics.waiting[0], metrics.ttft[0] + "_bucket"):
+            assert name in built, name
 
 
 def test_chart_crd_is_a_byte_copy_of_crds() -> None:

@@ -27,7 +27,7 @@ from tests.crdtools import CRD_PATH, admit, failed_rules, load_crd, openapi_sche
 
 
 def test_checked_in_crd_matches_the_models() -> None:
-    assert CRD_PATH.read_text() == crd_yaml(), "crds/ drifted from the models: run `m3fleet crd > crds/...yaml`"
+    assert CRD_PATH.read_text() == crd_yaml(), "crds/ drifted from the models: run `python3 hack/generate.py`"
 
 
 def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:

@@ -85,7 +85,7 @@ Cross-field rules the JSON schema cannot phrase clearly; each message names the 
 
 {{/*
 The operator's RBAC rules for one kind of role, from files/rbac.yaml (generated from
-m3fleet.controller.kube.RBAC by charts/generate.py). Pass (dict "ctx" $ "only" "all"|"namespaced"|"cluster"):
+m3fleet.controller.kube.RBAC by hack/generate.py). Pass (dict "ctx" $ "only" "all"|"namespaced"|"cluster"):
 the rules for resources of that scope.
 Each entry's `when` says in which configuration the operator makes that call:
   always            every configuration

@@ -1,5 +1,5 @@
 -- Argo CD health check for m3fleet.dev/MiniMaxM3Deployment (Lua 5.1, run by Argo CD with `obj`).
--- Install it with argocd-cm-patch.yaml (generated from this file by charts/generate.py).
+-- Install it with argocd-cm-patch.yaml (generated from this file by hack/generate.py).
 --
 --   Progressing  no status yet, or status.observedGeneration behind metadata.generation (the operator
 --                has not acted on the latest spec), or a rollout/scale under way (Ready=False).

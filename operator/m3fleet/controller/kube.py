@@ -73,7 +73,8 @@ CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, SERVIC
 BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET)}
 
 # Every (group, resource, verbs) the operator uses: this module's calls plus kopf's own watches, event
-# posting and peering. charts/ renders its ClusterRole/Role from this list; tests check both directions.
+# posting and peering. The chart renders its ClusterRole/Role from this list (hack/generate.py writes it out);
+# tests check both directions.
 RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("m3fleet.dev", "minimaxm3deployments", ("get", "list", "watch")),
     ("m3fleet.dev", "minimaxm3deployments/status", ("patch",)),
@@ -106,6 +107,23 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "namespaces", ("list", "watch")),
     ("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch")),
     ("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch")),
+)
+# The configuration a grant is needed in (the chart's m3fleet.rbacRules helper reads these names); every grant not
+# listed is needed always.
+RBAC_WHEN: dict[tuple[str, str], str] = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): "scanning",
+    ("", "namespaces"): "namespaceScanning",  # kopf lists namespaces only when not cluster-wide
+    ("kopf.dev", "clusterkopfpeerings"): "clusterPeering",
+    ("kopf.dev", "kopfpeerings"): "namespacedPeering",
+}
+# Grants on cluster-scoped resources: a ClusterRole even when the operator watches one namespace.
+CLUSTER_SCOPED: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("apiextensions.k8s.io", "customresourcedefinitions"),
+        ("", "namespaces"),
+        ("kopf.dev", "clusterkopfpeerings"),
+        ("", "nodes"),
+    }
 )
 
 

@@ -31,6 +31,10 @@ CONFIG_MOUNT = "/etc/m3fleet"
 SSH_MOUNT = "/etc/m3fleet-ssh"
 
 
+# The name of the serving container port in every engine pod (the Service and the PodMonitor address it by name).
+SERVING_PORT = "http"
+
+
 class Role(StrEnum):
     SINGLE = "single"  # the whole replica in one pod (Deployment)
     LEADER = "leader"  # LWS worker index 0: serves HTTP
@@ -161,12 +165,12 @@ def node_rank_launch(
     extra = list(ctx.spec.engine.extra_args)
     port = ctx.engine.port
     if not ctx.multi_node:
-        return EngineLaunch({Role.SINGLE: Container(command, [*args, *extra], env, probes, {"http": port}, True)})
+        return EngineLaunch({Role.SINGLE: Container(command, [*args, *extra], env, probes, {SERVING_PORT: port}, True)})
     leader_args = [*args, *group_args, "--node-rank", "0", *extra]
     worker_args_all = [*args, *group_args, "--node-rank", LWS_WORKER_INDEX, *worker_args, *extra]
     return EngineLaunch(
         {
-            Role.LEADER: Container(command, leader_args, env, probes, {"http": port}, True),
+            Role.LEADER: Container(command, leader_args, env, probes, {SERVING_PORT: port}, True),
             Role.WORKER: Container(command, worker_args_all, env, NO_PROBES, {}, False),
         }
     )

@@ -17,7 +17,7 @@ from typing import Any
 from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
 from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, NodeAffinityMode, Plan
 from m3fleet.engines import Context, EngineLaunch, Role, launch
-from m3fleet.engines.base import CacheMount
+from m3fleet.engines.base import SERVING_PORT, CacheMount
 from m3fleet.engines.trtllm import ssh_secret_name
 from m3fleet.errors import SpecError
 from m3fleet.render import labels
@@ -120,7 +120,7 @@ def _service(ctx: Context) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "selector": labels.serving_selector(ctx.name),
-            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": SERVING_PORT, "port": port, "targetPort": SERVING_PORT, "protocol": "TCP"}],
         },
     }
 
