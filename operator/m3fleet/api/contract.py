@@ -243,9 +243,27 @@ def metadata_errors(meta: Any) -> Iterator[Violation]:
                 )
 
 
+def name_errors(name: Any) -> Iterator[Violation]:
+    """The apiserver's own check of every object's name (a DNS-1123 subdomain), before the CRD's stricter rule."""
+    if not name:
+        yield Violation(SpecError("metadata.name", "is required", "give the resource a name"), True)
+    elif len(name) > 253:
+        yield Violation(SpecError("metadata.name", f"is {len(name)} characters long", "use at most 253"), True)
+    elif not _SUBDOMAIN.fullmatch(name):
+        yield Violation(
+            SpecError(
+                "metadata.name",
+                f"{json.dumps(name)} is not a DNS subdomain",
+                "use lowercase letters, digits, '-' and '.', starting and ending with a letter or digit",
+            )
+        )
+
+
 def decoding_errors(schema: Mapping[str, Any], document: Mapping[str, Any]) -> list[SpecError]:
     """Stage 1: what the apiserver refuses to decode (400 Bad Request, before any validation)."""
     errors = list(_metadata_errors(document.get("metadata")))
+    if errors:  # ObjectMeta is decoded first: a wrong type there ends decoding before fields are checked
+        return errors
     properties = schema.get("properties") or {}
     for key, value in document.items():
         if key not in ROOT_FIELDS:
@@ -314,12 +332,13 @@ def _scalar_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator
             yield Violation(SpecError(path, f"{value} is {'too small' if too_low else 'too large'}", _bounds(schema)))
     if isinstance(value, str):
         if "maxLength" in schema and len(value) > schema["maxLength"]:
-            yield Violation(
+            yield Violation(  # blocks CEL: the apiserver's CEL cost estimate relies on maxLength
                 SpecError(
                     path,
                     f"is {len(value)} characters long",
                     f"shorten it to at most {schema['maxLength']} characters",
-                )
+                ),
+                True,
             )
         if "minLength" in schema and len(value) < schema["minLength"]:
             problem = "is empty" if not value else f"is only {len(value)} characters long"
@@ -333,7 +352,9 @@ def _scalar_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator
 
 @cache
 def _regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+    """An OpenAPI pattern (RE2 syntax, unanchored unless it says so); RE2's `$` matches only at the very end,
+    Python's also before a final newline, so a trailing `$` becomes `\\Z`."""
+    return re.compile(re.sub(r"(?<!\\)\$$", r"\\Z", pattern))
 
 
 def schema_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[Violation]:
@@ -353,7 +374,7 @@ def schema_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[
                 yield Violation(SpecError(_join(path, name), f"is required{what}", f"add {name}"), True)
     elif isinstance(value, list):
         if "maxItems" in schema and len(value) > schema["maxItems"]:
-            yield Violation(SpecError(path, f"has {len(value)} items", f"give at most {schema['maxItems']}"))
+            yield Violation(SpecError(path, f"has {len(value)} items", f"give at most {schema['maxItems']}"), True)
     else:
         yield from _scalar_errors(schema, value, path)
     for sub, item, where in _members(schema, value, path):
@@ -545,14 +566,15 @@ def judge(document: Mapping[str, Any]) -> tuple[dict[str, Any], list[Violation]]
     resource: dict[str, Any] = defaulted(root, {k: v for k, v in document.items() if k != "status"})
     meta = resource.get("metadata") or {}
     found: list[Violation] = []
-    if not meta.get("name"):
-        found.append(Violation(SpecError("metadata.name", "is required", "give the resource a name"), True))
+    found.extend(name_errors(meta.get("name")))
     root_without_meta = {**root, "properties": {k: v for k, v in root["properties"].items() if k != "metadata"}}
     found.extend(schema_errors(root_without_meta, resource, ""))
     found.extend(scale_errors(resource.get("spec")))
     found.extend(metadata_errors(meta))
     if not any(v.blocks_cel for v in found):
         found.extend(cel_errors(root, resource, ""))
+    if any(v.rule and v.error.field == "metadata.name" for v in found):  # the CRD's rule says it better
+        found = [v for v in found if v.rule or v.error.field != "metadata.name"]
     return resource, found
 
 
