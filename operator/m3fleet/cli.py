@@ -117,12 +117,26 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
+def _yaml_problem(exc: yaml.YAMLError, text: str) -> tuple[str, str]:
+    """(where, what) of a YAML error, on one line."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        character = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        return f"line {line} column {column}", f"the character {character!r} is not allowed in YAML"
+    where = f"line {mark.line + 1} column {mark.column + 1}" if mark else "(document)"
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return where, " ".join(str(problem).split())
+
+
 def _load(name: str, text: str) -> list[tuple[str, Any]]:
     """(source, body) of every non-empty document; a document that is not YAML ends the file."""
-    loader = _Loader(text)
     found: list[tuple[str, Any]] = []
     index = 0
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text)
         while loader.check_node():
             where = f"{name}#{index}"
             node = loader.get_node()
@@ -138,16 +152,15 @@ def _load(name: str, text: str) -> list[tuple[str, Any]]:
                     found.append((where, body))
             index += 1
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        field = f"line {mark.line + 1} column {mark.column + 1}" if mark else "(document)"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        field, problem = _yaml_problem(exc, text)
         raise InputError(f"{name}#{index}", f"invalid YAML: {problem}", "correct the syntax", field) from None
     except RecursionError:
         raise InputError(
             f"{name}#{index}", f"is nested too deeply (more than {MAX_DEPTH} levels)", "flatten it", "(document)"
         ) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return found
 
 
@@ -229,8 +242,9 @@ def _label(doc: Document) -> str:
     body = doc.body if isinstance(doc.body, dict) else {}
     meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
     name = meta.get("name") if meta else None
+    kind = body.get("kind") if isinstance(body.get("kind"), str) else None
     if isinstance(name, str) and _PRINTABLE_NAME.fullmatch(name):
-        return f"{doc.source} ({KIND}/{name})"
+        return f"{doc.source} ({kind if kind and _PRINTABLE_NAME.fullmatch(kind) else KIND}/{name})"
     return doc.source
 
 

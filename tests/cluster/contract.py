@@ -236,7 +236,16 @@ class Apiserver:
         return Verdict(False, _server_fields(status, answer), str(answer.get("message", answer))[:2000])
 
 
+_QUOTED = re.compile(r'\[("(?:[^"\\]|\\.)*")\]')
+
+
+def _plain(path: str) -> str:
+    """The CLI quotes odd keys (`x["a b"]`); the apiserver writes them as they are (`x.a b`)."""
+    return _QUOTED.sub(lambda m: "." + json.loads(m.group(1)), path)
+
+
 def _related(a: str, b: str) -> bool:
+    a, b = _plain(a), _plain(b)
     return a == b or a.startswith((b + ".", b + "[")) or b.startswith((a + ".", a + "["))
 
 

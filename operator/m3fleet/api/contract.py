@@ -73,9 +73,16 @@ class Violation:
     rule: Rule | None = None  # the CEL rule that failed, if one did
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_./-]+")
+
+
 def _join(path: str, key: str | int) -> str:
+    """`spec.engine.env[0]`; a key with other characters than letters, digits, `_./-` is quoted
+    (`spec.nodePool.nodeSelector["a b"]`), so a path stays one word on one line."""
     if isinstance(key, int):
         return f"{path}[{key}]"
+    if not _PLAIN_KEY.fullmatch(key):
+        return f"{path}[{json.dumps(key)}]"
     return f"{path}.{key}" if path else key
 
 
@@ -91,11 +98,13 @@ def describe(value: Any) -> str:
         return f"the number {value!r}"
     if isinstance(value, str):
         shown = value if len(value) <= 40 else value[:37] + "..."
-        return f'the string "{shown}"'
+        return f"the string {json.dumps(shown)}"
     if isinstance(value, Mapping):
         return "a mapping"
     if isinstance(value, list):
         return "a list"
+    if isinstance(value, bytes):
+        return "binary data (!!binary)"
     return f"a {type(value).__name__}"
 
 
@@ -154,7 +163,9 @@ def _suggest(key: str, known: list[str]) -> str:
 def _unknown(path: str, key: Any, known: list[str]) -> SpecError:
     if not isinstance(key, str):
         return SpecError(
-            _join(path, str(key)), f"the field name {key!r} is not a string", "quote it, or correct the field name"
+            _join(path, str(key)),
+            f"the key is {describe(key)}, not a string",
+            "quote the key, or correct its name",
         )
     return SpecError(_join(path, key), "is not a field of this object", _suggest(key, known))
 
@@ -442,11 +453,22 @@ class _NotAnInteger(CELEvalError):
     """A float in an integer field: the apiserver's CEL fails any rule that reads it."""
 
 
+def _json_to_cel(value: Any) -> Any:
+    """Untyped JSON (a preserved field) as CEL values; an integer beyond int64 is a double, as JSON decodes it."""
+    if isinstance(value, Mapping):
+        return celtypes.MapType({_json_to_cel(k): _json_to_cel(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return celtypes.ListType([_json_to_cel(v) for v in value])
+    if isinstance(value, int) and not isinstance(value, bool) and not -INT64_MAX - 1 <= value <= INT64_MAX:
+        return celtypes.DoubleType(float(value))
+    return json_to_cel(value)
+
+
 def to_cel(schema: Mapping[str, Any], value: Any) -> Any:
     """A value as the apiserver hands it to CEL: typed by the schema, not by the JSON."""
     expected = schema.get("type")
     if _preserves(schema) or not expected:
-        return json_to_cel(value)
+        return _json_to_cel(value)
     if expected == "object":
         properties: Mapping[str, Any] = schema.get("properties") or {}
         additional = schema.get("additionalProperties")
