@@ -203,7 +203,9 @@ def read_documents(target: str) -> list[Document]:
 def read_inputs(target: str) -> tuple[list[Document], list[InputError]]:
     """The documents of every readable file, and one error per file that cannot be read."""
     if target == "-":
-        texts: list[tuple[str, bytes | InputError]] = [("<stdin>", sys.stdin.buffer.read(MAX_FILE_BYTES + 1))]
+        stream = getattr(sys.stdin, "buffer", None)  # bytes, so that non-UTF-8 input gets a clear message
+        data = stream.read(MAX_FILE_BYTES + 1) if stream else sys.stdin.read(MAX_FILE_BYTES + 1).encode()
+        texts: list[tuple[str, bytes | InputError]] = [("<stdin>", data)]
     else:
         path = Path(target)
         if not path.exists():
