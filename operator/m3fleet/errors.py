@@ -13,7 +13,7 @@ class SpecError(ValueError):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        return f"{self.field}: {self.problem}; fix: {self.fix}"
+        return f"{self.field}: {self.problem}; fix: {self.fix}" if self.fix else f"{self.field}: {self.problem}"
 
 
 class SpecErrors(ValueError):

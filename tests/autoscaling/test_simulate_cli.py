@@ -82,7 +82,7 @@ def test_file_resource(capsys: pytest.CaptureFixture[str]) -> None:
         (["--seeds", "1-x"], "error: --seeds: '1-x' is not a seed range; fix:"),
         (["--cold-start", "-5"], "error: --cold-start: -5 is outside 0-7200 seconds; fix:"),
         (["-f", str(SAMPLES_DIR)], "simulate takes exactly one MiniMaxM3Deployment, found"),
-        (["-f", "/no/such/file.yaml"], "error: /no/such/file.yaml: no such file or directory"),
+        (["-f", "/no/such/file.yaml"], "error: /no/such/file.yaml: (file): no such file or directory; fix:"),
     ],
 )
 def test_invalid_input_exits_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:

@@ -290,7 +290,9 @@ def test_heredoc_long_context_explains_the_kv_shortfall() -> None:
     _, heredocs = commands_and_heredocs()
     code, out, err = run_cli(shlex.split(PLAN_STDIN)[1:4], stdin=heredocs["long-context"])
     assert (code, out) == (2, "")
-    assert err.startswith("error: long-context (<stdin>): spec.context.maxModelLen: 1048576 needs 1.05M KV tokens")
+    assert err.startswith(
+        "error: <stdin>#0 (MiniMaxM3Deployment/long-context): spec.context.maxModelLen: 1048576 needs 1.05M KV tokens"
+    )
     assert "fix: leave tensorParallelSize 0" in err
 
 

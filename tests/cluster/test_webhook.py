@@ -48,11 +48,11 @@ def trtllm_language_model_only(name: str) -> dict[str, Any]:
 
 
 def planner_message(path: Path, name: str) -> str:
-    """What `m3fleet plan -f PATH` says about the one resource in PATH (without its `error: name (file): `)."""
+    """What `m3fleet plan -f PATH` says about the one resource in PATH (without its `error: file#0 (Kind/name): `)."""
     result = subprocess.run(
         [str(BIN / "m3fleet"), "plan", "-f", str(path)], capture_output=True, text=True, timeout=60, check=False
     )
-    prefix = f"error: {name} ({path}): "
+    prefix = f"error: {path}#0 (MiniMaxM3Deployment/{name}): "
     assert result.returncode == 2 and result.stderr.startswith(prefix), result.stderr
     return result.stderr.removeprefix(prefix).rstrip("\n")
 

@@ -41,7 +41,6 @@ REFUSED = {
         "spec.model.variant",
         "is not served by sglang on h200",
     ),
-    "engine-not-on-accelerator": ({"engine": {"name": "trtllm"}, "accelerator": "mi355x"}, "spec.accelerator", ""),
     "too-few-gpus-for-the-weights": (
         {"parallelism": {"strategy": "tp", "tensorParallelSize": 2}},
         "spec.parallelism.tensorParallelSize",
@@ -102,7 +101,7 @@ def test_the_message_is_what_m3fleet_plan_or_render_prints(
     assert main(["render", "-f", str(path)]) == 2
     printed = capsys.readouterr().err
     name = document["metadata"]["name"]
-    assert printed == f"error: {name} ({path}): {review('CREATE', document).message}\n"
+    assert printed == f"error: {path}#0 (MiniMaxM3Deployment/{name}): {review('CREATE', document).message}\n"
 
 
 def test_an_update_that_keeps_a_refused_spec_is_admitted() -> None:
@@ -140,6 +139,9 @@ def test_what_only_the_schema_decides_is_left_to_the_schema() -> None:
     verdict = review("CREATE", unreadable)
     assert verdict.allowed and verdict.message == ""
     assert len(verdict.warnings) == 1 and "spec.parallelism.tensorParallelSize" in verdict.warnings[0]
+    # A CEL rule of the CRD (TensorRT-LLM serves NVIDIA only) is the CRD's to enforce, before the webhook.
+    cel_refused = review("CREATE", changed(engine={"name": "trtllm"}, accelerator="mi355x"))
+    assert cel_refused.allowed and "trtllm runs only on NVIDIA" in cel_refused.warnings[0]
     assert review("CREATE", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}).allowed
 
 

@@ -67,18 +67,21 @@ def test_plan_table_and_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     [
         ("foo: [bar\n", ["invalid YAML", "line "]),
         ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n", ["kind", "MiniMaxM3Deployment"]),
-        (GOOD + "  replicas: -3\n", ["spec.replicas", ">= 0"]),
-        (GOOD + "  contxt: {}\n", ["spec.contxt", "spelling"]),
+        (GOOD + "  replicas: -3\n", ["spec.replicas", "from 0 to 1024"]),
+        (GOOD + "  contxt: {}\n", ["spec.contxt", "did you mean `context`?"]),
         (
             GOOD + "  context: {maxModelLen: 1048576}\n  parallelism: {tensorParallelSize: 8}\n",
             ["spec.context.maxModelLen", "fix:"],
         ),
         (
             GOOD.replace("model: {source: {pvc: {claimName: w}}}", "engine: {name: vllm}"),
-            ["spec.model", "add it"],
+            ["spec.model: is required", "add model"],
         ),
         (GOOD.replace("metadata: {name: good}", "metadata: {}"), ["metadata.name"]),
-        (GOOD.replace("name: good", "name: Good.v2"), ["metadata.name: 'Good.v2'", "DNS-1035", "fix:"]),
+        (
+            GOOD.replace("name: good", "name: Good.v2"),
+            ['metadata.name: "Good.v2" must start with a lowercase letter', "DNS-1035", "fix:"],
+        ),
         (GOOD.replace("name: good", "name: " + "g" * 46), ["metadata.name", "controller-revision-hash", "fix:"]),
         (GOOD.replace("name: good", "name: good, namespace: 7"), ["metadata.namespace", "string"]),
         (GOOD + "  rollout: {maxSurge: 0, maxUnavailable: 0}\n", ["spec.rollout.maxUnavailable", "at least 1"]),
@@ -112,7 +115,8 @@ def test_one_message_per_failing_resource(capsys: pytest.CaptureFixture[str], tm
     worse = GOOD.replace("good", "worse") + "  replicas: -1\n"
     code, out, err = run(capsys, "plan", "-f", write(tmp_path, "---\n".join([GOOD, bad, worse])))
     assert code == 2 and out == ""
-    assert err.count("error: ") == 2 and "bad (" in err and "worse (" in err
+    assert err.count("error: ") == 2 and "(MiniMaxM3Deployment/bad): spec.accelerator: " in err
+    assert "(MiniMaxM3Deployment/worse): spec.replicas: " in err
 
 
 def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,7 +20,7 @@ from m3fleet.api.models import (
     Variant,
 )
 from m3fleet.catalog import ENGINES, PARALLEL_CANDIDATES
-from m3fleet.errors import SpecError
+from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import Layout, evaluate, kv_bytes_per_token_per_gpu, plan
 from tests.conftest import SAMPLES_DIR, load_sample
 
@@ -244,8 +244,20 @@ INVALID = [
         "spec.parallelism.tensorParallelSize",
         "8 ranks",
     ),
-    (("trtllm", "mi355x", "bf16", "tp", None, False, "auto", 8192), "spec.accelerator", "does not run on"),
 ]
+
+
+def test_the_planner_refuses_what_admission_refuses_too() -> None:
+    # The CRD's CEL rejects trtllm on mi355x at admission (and m3fleet.api.contract with it); the planner
+    # refuses it again for a spec that skipped admission (read into the model directly).
+    with pytest.raises(SpecErrors, match="NVIDIA"):
+        spec_for("trtllm", "mi355x", "bf16", "tp", None, False, "auto", 8192)
+    spec = MiniMaxM3DeploymentSpec.model_validate(
+        {"model": {"source": {"pvc": {"claimName": "w"}}}, "engine": {"name": "trtllm"}, "accelerator": "mi355x"}
+    )
+    with pytest.raises(SpecError, match="does not run on") as info:
+        plan(spec)
+    assert info.value.field == "spec.accelerator" and info.value.fix
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,10 @@ ever sees them; the planner re-checks everything with a fuller explanation.
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -81,18 +80,6 @@ NAME_FORMAT_PROBLEM = (
     "Service <name> must be DNS-1035 labels"
 )
 NAME_FORMAT_FIX = "rename it, e.g. m3-chat"
-_NAME_RE = re.compile(NAME_PATTERN.removeprefix("^").removesuffix("$"))
-
-
-def name_problem(name: str) -> tuple[str, str] | None:
-    """(problem, fix) when `name` cannot name the children m3fleet and the LWS controller create."""
-    if not _NAME_RE.fullmatch(name):
-        return NAME_FORMAT_PROBLEM, NAME_FORMAT_FIX
-    if len(name) > MAX_NAME_LENGTH:
-        return NAME_LENGTH_PROBLEM, NAME_LENGTH_FIX
-    return None
-
-
 # Rules on the whole resource, at the CRD's root (m3fleet.api.crd builds it), where CEL may read
 # metadata.name; ObjectMeta below checks the same for the CLI and the operator.
 RESOURCE_VALIDATIONS: list[dict[str, Any]] = [
@@ -211,13 +198,6 @@ class ModelSource(CamelModel):
         default=None, description="Download the checkpoint from Hugging Face into a cache claim."
     )
 
-    @model_validator(mode="after")
-    def _exactly_one(self) -> ModelSource:
-        if (self.pvc is None) == (self.hugging_face is None):
-            has = "has both pvc and huggingFace" if self.pvc else "has neither pvc nor huggingFace"
-            raise invalid(has, "set exactly one of spec.model.source.pvc or spec.model.source.huggingFace")
-        return self
-
 
 class NodeAffinityMode(StrEnum):
     REQUIRED = "Required"
@@ -270,13 +250,6 @@ class ModelSpec(CamelModel):
         description="Serve from the node-local copy a MiniMaxM3ModelCache staged (mounted read-only) instead of "
         "reading spec.model.source at start.",
     )
-
-    @model_validator(mode="after")
-    def _preferred_falls_back_to_a_pvc(self) -> ModelSpec:
-        ref = self.cache_ref
-        if ref is not None and ref.node_affinity == NodeAffinityMode.PREFERRED and self.source.pvc is None:
-            raise invalid(CACHE_PREFERRED_PROBLEM, CACHE_PREFERRED_FIX, "cacheRef.nodeAffinity")
-        return self
 
 
 # --- spec.engine ----------------------------------------------------------------------------
@@ -388,16 +361,6 @@ class ParallelismSpec(CamelModel):
         default=0, ge=0, le=32, description="DP size (dp-ep only); 0 lets the planner decide."
     )
 
-    @field_validator("tensor_parallel_size", "data_parallel_size")
-    @classmethod
-    def _a_published_size(cls, value: int) -> int:
-        if value not in PARALLEL_SIZES:
-            raise invalid(
-                "must be one of 0 (planner decides), 1, 2, 4, 8, 16, 32",
-                "use one of those, or 0 to let the planner decide",
-            )
-        return value
-
 
 class ContextSpec(CamelModel):
     max_model_len: int = Field(
@@ -447,13 +410,6 @@ class RolloutSpec(CamelModel):
         le=64,
         description="Replicas that may be unavailable during a rollout; at least 1 when maxSurge is 0.",
     )
-
-    @field_validator("max_unavailable")
-    @classmethod
-    def _rollout_can_progress(cls, value: int, info: ValidationInfo) -> int:
-        if value == 0 and info.data.get("max_surge") == 0:
-            raise invalid(ROLLOUT_STUCK_PROBLEM, ROLLOUT_STUCK_FIX)
-        return value
 
 
 # --- autoscaling -----------------------------------------------------------------------------
@@ -522,21 +478,6 @@ class PrometheusSpec(CamelModel):
     query_overrides: dict[str, str] = Field(
         default_factory=dict, description="PromQL per signal name, replacing the engine adapter's query."
     )
-
-    @field_validator("url")
-    @classmethod
-    def _http_or_https(cls, value: str) -> str:
-        if value and not re.fullmatch(PROMETHEUS_URL_PATTERN, value):
-            raise invalid(PROMETHEUS_URL_PROBLEM, PROMETHEUS_URL_FIX)
-        return value
-
-    @model_validator(mode="after")
-    def _tls_settings_fit(self) -> PrometheusSpec:
-        if self.ca_secret_ref is not None and self.insecure_skip_verify:
-            raise invalid(CA_AND_INSECURE_PROBLEM, CA_AND_INSECURE_FIX, "insecureSkipVerify")
-        if (self.ca_secret_ref is not None or self.insecure_skip_verify) and self.url.startswith("http://"):
-            raise invalid(CA_WITHOUT_TLS_PROBLEM, CA_WITHOUT_TLS_FIX, "url")
-        return self
 
 
 class AutoscalingTarget(CamelModel):
@@ -700,25 +641,6 @@ class AutoscalingSpec(CamelModel):
     forecast: ForecastSpec = Field(
         default_factory=ForecastSpec, description="A floor from this resource's own need in earlier periods."
     )
-
-    @model_validator(mode="after")
-    def _min_within_max(self) -> AutoscalingSpec:
-        if self.min_replicas < 1:
-            raise invalid(MIN_REPLICAS_PROBLEM, MIN_REPLICAS_FIX, "minReplicas")
-        for window in self.schedule:
-            if window.min_replicas and window.max_replicas and window.min_replicas > window.max_replicas:
-                raise invalid(WINDOW_BOUNDS_PROBLEM, WINDOW_BOUNDS_FIX, "schedule")
-            if not window.min_replicas and not window.max_replicas:
-                raise invalid(WINDOW_EMPTY_PROBLEM, WINDOW_EMPTY_FIX, "schedule")
-            if window.start == window.end:
-                raise invalid(WINDOW_LENGTH_PROBLEM, WINDOW_LENGTH_FIX, "schedule")
-        if self.min_replicas > self.max_replicas:
-            raise invalid(
-                f"{self.min_replicas} exceeds autoscaling.maxReplicas {self.max_replicas}",
-                "lower minReplicas or raise maxReplicas",
-                "minReplicas",
-            )
-        return self
 
 
 # --- the resource ----------------------------------------------------------------------------
@@ -915,16 +837,8 @@ class ObjectMeta(BaseModel):
     """The part of metadata m3fleet reads; everything else is kept as given."""
 
     model_config = ConfigDict(extra="allow")
-    name: str = Field(default="", description="Name; children are named after it (see name_problem).")
+    name: str = Field(default="", description="Name; children are named after it (RESOURCE_VALIDATIONS).")
     namespace: str = Field(default="default", description="Namespace.")
-
-    @field_validator("name")
-    @classmethod
-    def _name_fits_the_children(cls, value: str) -> str:
-        problem = name_problem(value) if value else None  # "" is unset: parse_resource says it is missing
-        if problem:
-            raise invalid(*problem)
-        return value
 
 
 class MiniMaxM3Deployment(CamelModel):

@@ -6,7 +6,8 @@ Owner references are not set here: the controller adds them with `set_owner` (th
 
 Names: the workload is `<name>`, the Service `<name>-api` (never `<name>`: the LeaderWorkerSet
 controller creates its own headless Service `<name>`, which LWS_LEADER_ADDRESS resolves through), the
-rest `<name>-<suffix>`. `m3fleet.api.models.name_problem` keeps every one of them valid.
+rest `<name>-<suffix>`. The CRD's root CEL rules on metadata.name
+(`m3fleet.api.models.RESOURCE_VALIDATIONS`) keep every one of them valid.
 """
 
 from __future__ import annotations

@@ -1,0 +1,62 @@
+"""One contract: for documents drawn from the CRD's schema (valid and mutated: wrong types, out-of-range
+values, bad names, unknown and snake_case keys, missing fields, CEL violations), the CLI's verdict is the
+real apiserver's (`dryRun=All`, `fieldValidation=Strict`: `kubectl apply --dry-run=server`), field by field.
+A larger run: tests/bench/bench_contract.py."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from tests.cluster.cluster import REPO, Cluster, eventually
+from tests.cluster.contract import NAMESPACE, Apiserver, cli_verdict, disagreement, documents, install_crd
+
+EXAMPLES = int(os.environ.get("M3FLEET_CONTRACT_EXAMPLES", "2500"))
+
+
+@pytest.fixture(scope="module")
+def apiserver(cluster: Cluster) -> Apiserver:
+    install_crd(cluster.kubectl, cluster.control_plane, str(REPO / "crds"))
+    listing = f"/apis/m3fleet.dev/v1alpha1/namespaces/{NAMESPACE}/minimaxm3deployments"
+    eventually("the CRD served", lambda: cluster.control_plane.admin.request("GET", listing)[0] == 200, 30)
+    return Apiserver(cluster.control_plane)
+
+
+def test_the_cli_and_the_apiserver_give_the_same_verdict(apiserver: Apiserver) -> None:
+    seen: Counter[str] = Counter()
+    disagreements: list[str] = []
+    start = time.monotonic()
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(documents())
+    def check(document: dict[str, Any]) -> None:
+        cli, server = cli_verdict(document), apiserver.verdict(document)
+        seen["admitted" if server.admitted else "rejected"] += 1
+        seen.update(f"field {f}" for f in server.fields)
+        why = disagreement(cli, server)
+        if why:
+            disagreements.append(f"{why}\n  document: {document}\n  CLI: {cli.detail}\n  apiserver: {server.detail}")
+
+    check()
+    total = seen["admitted"] + seen["rejected"]
+    print(
+        f"{total} documents in {time.monotonic() - start:.0f}s: "
+        f"{seen['admitted']} admitted, {seen['rejected']} rejected"
+    )
+    if os.environ.get("M3FLEET_CONTRACT_REPORT"):
+        Path(os.environ["M3FLEET_CONTRACT_REPORT"]).write_text("\n".join(disagreements))
+    assert not disagreements, f"{len(disagreements)} disagreements, e.g.:\n" + "\n".join(disagreements[:5])
+    # the draw reaches both verdicts, CEL rules and the decoding stage, not only one kind of document
+    assert total >= EXAMPLES * 0.9 and seen["admitted"] > total * 0.1 and seen["rejected"] > total * 0.3, seen
+    for field in (
+        "metadata.name",
+        "spec.parallelism.tensorParallelSize",
+        "spec.model.variant",
+        "spec.rollout.maxUnavailable",
+    ):
+        assert seen[f"field {field}"] > 0, (field, seen.most_common(30))
