@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from m3fleet.autoscaling import simulate as simulate_module
-from m3fleet.autoscaling.cli import register, run
+from m3fleet.cli import main
 from tests.conftest import SAMPLES_DIR
 
 
 def simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    parser = argparse.ArgumentParser(prog="m3fleet")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["simulate", *argv])
-    code = run(args)
+    code = main(["simulate", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -104,15 +99,3 @@ def test_unknown_scenario_is_an_argparse_error(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as exc:
         simulate(capsys, "--scenario", "nope")
     assert exc.value.code == 2
-
-
-def test_internal_error_exits_1_without_traceback(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def broken(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("boom")
-
-    monkeypatch.setattr(simulate_module, "run_report", broken)
-    monkeypatch.delenv("M3FLEET_DEBUG", raising=False)
-    code, out, err = simulate(capsys, "--scenario", "steady-chat", "--minutes", "1")
-    assert code == 1 and out == "" and "internal error: RuntimeError: boom" in err and "Traceback" not in err

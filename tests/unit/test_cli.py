@@ -172,3 +172,26 @@ def test_plan_and_render_take_a_model_cache_in_the_input(capsys: pytest.CaptureF
     bad = CACHE_SAMPLE.read_text().replace("path: /mnt/nvme", "path: mnt/nvme")
     code, out, err = run(capsys, "plan", "-f", write(tmp_path, bad))
     assert code == 2 and out == "" and "spec.path" in err and "absolute" in err
+
+
+def test_every_subcommand_shares_one_error_handling(capsys: pytest.CaptureFixture[str]) -> None:
+    """Bad input is exit 2 with one line, a bug exit 1 with one line and no traceback (M3FLEET_DEBUG unset)."""
+    import os
+
+    from m3fleet.documents import guarded
+    from m3fleet.errors import SpecError
+
+    def bad_input() -> int:
+        raise SpecError("spec.replicas", "is negative", "give 0 or more")
+
+    def bug() -> int:
+        raise RuntimeError("boom")
+
+    assert "M3FLEET_DEBUG" not in os.environ
+    assert guarded(bad_input) == 2
+    assert guarded(bug) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "error: spec.replicas: is negative; fix: give 0 or more",
+        "internal error: RuntimeError: boom (set M3FLEET_DEBUG=1 for a traceback)",
+    ]

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from m3fleet.api import parse_resource
 from m3fleet.api.models import MAX_NAME_LENGTH, MAX_REPLICAS, MAX_SURGE, MiniMaxM3Deployment
 from m3fleet.catalog import ENGINES
-from m3fleet.cli import dump
+from m3fleet.documents import dump
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
 from m3fleet.render import render, required_secrets, service_name, set_owner

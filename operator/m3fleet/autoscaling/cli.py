@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from m3fleet.autoscaling.scenarios import SCENARIOS
+from m3fleet.documents import EXIT_INVALID, EXIT_OK, InputError, read_documents
 
 if TYPE_CHECKING:
     from m3fleet.api.models import MiniMaxM3Deployment
     from m3fleet.bench.results import BenchResult
-
-EXIT_OK, EXIT_INTERNAL, EXIT_INVALID = 0, 1, 2
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -61,19 +59,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from m3fleet.cli import InputError  # lazily: m3fleet.cli imports this module to register it
-    from m3fleet.errors import SpecError, SpecErrors
-
-    try:
-        return _run(args)
-    except (InputError, SpecError, SpecErrors) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    except Exception as exc:
-        if os.environ.get("M3FLEET_DEBUG"):
-            raise
-        print(f"internal error: {type(exc).__name__}: {exc} (set M3FLEET_DEBUG=1 for a traceback)", file=sys.stderr)
-        return EXIT_INTERNAL
+    """Bad input and internal errors are reported by `m3fleet.documents.guarded` (through `m3fleet.cli.main`)."""
+    return _run(args)
 
 
 def _invalid(message: str) -> int:
@@ -84,7 +71,6 @@ def _invalid(message: str) -> int:
 def _run(args: argparse.Namespace) -> int:
     from m3fleet.api.parse import parse_resource
     from m3fleet.autoscaling.simulate import prepare, run_report
-    from m3fleet.cli import read_documents
 
     if args.minutes is not None and args.minutes <= 0:
         return _invalid(f"--minutes: {args.minutes:g} is not positive; fix: give a duration in minutes, e.g. 20")
@@ -133,7 +119,6 @@ def _run(args: argparse.Namespace) -> int:
 def read_result(path: str) -> BenchResult:
     """An m3fleet bench result from a file (or - for stdin). Raises InputError, SpecError."""
     from m3fleet.bench.results import load
-    from m3fleet.cli import InputError
 
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")

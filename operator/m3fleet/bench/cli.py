@@ -19,9 +19,9 @@ from m3fleet.api.models import EngineName
 from m3fleet.bench import job as bench_job
 from m3fleet.bench import results, watch
 from m3fleet.bench.job import BenchOptions, Dataset, Prompts
+from m3fleet.documents import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, dump, read_documents
 from m3fleet.errors import SpecError
 
-EXIT_OK, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 130
 POLL_SECONDS = 5.0
 LOG_TAIL_LINES = 40
 
@@ -67,7 +67,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Bad input (SpecError) and internal errors are reported by `m3fleet.cli.main`; a failed benchmark here."""
+    """Bad input and internal errors are reported by `m3fleet.documents.guarded`; a failed benchmark here."""
     from m3fleet.bench.kube import BenchFailure
 
     try:
@@ -79,7 +79,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _one_resource(args: argparse.Namespace) -> tuple[MiniMaxM3Deployment, str | None]:
     """The one resource in -f and the namespace its file names (None when it names none)."""
-    from m3fleet.cli import read_documents
 
     docs = read_documents(args.filename)
     if len(docs) != 1:
@@ -111,7 +110,6 @@ def _with_namespace(resource: MiniMaxM3Deployment, namespace: str) -> MiniMaxM3D
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from m3fleet.cli import dump
     from m3fleet.planner import plan as make_plan
 
     resource, file_namespace = _one_resource(args)
@@ -234,8 +232,6 @@ def _live(
     if args.output == "json":
         out.write(json.dumps(result.to_document(), indent=2) + "\n")
     elif args.output == "yaml":
-        from m3fleet.cli import dump
-
         out.write(dump([result.to_document()], "yaml"))
     else:
         out.write(results.format_table(result.runs))
