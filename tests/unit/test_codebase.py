@@ -144,3 +144,23 @@ def test_the_import_contract_places_every_module_in_a_layer() -> None:
         if m != "m3fleet" and not any(m == p or m.startswith(p + ".") for p in placed) and imports_something(m)
     )
     assert not unplaced, f"add these to a layer in pyproject.toml's import contract: {unplaced}"
+
+
+def test_the_readme_states_the_catalogs_facts_not_its_own() -> None:
+    """A fact the README repeats (an engine version, an image, the block size) is the catalog's, so a change there
+    that leaves the README behind fails here."""
+    from m3fleet.catalog import ENGINES, KV_LAYOUT, SGLANG_VERSION, TRTLLM_VERSION, VLLM_VERSION
+
+    readme = (ROOT / "README.md").read_text()
+    versions = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION, "tensorrt-llm": TRTLLM_VERSION}
+    for engine, version in versions.items():
+        stated = re.findall(rf"(?i)\b{re.escape(engine)}[ :/v|-]*\**v?(\d+\.\d+\.\d+\w*)", readme)
+        assert stated and set(stated) == {version}, (engine, set(stated))
+    images = set(
+        re.findall(r"(?:vllm/vllm-openai[\w-]*|lmsysorg/sglang|nvcr\.io/nvidia/tensorrt-llm/release):[\w.-]+", readme)
+    )
+    known = {image for engine in ENGINES.values() for image in engine.images.values()}
+    assert images and all(any(k.startswith(i) for k in known) for i in images), images - known
+    # `--block-size 100` is quoted once as input the engine's own parser wrongly accepts (a negative control).
+    sizes = set(re.findall(r"--block-size (\d+)", readme)) - {"100"}
+    assert sizes == {str(KV_LAYOUT.block_size)}, sizes
