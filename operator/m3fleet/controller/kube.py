@@ -51,6 +51,7 @@ LEADER_WORKER_SET = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "lead
 COMPUTE_DOMAIN = Kind("resource.nvidia.com/v1beta1", "ComputeDomain", "computedomains")
 SERVICE = Kind("v1", "Service", "services")
 CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
+NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 SECRET = Kind("v1", "Secret", "secrets")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
 # Read only: why pods wait for a node (status), and serving pods' time to ready (the autoscaler).
@@ -61,7 +62,7 @@ CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings
 # Children found by listing with the owned-label selector, and watched (kopf, filtered by the managed-by
 # label) so that a change to any of them reconciles its owner. Secrets are never listed or watched (that
 # would read every Secret in scope): the one generated Secret is addressed by its deterministic name.
-CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, SERVICE)
+CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, NETWORK_POLICY, SERVICE)
 BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D)}
 
 # Every (group, resource, verbs) the operator uses: this module's calls plus kopf's own watches, event
@@ -77,6 +78,8 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("resource.nvidia.com", "computedomains", ("list", "watch", "create", "patch", "delete")),
     ("", "services", ("list", "watch", "create", "patch", "delete")),
     ("", "configmaps", ("list", "watch", "create", "patch", "delete")),
+    # The engine pods' ingress policy (spec.network): applied, drift-corrected and pruned like every child.
+    ("networking.k8s.io", "networkpolicies", ("list", "watch", "create", "patch", "delete")),
     # Only the generated TensorRT-LLM SSH key Secret, by its name: created once, deleted when no longer needed.
     # No list or watch: the operator never enumerates (and so never reads) other Secrets.
     ("", "secrets", ("get", "create", "delete")),
