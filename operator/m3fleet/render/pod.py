@@ -17,6 +17,7 @@ from m3fleet.engines.base import (
     Context,
     Probe,
     Role,
+    literal,
 )
 from m3fleet.engines.environment import check_user_env
 from m3fleet.render.labels import NAME, pod_labels
@@ -95,7 +96,7 @@ def _env(ctx: Context, container: Container) -> list[dict[str, Any]]:
         if user.value_from is not None:
             entry["valueFrom"] = user.value_from
         else:
-            entry["value"] = user.value or ""
+            entry["value"] = literal(user.value or "")  # data, not a $(VAR) reference the kubelet would expand
         values[user.name] = entry
     return [values[k] for k in sorted(values)]
 
