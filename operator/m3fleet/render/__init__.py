@@ -1,8 +1,8 @@
 """Plan + spec -> every Kubernetes object of one MiniMaxM3Deployment. Pure and deterministic.
 
 Order: ConfigMap (engine config), ComputeDomain (GB200 multi-node), the workload (a Deployment
-when a replica fits one node, a LeaderWorkerSet group per replica when it spans nodes), Service, NetworkPolicy
-(unless spec.network.ingressPolicy is false).
+when a replica fits one node, a LeaderWorkerSet group per replica when it spans nodes), NetworkPolicy
+(unless spec.network.ingressPolicy is false), Service.
 Owner references are not set here: the controller adds them with `set_owner` (the one hook).
 
 Names: the workload is `<name>`, the Service `<name>-api` (never `<name>`: the LeaderWorkerSet
@@ -171,9 +171,9 @@ def render(resource: MiniMaxM3Deployment, plan: Plan, replicas: int | None = Non
         objects.append(_leader_worker_set(ctx, engine, count))
     else:
         objects.append(_deployment(ctx, engine, count))
-    objects.append(_service(ctx))
     if resource.spec.network.ingress_policy:
-        objects.append(_network_policy(ctx))
+        objects.append(_network_policy(ctx))  # before the Service exposes the pods
+    objects.append(_service(ctx))
     return objects
 
 
