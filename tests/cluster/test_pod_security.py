@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from tests.cluster import dra
 from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import pods, renamed, sample, wait_ready, weight_volumes
+from tests.cluster.fleet import delete, pods, renamed, sample, wait_ready, weight_volumes
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 LEVEL = "m3fleet.dev/pod-security-level"
@@ -73,6 +73,8 @@ def test_engine_pods_are_admitted_at_their_level_and_refused_one_stricter(
     admitted = _namespace(chart, f"psa-{case}-{level}", level)
     document = renamed(sample(stem), case, admitted)
     chart.apply(document)
+    if document["spec"]["accelerator"] == "gb200":
+        dra.serve_compute_domain(chart, f"{case}-compute-domain", admitted)  # what the DRA driver does
     assert _workload(chart, case, admitted)["metadata"]["annotations"][LEVEL] == level
     wait_ready(chart, case, admitted, timeout=240)
     created = pods(chart, case, admitted)
@@ -80,6 +82,8 @@ def test_engine_pods_are_admitted_at_their_level_and_refused_one_stricter(
     if level == "restricted":
         for pod in created:
             assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    delete(chart, case, admitted)  # frees the GPU nodes for the next case
+    if level == "restricted":
         return  # nothing is stricter than restricted
     stricter = _namespace(chart, f"psa-{case}-{STRICTER[level]}", STRICTER[level])
     chart.apply(renamed(sample(stem), case, stricter))
@@ -89,6 +93,7 @@ def test_engine_pods_are_admitted_at_their_level_and_refused_one_stricter(
     body = chart.get("m3d", case, stricter) or {}
     ready = [c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
     assert ready and ready[0]["status"] != "True", ready
+    delete(chart, case, stricter, wait=False)
 
 
 def test_network_policy_is_owned_drift_corrected_recreated_and_pruned(
