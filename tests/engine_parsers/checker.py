@@ -191,13 +191,24 @@ def sglang_engine() -> Engine:
 ENGINES: dict[str, Callable[[], Engine]] = {"vllm": vllm_engine, "sglang": sglang_engine}
 
 
-def main() -> int:
-    items: list[dict[str, Any]] = json.load(sys.stdin)
-    # Engines log (and sometimes print) to stdout; keep fd 1 for our JSON alone by pointing it at
-    # stderr for everything else, C extensions included.
+def claim_stdout() -> Any:
+    """Engines log (and sometimes print) to stdout; keep fd 1 for our JSON alone by pointing it at
+    stderr for everything else, C extensions included. Returns the stream to the real stdout."""
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    return out
+
+
+def emit(out: Any, value: Any) -> None:
+    json.dump(value, out, indent=1)
+    out.write("\n")
+    out.flush()
+
+
+def main() -> int:
+    items: list[dict[str, Any]] = json.load(sys.stdin)
+    out = claim_stdout()
 
     engines: dict[str, Engine] = {}
     results: list[Result] = []
@@ -219,9 +230,7 @@ def main() -> int:
             result.update(verdict="reject", stage=exc.stage, error=exc.error)
         results.append(result)
 
-    json.dump(results, out, indent=1)
-    out.write("\n")
-    out.flush()
+    emit(out, results)
     return 0
 
 

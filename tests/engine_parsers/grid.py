@@ -18,6 +18,7 @@ import yaml
 from m3fleet.api import parse_resource
 from m3fleet.api.models import Accelerator, EngineName, MoeBackend, Variant
 from m3fleet.catalog import ENGINES
+from m3fleet.engines import sglang
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
 from m3fleet.render import labels, render
@@ -28,7 +29,7 @@ NAMESPACE = "ns"
 # What each engine's container runs before the argv its own parser sees (the engines' images: VLLM-RCP, SGL-CB).
 LAUNCHERS: dict[str, tuple[str, ...]] = {
     EngineName.VLLM: ("vllm", "serve"),
-    EngineName.SGLANG: ("python3", "-m", "sglang.launch_server"),
+    EngineName.SGLANG: tuple(sglang.COMMAND),  # bash -c '... exec python3 -m sglang.launch_server "$@" <keys>'
 }
 
 # The grid's axes. Contexts: short (below every long-context switch), the default, and 1M, which is

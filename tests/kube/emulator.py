@@ -812,6 +812,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 subresources={"status", "scale"},
                 scale_paths=ScalePaths(label_selector=".spec.selector"),
             )
+        self.declare("networking.k8s.io/v1/networkpolicies", "NetworkPolicy", shortnames={"netpol"})
         self.declare("coordination.k8s.io/v1/leases", "Lease", generation=False)
         self.declare(
             "apiextensions.k8s.io/v1/customresourcedefinitions",

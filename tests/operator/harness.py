@@ -41,6 +41,7 @@ COMPUTE_DOMAINS = "resource.nvidia.com/v1beta1/computedomains"
 DEPLOYMENTS = "apps/v1/deployments"
 SERVICES = "v1/services"
 CONFIGMAPS = "v1/configmaps"
+NETWORK_POLICIES = "networking.k8s.io/v1/networkpolicies"
 SECRETS = "v1/secrets"
 PVCS = "v1/persistentvolumeclaims"
 PEERINGS = "kopf.dev/v1/kopfpeerings"
@@ -49,10 +50,11 @@ RESOURCE_OF_KIND = {
     "ComputeDomain": COMPUTE_DOMAINS,
     "Deployment": DEPLOYMENTS,
     "LeaderWorkerSet": LWS,
+    "NetworkPolicy": NETWORK_POLICIES,
     "Service": SERVICES,
     "Secret": SECRETS,
 }
-WATCHED = (M3D, DEPLOYMENTS, SERVICES, CONFIGMAPS, LWS, COMPUTE_DOMAINS)  # what the operator watches
+WATCHED = (M3D, DEPLOYMENTS, SERVICES, CONFIGMAPS, LWS, COMPUTE_DOMAINS, NETWORK_POLICIES)  # what the operator watches
 
 VLLM = "vllm-h200-tp8"  # one node: ConfigMap-less Deployment + Service
 TRTLLM = "trtllm-gb200-2x4-tep"  # two GB200 nodes: ConfigMap, ComputeDomain, LeaderWorkerSet, Service, SSH Secret

@@ -17,7 +17,7 @@ from m3fleet.controller.kube import FIELD_MANAGER
 from m3fleet.controller.reconcile import what_matters
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
-from m3fleet.render import render
+from m3fleet.render import POD_SECURITY_ANNOTATION, render
 from m3fleet.render.labels import MANAGED_BY, serving_selector_string
 from tests.kube.emulator import merge_patch
 from tests.kube.waiting import eventually
@@ -60,7 +60,7 @@ async def test_create_applies_children_and_writes_status(cluster: Cluster, opera
     await cluster.settled()
     m3d = cluster.m3d(name)
     children = cluster.children(name)
-    assert sorted(child["kind"] for child in children.values()) == ["Deployment", "Service"]
+    assert sorted(child["kind"] for child in children.values()) == ["Deployment", "NetworkPolicy", "Service"]
 
     owner = {"apiVersion": "m3fleet.dev/v1alpha1", "kind": "MiniMaxM3Deployment", "name": name}
     for child in children.values():
@@ -81,6 +81,7 @@ async def test_create_applies_children_and_writes_status(cluster: Cluster, opera
         [
             ("apps", "deployments", "patch"),
             ("", "services", "patch"),
+            ("networking.k8s.io", "networkpolicies", "patch"),
             ("m3fleet.dev", "minimaxm3deployments/status", "patch"),
             ("", "events", "create"),
         ]
@@ -193,7 +194,10 @@ async def test_hand_edits_of_children_are_undone(cluster: Cluster, tmp_path: Pat
         async with running_operator(cluster.kmock, tmp_path):
             await eventually(lambda: all(intended[n] == restored(cluster, n) for n in names.values()))
             await cluster.settled()
-    assert cluster.child(names[VLLM], "Deployment")["metadata"]["annotations"] == {"team": "ml"}
+    assert cluster.child(names[VLLM], "Deployment")["metadata"]["annotations"] == {
+        "team": "ml",  # another manager's annotation is kept next to the operator's own
+        POD_SECURITY_ANNOTATION: "restricted",
+    }
 
 
 def restored(cluster: Cluster, name: str) -> dict[str, Any]:

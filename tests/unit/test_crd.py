@@ -124,6 +124,16 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(model__variant="mxfp4", accelerator="gb200"), "mxfp4", "spec.model.variant"),
     (with_spec(engine__name="trtllm", accelerator="mi355x"), "NVIDIA", "spec.engine.name"),
     (with_spec(engine__name="trtllm", accelerator="gb200", model__variant="mxfp8"), "bf16 only", "spec.model.variant"),
+    (
+        with_spec(engine__name="trtllm", accelerator="h200", engine__apiKeySecretRef={"name": "k", "key": "key"}),
+        "no API key option",
+        "spec.engine.apiKeySecretRef",
+    ),
+    (
+        with_spec(engine__name="vllm", engine__adminApiKeySecretRef={"name": "k"}),
+        "sglang only",
+        "spec.engine.adminApiKeySecretRef",
+    ),
     (with_spec(parallelism__tensorParallelSize=3), "tensorParallelSize", "spec.parallelism.tensorParallelSize"),
     (with_spec(parallelism__tensorParallelSize=12), "tensorParallelSize", "spec.parallelism.tensorParallelSize"),
     (with_spec(parallelism__dataParallelSize=6), "dataParallelSize", "spec.parallelism.dataParallelSize"),
@@ -201,6 +211,8 @@ VALID_CASES = [
     with_spec(model__variant="mxfp4", accelerator="mi355x"),
     with_spec(engine__name="trtllm", accelerator="gb200"),
     with_spec(engine__name="trtllm", accelerator="h200", model__variant="bf16"),
+    with_spec(engine__name="vllm", engine__apiKeySecretRef={"name": "k", "key": "key"}),
+    with_spec(engine__name="sglang", engine__apiKeySecretRef={"name": "k"}, engine__adminApiKeySecretRef={"name": "a"}),
     with_spec(parallelism__strategy="dp-ep", parallelism__tensorParallelSize=16, parallelism__dataParallelSize=2),
     with_spec(autoscaling__minReplicas=2, autoscaling__maxReplicas=2),
     with_spec(

@@ -19,6 +19,7 @@ from m3fleet.api import parse_resource
 from m3fleet.api.models import MAX_NAME_LENGTH, MAX_REPLICAS, MAX_SURGE, MiniMaxM3Deployment
 from m3fleet.catalog import ENGINES
 from m3fleet.documents import dump
+from m3fleet.engines import sglang
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
 from m3fleet.render import render, required_secrets, service_name, set_owner
@@ -252,7 +253,7 @@ def engine_argv(obj: dict[str, Any], engine: str) -> list[list[str]]:
             assert c["command"] == ["vllm", "serve"]
             argvs.append(c["args"])
         elif engine == "sglang":
-            assert c["command"] == ["python3", "-m", "sglang.launch_server"]
+            assert c["command"] == sglang.COMMAND  # the launcher that adds the keys, then python3 -m sglang...
             argvs.append(c["args"])
         elif c["command"] == ["trtllm-serve"]:
             argvs.append(c["args"])

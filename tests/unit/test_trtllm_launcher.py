@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from m3fleet.api import parse_resource
+from m3fleet.engines.base import BASH as LAUNCH_SHELL
 from m3fleet.engines.trtllm import LEADER_SCRIPT, SINGLE_SCRIPT, SSH_PORT, WORKER_SCRIPT
 from m3fleet.planner import plan
 from m3fleet.render import render
@@ -143,7 +144,14 @@ def run_script(tmp_path: Path, text: str, env: dict[str, str]) -> Run:
         **env,
     }
     result = subprocess.run(
-        [BASH, str(script)], env=full, capture_output=True, text=True, timeout=60, cwd=tmp_path, check=False
+        # The container's own command (bash with no startup files, -p), with the local bash binary.
+        [BASH, *LAUNCH_SHELL[1:], str(script)],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
     )
     assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     return Run(log)
@@ -205,7 +213,7 @@ LWS = {
 def test_leader_starts_every_rank_with_the_pods_environment(tmp_path: Path, hf: bool) -> None:
     rendered = render_trtllm("gb200", hf)
     leader = rendered.containers["leader"]
-    assert leader["command"] == ["/bin/bash"] and leader["args"] == [f"/etc/m3fleet/{LEADER_SCRIPT}"]
+    assert leader["command"] == list(LAUNCH_SHELL) and leader["args"] == [f"/etc/m3fleet/{LEADER_SCRIPT}"]
     pod_env = container_env(leader)
     run = run_script(tmp_path, rendered.scripts[LEADER_SCRIPT], {**pod_env, **LWS})
     ranks, options = ranks_from_mpirun(run.argv("mpirun"), run.env("mpirun"))
@@ -238,7 +246,7 @@ def test_leader_starts_every_rank_with_the_pods_environment(tmp_path: Path, hf: 
         assert env["LD_LIBRARY_PATH"] == "/usr/local/cuda/compat/lib:" + IMAGE_ENV["LD_LIBRARY_PATH"]
         assert env["OPAL_PREFIX"] == "/opt/hpcx/ompi" and env["NGC_SHELL_INIT"] == "1"
         for name, value in pod_env.items():
-            if not name.startswith("OMPI_"):
+            if not name.startswith("OMPI_") and name not in ("HOME", "USER"):  # these describe the leader's shell
                 assert env[name] == value, name
         for user in USER_ENV:
             assert user["name"] in env

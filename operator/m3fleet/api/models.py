@@ -289,8 +289,28 @@ class EngineSpec(CamelModel):
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=64,
-        description="Extra environment variables for the engine container.",
+        description="Extra environment variables for the engine container. Variables that change how the "
+        "engine is executed (BASH_ENV, ENV, PATH, LD_*, PYTHONPATH, OMPI_*, ...) and those m3fleet sets "
+        "(HOME, HF_HOME, HF_TOKEN, LWS_*, the engine's rendered variables) are rejected.",
     )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the API key the OpenAI-compatible endpoint requires (Authorization: "
+        "Bearer <key>). vLLM reads it from VLLM_API_KEY, SGLang's launcher passes it at start; it is never "
+        "in the command line of the pod spec or in a ConfigMap. Not supported by trtllm.",
+    )
+    admin_api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="SGLang only: Secret key holding the key of SGLang's admin endpoints (flush_cache, "
+        "update_weights_*, profiling, ...). Without it each pod generates a random admin key at start that "
+        "never leaves the pod (kubectl exec can read it from $HOME/.sglang-admin-key).",
+    )
+
+
+TRTLLM_API_KEY_PROBLEM = "is not supported by engine trtllm: the pinned trtllm-serve has no API key option"
+TRTLLM_API_KEY_FIX = "use engine vllm or sglang, or remove it and put an authenticating gateway in front"
+ADMIN_KEY_PROBLEM = "applies to engine sglang only (its admin endpoints)"
+ADMIN_KEY_FIX = "remove it"
 
 
 # --- placement, parallelism, context ---------------------------------------------------------
@@ -384,6 +404,31 @@ ROLLOUT_STUCK_PROBLEM = (
     "one down (the apiserver rejects such a Deployment or LeaderWorkerSet)"
 )
 ROLLOUT_STUCK_FIX = "set maxUnavailable to 1 (replace replicas in place) or maxSurge to 1 (needs a spare GPU node)"
+
+
+class NetworkSpec(CamelModel):
+    """Who may reach the engine pods: a NetworkPolicy rendered per resource (ingress only)."""
+
+    ingress_policy: bool = Field(
+        default=True,
+        description="Render a NetworkPolicy that admits only this namespace's pods to the API port, the "
+        "metricsFrom peers to the API/metrics port, and the resource's own pods on every port (multi-node "
+        "groups). false: render none (the namespace's own policies apply).",
+    )
+    allow_from: list[dict[str, Any]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Extra NetworkPolicyPeers (podSelector, namespaceSelector, ipBlock) admitted to the API port, "
+        "e.g. an ingress gateway's namespace.",
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
+    metrics_from: list[dict[str, Any]] = Field(
+        default_factory=lambda: [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        max_length=32,
+        description="NetworkPolicyPeers admitted to the metrics port (the engine serves metrics on its API port): "
+        "Prometheus. Default: every pod of the namespace named monitoring.",
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
 
 
 class RolloutSpec(CamelModel):
@@ -664,6 +709,18 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                     "FieldValueForbidden",
                 ),
                 cel(
+                    "self.engine.name != 'trtllm' || !has(self.engine.apiKeySecretRef)",
+                    f"engine.apiKeySecretRef {TRTLLM_API_KEY_PROBLEM}; fix: {TRTLLM_API_KEY_FIX}",
+                    ".engine.apiKeySecretRef",
+                    "FieldValueForbidden",
+                ),
+                cel(
+                    "self.engine.name == 'sglang' || !has(self.engine.adminApiKeySecretRef)",
+                    f"engine.adminApiKeySecretRef {ADMIN_KEY_PROBLEM}; fix: {ADMIN_KEY_FIX}",
+                    ".engine.adminApiKeySecretRef",
+                    "FieldValueForbidden",
+                ),
+                cel(
                     "self.engine.name != 'trtllm' || self.model.variant == 'bf16'",
                     "the pinned TensorRT-LLM release serves MiniMax-M3 in bf16 only",
                     ".model.variant",
@@ -684,6 +741,9 @@ class MiniMaxM3DeploymentSpec(CamelModel):
         default=1, ge=0, le=MAX_REPLICAS, description="Engine replicas (each may span nodes); the scale subresource."
     )
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="How replicas are replaced on change.")
+    network: NetworkSpec = Field(
+        default_factory=NetworkSpec, description="Who may reach the engine pods (a NetworkPolicy)."
+    )
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="Context-length-aware autoscaling from Prometheus."
     )

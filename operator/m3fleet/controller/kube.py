@@ -51,6 +51,7 @@ LEADER_WORKER_SET = Kind("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", "lead
 COMPUTE_DOMAIN = Kind("resource.nvidia.com/v1beta1", "ComputeDomain", "computedomains")
 SERVICE = Kind("v1", "Service", "services")
 CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
+NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 SECRET = Kind("v1", "Secret", "secrets")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
 # Read only: why pods wait for a node (status), and serving pods' time to ready (the autoscaler).
@@ -69,7 +70,7 @@ CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings
 # name before it is applied: an object of that name we do not control is never applied over), and watched
 # (kopf, filtered by the managed-by label) so that a change to any of them reconciles its owner. Secrets are
 # never listed or watched (that would read every Secret in scope): they are addressed by name.
-CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, SERVICE)
+CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, NETWORK_POLICY, SERVICE)
 BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET)}
 
 # Every (group, resource, verbs) the operator uses: this module's calls plus kopf's own watches, event
@@ -86,6 +87,8 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("resource.nvidia.com", "computedomains", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "services", ("get", "list", "watch", "create", "patch", "delete")),
     ("", "configmaps", ("get", "list", "watch", "create", "patch", "delete")),
+    # The engine pods' ingress policy (spec.network): applied, drift-corrected and pruned like every child.
+    ("networking.k8s.io", "networkpolicies", ("get", "list", "watch", "create", "patch", "delete")),
     # By name only: the generated TensorRT-LLM SSH key Secret (created once, deleted when no longer needed;
     # one of that name we did not create is never mounted) and the CA the user names in
     # spec.autoscaling.prometheus.caSecretRef. No list or watch: the operator never enumerates Secrets.

@@ -18,7 +18,6 @@ import jinja2
 
 from m3fleet.api.models import MiniMaxM3DeploymentSpec, Plan
 from m3fleet.catalog import ACCELERATORS, ENGINES, ROPE, AcceleratorFacts, EngineFacts
-from m3fleet.errors import SpecError
 
 MODEL_MOUNT = "/models"
 CACHE_MOUNT = (
@@ -29,6 +28,10 @@ MODEL_LINK = f"{MODEL_LINK_DIR}/checkpoint"
 HF_CACHE_MOUNT = "/hf-cache"
 CONFIG_MOUNT = "/etc/m3fleet"
 SSH_MOUNT = "/etc/m3fleet-ssh"
+HOME_MOUNT = "/home/m3fleet"  # HOME of every engine container: a writable emptyDir (caches, compiled kernels)
+# Launch scripts run with no startup files and in privileged mode (-p): bash then ignores BASH_ENV, ENV, exported
+# functions and SHELLOPTS/BASHOPTS from the environment, whoever set them.
+BASH = ("/bin/bash", "--noprofile", "--norc", "-p")
 
 
 # The name of the serving container port in every engine pod (the Service and the PodMonitor address it by name).
@@ -124,6 +127,9 @@ class Container:
     ports: dict[str, int]  # name -> containerPort
     serves_http: bool  # behind the Service, scraped for metrics
     capabilities: tuple[str, ...] = ()  # added to the dropped-ALL set, only where the engine needs them
+    # env name -> (Secret, key): values the kubelet reads from a Secret (never in the pod spec or a ConfigMap)
+    secret_env: dict[str, tuple[str, str]] = field(default_factory=dict)
+    runs_as_root: bool = False  # the image's launch needs root (sshd); otherwise the pod runs as NON_ROOT_UID
 
 
 @dataclass(frozen=True)
@@ -151,6 +157,23 @@ def http_probes(port: int, live: str, ready: str, ready_period: int = 10, ready_
 NO_PROBES = Probes(None, None, None)
 
 
+def literal(value: str) -> str:
+    """A user's string as a container arg: the kubelet expands $(VAR) in args (`$$` is a literal `$`), so a value
+    like `$(HF_TOKEN)` would otherwise put the token on the command line."""
+    return value.replace("$", "$$")
+
+
+def secret_env(ctx: Context, variable: str, admin_variable: str | None = None) -> dict[str, tuple[str, str]]:
+    """The API key (and SGLang's admin key) as env read from their Secrets by the kubelet."""
+    refs: dict[str, tuple[str, str]] = {}
+    engine = ctx.spec.engine
+    if engine.api_key_secret_ref is not None:
+        refs[variable] = (engine.api_key_secret_ref.name, engine.api_key_secret_ref.key)
+    if admin_variable is not None and engine.admin_api_key_secret_ref is not None:
+        refs[admin_variable] = (engine.admin_api_key_secret_ref.name, engine.admin_api_key_secret_ref.key)
+    return refs
+
+
 def node_rank_launch(
     ctx: Context,
     command: list[str],
@@ -159,44 +182,24 @@ def node_rank_launch(
     probes: Probes,
     group_args: list[str],
     worker_args: tuple[str, ...] = (),
+    secrets: dict[str, tuple[str, str]] | None = None,
 ) -> EngineLaunch:
     """The launch shape vLLM and SGLang share: one pod per replica, or a leader (node rank 0, serves
     HTTP) plus workers (node rank from the LWS environment, headless: no port, no HTTP probes)."""
-    extra = list(ctx.spec.engine.extra_args)
+    extra = [literal(arg) for arg in ctx.spec.engine.extra_args]
     port = ctx.engine.port
+    refs = secrets or {}
     if not ctx.multi_node:
-        return EngineLaunch({Role.SINGLE: Container(command, [*args, *extra], env, probes, {SERVING_PORT: port}, True)})
+        single = Container(command, [*args, *extra], env, probes, {SERVING_PORT: port}, True, secret_env=refs)
+        return EngineLaunch({Role.SINGLE: single})
     leader_args = [*args, *group_args, "--node-rank", "0", *extra]
     worker_args_all = [*args, *group_args, "--node-rank", LWS_WORKER_INDEX, *worker_args, *extra]
     return EngineLaunch(
         {
-            Role.LEADER: Container(command, leader_args, env, probes, {SERVING_PORT: port}, True),
-            Role.WORKER: Container(command, worker_args_all, env, NO_PROBES, {}, False),
+            Role.LEADER: Container(command, leader_args, env, probes, {SERVING_PORT: port}, True, secret_env=refs),
+            Role.WORKER: Container(command, worker_args_all, env, NO_PROBES, {}, False, secret_env=refs),
         }
     )
-
-
-def flag_name(token: str) -> str | None:
-    """`--tp-size=8` -> `--tp-size`; argparse also accepts `--tp_size`, so normalise underscores."""
-    if not token.startswith("--") or token == "--":
-        return None
-    return token.split("=", 1)[0].replace("_", "-")
-
-
-def check_extra_args(extra_args: list[str], owned: frozenset[str], engine: str) -> None:
-    """Reject extra args that set a flag the plan owns, including argparse's prefix abbreviations."""
-    normalised = {f.replace("_", "-") for f in owned}
-    for index, token in enumerate(extra_args):
-        name = flag_name(token)
-        if name is None:
-            continue
-        clash = name if name in normalised else next((f for f in sorted(normalised) if f.startswith(name)), None)
-        if clash is not None and len(name) > 2:
-            raise SpecError(
-                f"spec.engine.extraArgs[{index}]",
-                f"{token!r} sets {clash}, which m3fleet derives from the plan for {engine}",
-                "remove it and change the spec field that drives it (parallelism, context, model or engine)",
-            )
 
 
 def yarn_overrides(plan: Plan) -> dict[str, Any]:

@@ -15,46 +15,82 @@ otherwise, and each difference is listed in `catalog.ENGINES[sglang].deviations`
 from __future__ import annotations
 
 from m3fleet.api.models import Accelerator, Strategy, Variant
+from m3fleet.engines import flags
 from m3fleet.engines.base import (
+    BASH,
     LWS_GROUP_SIZE,
     LWS_LEADER_ADDRESS,
     Context,
     EngineLaunch,
-    check_extra_args,
     compact_json,
     http_probes,
+    literal,
     node_rank_launch,
+    secret_env,
     yarn_overrides,
 )
+from m3fleet.engines.flags import API_KEY, CATALOG, CONFIG_FILE, PLANNER, OwnedFlag
 
-OWNED_FLAGS = frozenset(
-    {
-        "--tp-size",
-        "--tp",
-        "--tensor-parallel-size",
-        "--pp-size",
-        "--pipeline-parallel-size",
-        "--dp-size",
-        "--dp",
-        "--data-parallel-size",
-        "--ep-size",
-        "--ep",
-        "--expert-parallel-size",
-        "--enable-dp-attention",
-        "--mem-fraction-static",
-        "--context-length",
-        "--kv-cache-dtype",
-        "--reasoning-parser",
-        "--tool-call-parser",
+# Flags m3fleet renders and the spec field that drives each; every spelling SGLang's own parser accepts is refused
+# in spec.engine.extraArgs (engines.flags, from engine-options.json).
+OWNED = (
+    OwnedFlag("--tp-size", "set spec.parallelism.tensorParallelSize instead"),
+    OwnedFlag("--pp-size", PLANNER),
+    OwnedFlag("--dp-size", "set spec.parallelism.dataParallelSize (strategy dp-ep) instead"),
+    OwnedFlag("--ep-size", "set spec.parallelism.strategy (tp-ep or dp-ep) instead"),
+    OwnedFlag("--enable-dp-attention", "set spec.parallelism.strategy dp-ep instead"),
+    OwnedFlag("--mem-fraction-static", PLANNER),
+    OwnedFlag("--context-length", "set spec.context.maxModelLen instead"),
+    OwnedFlag("--kv-cache-dtype", "set spec.context.kvCacheDtype instead"),
+    OwnedFlag("--reasoning-parser", CATALOG),
+    OwnedFlag("--tool-call-parser", CATALOG),
+    OwnedFlag(
         "--json-model-override-args",
-        "--enable-multimodal",
-        "--language-model-only",
-        "--dist-init-addr",
-        "--nnodes",
-        "--node-rank",
-        "--port",
-    }
+        "set spec.context.maxModelLen instead (m3fleet renders YaRN past the native context)",
+    ),
+    OwnedFlag("--enable-multimodal", "set spec.model.languageModelOnly instead"),
+    OwnedFlag("--language-model-only", "set spec.model.languageModelOnly instead"),
+    OwnedFlag("--dist-init-addr", PLANNER),
+    OwnedFlag("--nnodes", PLANNER),
+    OwnedFlag("--node-rank", PLANNER),
+    OwnedFlag("--port", CATALOG),
+    OwnedFlag("--host", CATALOG),
+    OwnedFlag("--model-path", "set spec.model (variant, checkpoint, source) instead"),
+    OwnedFlag("--served-model-name", "set spec.model.checkpoint instead"),
+    OwnedFlag("--api-key", API_KEY),
+    OwnedFlag(
+        "--admin-api-key",
+        "set spec.engine.adminApiKeySecretRef instead (without it the admin endpoints answer no one)",
+    ),
+    OwnedFlag("--config", CONFIG_FILE),
 )
+
+# SGLang 0.5.23 takes its keys only as flags (--api-key, --admin-api-key; srt/arg_groups/fields/serving.py), so this
+# launcher adds them at exec time from the environment the kubelet fills from the Secrets: they are never in the
+# pod spec, a ConfigMap or the rendered command. Without an admin key SGLang leaves its admin endpoints
+# (AuthLevel.ADMIN_OPTIONAL: flush_cache, update_weights_*, profiling, ...) open to anyone who may reach the port
+# (srt/utils/auth.py); so unless spec.engine.adminApiKeySecretRef is set, each pod makes a random admin key that
+# never leaves it ($HOME/.sglang-admin-key, for `kubectl exec`). /health*, /ready* and /metrics stay open (probes,
+# Prometheus). The script is fixed text: every rendered value reaches SGLang through "$@", never through the shell.
+API_KEY_VAR = "M3FLEET_API_KEY"
+ADMIN_API_KEY_VAR = "M3FLEET_ADMIN_API_KEY"
+ADMIN_KEY_FILE = ".sglang-admin-key"
+LAUNCHER = f"""set -euo pipefail
+umask 077
+if [ -n "${{{ADMIN_API_KEY_VAR}:-}}" ]; then
+  admin_key="${{{ADMIN_API_KEY_VAR}}}"
+else
+  admin_key="$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+  printf '%s\\n' "${{admin_key}}" > "${{HOME}}/{ADMIN_KEY_FILE}"
+fi
+keys=(--admin-api-key "${{admin_key}}")
+if [ -n "${{{API_KEY_VAR}:-}}" ]; then
+  keys+=(--api-key "${{{API_KEY_VAR}}}")
+fi
+unset {API_KEY_VAR} {ADMIN_API_KEY_VAR} admin_key
+exec python3 -m sglang.launch_server "$@" "${{keys[@]}}"
+"""
+COMMAND = [*BASH, "-c", LAUNCHER, "m3fleet-sglang"]  # "$0", then the rendered args are "$@"
 
 DIST_INIT_PORT = 20000  # the LWS SGLang example's rendezvous port
 LONG_CONTEXT = 32_768  # above it the cookbook raises the chunked-prefill size (SGL-CB)
@@ -77,9 +113,9 @@ def serve_args(ctx: Context) -> list[str]:
     tp = plan.tensor_parallel_size * plan.data_parallel_size
     args = [
         "--model-path",
-        ctx.model_path,
+        literal(ctx.model_path),
         "--served-model-name",
-        ctx.served_model_name,
+        literal(ctx.served_model_name),
         "--host",
         "0.0.0.0",
         "--port",
@@ -131,9 +167,10 @@ def env(ctx: Context) -> dict[str, str]:
 
 
 def launch(ctx: Context) -> EngineLaunch:
-    check_extra_args(list(ctx.spec.engine.extra_args), OWNED_FLAGS, "sglang")
+    flags.check_extra_args(ctx.spec.engine.extra_args, flags.parser_table("sglang"), OWNED)
     port = ctx.engine.port
     # /health_generate runs a real forward pass: probe it less often than a plain liveness check.
     probes = http_probes(port, ctx.engine.live_path, ctx.engine.ready_path, ready_period=30, ready_timeout=60)
     group = ["--dist-init-addr", f"{LWS_LEADER_ADDRESS}:{DIST_INIT_PORT}", "--nnodes", LWS_GROUP_SIZE]
-    return node_rank_launch(ctx, ["python3", "-m", "sglang.launch_server"], serve_args(ctx), env(ctx), probes, group)
+    keys = secret_env(ctx, API_KEY_VAR, ADMIN_API_KEY_VAR)
+    return node_rank_launch(ctx, COMMAND, serve_args(ctx), env(ctx), probes, group, secrets=keys)

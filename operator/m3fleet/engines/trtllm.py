@@ -18,7 +18,10 @@ from typing import Any
 import yaml
 
 from m3fleet.api.models import Strategy
+from m3fleet.catalog import TRTLLM_VERSION
+from m3fleet.engines import flags
 from m3fleet.engines.base import (
+    BASH,
     CONFIG_MOUNT,
     SSH_MOUNT,
     Container,
@@ -27,28 +30,41 @@ from m3fleet.engines.base import (
     Probe,
     Probes,
     Role,
-    check_extra_args,
     http_probes,
+    literal,
     templates,
 )
+from m3fleet.engines.flags import OwnedFlag
+from m3fleet.errors import SpecError
 
-OWNED_FLAGS = frozenset(
-    {
-        "--tp-size",
-        "--tp_size",
-        "--ep-size",
-        "--pp-size",
-        "--moe-expert-parallel-size",
-        "--max-seq-len",
-        "--max-batch-size",
-        "--kv-cache-free-gpu-memory-fraction",
-        "--reasoning-parser",
-        "--tool-parser",
-        "--extra-llm-api-options",
-        "--config",
-        "--port",
-    }
+# trtllm-serve (click) cannot be imported here (PyPI holds no installable wheel of the pinned TRTLLM_VERSION), so
+# its owned options are declared: both spellings click may define, matched with prefixes to stay on the safe side.
+PLAN = flags.PLANNER
+CATALOG = flags.CATALOG
+_OWNED_SPELLINGS = {
+    "tp_size": PLAN,
+    "ep_size": PLAN,
+    "pp_size": PLAN,
+    "moe_expert_parallel_size": PLAN,
+    "cluster_size": PLAN,
+    "gpus_per_node": PLAN,
+    "max_seq_len": "set spec.context.maxModelLen instead",
+    "max_batch_size": PLAN,
+    "max_num_tokens": PLAN,
+    "kv_cache_free_gpu_memory_fraction": PLAN,
+    "reasoning_parser": CATALOG,
+    "tool_parser": CATALOG,
+    "chat_template": CATALOG,
+    "extra_llm_api_options": "nothing: m3fleet renders the LLM API options file from the plan",
+    "config": "nothing: m3fleet renders the LLM API options file from the plan",
+    "host": CATALOG,
+    "port": CATALOG,
+    "trust_remote_code": CATALOG,
+}
+OWNED = tuple(
+    OwnedFlag(f"--{name.replace('_', sep)}", instead) for name, instead in _OWNED_SPELLINGS.items() for sep in "_-"
 )
+OPTION_TABLE = flags.declared_table("trtllm", TRTLLM_VERSION, (flag.flag for flag in OWNED))
 
 CONFIG_FILE = "extra-llm-api-options.yaml"
 LEADER_SCRIPT = "launch-leader.sh"
@@ -155,7 +171,13 @@ def env(ctx: Context) -> dict[str, str]:
 
 
 def launch(ctx: Context) -> EngineLaunch:
-    check_extra_args(list(ctx.spec.engine.extra_args), OWNED_FLAGS, "trtllm")
+    flags.check_extra_args(ctx.spec.engine.extra_args, OPTION_TABLE, OWNED)
+    if ctx.spec.engine.api_key_secret_ref is not None:
+        raise SpecError(
+            "spec.engine.apiKeySecretRef",
+            f"the pinned trtllm-serve ({TRTLLM_VERSION}) has no API key option, so the key could not be enforced",
+            "remove it and put an authenticating gateway in front of the Service, or use engine vllm or sglang",
+        )
     port = ctx.engine.port
     config = {CONFIG_FILE: yaml.safe_dump(llm_api_options(ctx), sort_keys=False)}
     probes = http_probes(port, ctx.engine.live_path, ctx.engine.ready_path)
@@ -164,13 +186,12 @@ def launch(ctx: Context) -> EngineLaunch:
     if not ctx.multi_node:
         # One node: trtllm-serve spawns its own MPI ranks.
         if not lookup:
-            single = Container(cmd[:1], cmd[1:], env(ctx), probes, {"http": port}, True)
+            args = [literal(arg) for arg in cmd[1:]]  # exec'd directly: only the kubelet's $(VAR) to escape
+            single = Container(cmd[:1], args, env(ctx), probes, {"http": port}, True)
         else:
             script = {"chat_template_lookup": lookup, "serve": shell_words(cmd)}
             config[SINGLE_SCRIPT] = templates().get_template("trtllm-single.sh.j2").render(script)
-            single = Container(
-                ["/bin/bash"], [f"{CONFIG_MOUNT}/{SINGLE_SCRIPT}"], env(ctx), probes, {"http": port}, True
-            )
+            single = Container([*BASH], [f"{CONFIG_MOUNT}/{SINGLE_SCRIPT}"], env(ctx), probes, {"http": port}, True)
         return EngineLaunch({Role.SINGLE: single}, config)
     plan = ctx.plan
     values: dict[str, Any] = {
@@ -184,18 +205,19 @@ def launch(ctx: Context) -> EngineLaunch:
     }
     config[LEADER_SCRIPT] = templates().get_template("trtllm-leader.sh.j2").render(values)
     config[WORKER_SCRIPT] = templates().get_template("trtllm-worker.sh.j2").render(values)
-    leader = Container(
-        ["/bin/bash"], [f"{CONFIG_MOUNT}/{LEADER_SCRIPT}"], env(ctx), probes, {"http": port}, serves_http=True
-    )
+    # Root: the workers' sshd switches users, and mpirun logs in to them as the leader's user (root, which the
+    # image knows; a bare UID has no passwd entry for ssh). Pod Security level baseline (README).
+    script = {Role.LEADER: LEADER_SCRIPT, Role.WORKER: WORKER_SCRIPT}
     # sshd is up as soon as it listens: a TCP readiness check, no startup/liveness budget needed.
     ssh_ready = Probes(startup=None, readiness=Probe(None, SSH_PORT, 10, 3), liveness=None)
-    worker = Container(
-        ["/bin/bash"],
-        [f"{CONFIG_MOUNT}/{WORKER_SCRIPT}"],
-        env(ctx),
-        ssh_ready,
-        {"ssh": SSH_PORT},
-        serves_http=False,
-        capabilities=SSHD_CAPABILITIES,
-    )
-    return EngineLaunch({Role.LEADER: leader, Role.WORKER: worker}, config, needs_ssh_secret=True)
+    shape = {
+        Role.LEADER: (probes, {"http": port}, True, ()),
+        Role.WORKER: (ssh_ready, {"ssh": SSH_PORT}, False, SSHD_CAPABILITIES),
+    }
+    containers = {
+        role: Container(
+            [*BASH], [f"{CONFIG_MOUNT}/{script[role]}"], env(ctx), role_probes, ports, http, caps, runs_as_root=True
+        )
+        for role, (role_probes, ports, http, caps) in shape.items()
+    }
+    return EngineLaunch(containers, config, needs_ssh_secret=True)

@@ -8,38 +8,46 @@ from __future__ import annotations
 
 from m3fleet.api.models import MoeBackend, Strategy, Variant
 from m3fleet.catalog import KV_LAYOUT
+from m3fleet.engines import flags
 from m3fleet.engines.base import (
     LWS_GROUP_SIZE,
     LWS_LEADER_ADDRESS,
     Context,
     EngineLaunch,
-    check_extra_args,
     compact_json,
     http_probes,
+    literal,
     node_rank_launch,
+    secret_env,
     yarn_overrides,
 )
+from m3fleet.engines.flags import API_KEY, CATALOG, CONFIG_FILE, PLANNER, OwnedFlag
 
-OWNED_FLAGS = frozenset(
-    {
-        "--tensor-parallel-size",
-        "--pipeline-parallel-size",
-        "--data-parallel-size",
-        "--enable-expert-parallel",
-        "--block-size",
-        "--max-model-len",
-        "--kv-cache-dtype",
-        "--gpu-memory-utilization",
-        "--tool-call-parser",
-        "--reasoning-parser",
-        "--hf-overrides",
-        "--language-model-only",
-        "--nnodes",
-        "--node-rank",
-        "--master-addr",
-        "--headless",
-        "--port",
-    }
+# Flags m3fleet renders (or deliberately leaves unset) and the spec field that drives each. Every spelling vLLM's own
+# parser accepts is refused in spec.engine.extraArgs (engines.flags, from engine-options.json).
+OWNED = (
+    OwnedFlag("--tensor-parallel-size", "set spec.parallelism.tensorParallelSize instead"),
+    OwnedFlag("--pipeline-parallel-size", PLANNER),
+    OwnedFlag("--data-parallel-size", "set spec.parallelism.dataParallelSize (strategy dp-ep) instead"),
+    OwnedFlag("--enable-expert-parallel", "set spec.parallelism.strategy (tp-ep or dp-ep) instead"),
+    OwnedFlag("--block-size", "nothing: MiniMax-M3's sparse attention needs block size 128"),
+    OwnedFlag("--max-model-len", "set spec.context.maxModelLen instead"),
+    OwnedFlag("--kv-cache-dtype", "set spec.context.kvCacheDtype instead"),
+    OwnedFlag("--gpu-memory-utilization", PLANNER),
+    OwnedFlag("--tool-call-parser", CATALOG),
+    OwnedFlag("--reasoning-parser", CATALOG),
+    OwnedFlag("--hf-overrides", "set spec.context.maxModelLen instead (m3fleet renders YaRN past the native context)"),
+    OwnedFlag("--language-model-only", "set spec.model.languageModelOnly instead"),
+    OwnedFlag("--nnodes", PLANNER),
+    OwnedFlag("--node-rank", PLANNER),
+    OwnedFlag("--master-addr", PLANNER),
+    OwnedFlag("--headless", PLANNER),
+    OwnedFlag("--port", CATALOG),
+    OwnedFlag("--host", CATALOG),
+    OwnedFlag("--model", "set spec.model (variant, checkpoint, source) instead"),
+    OwnedFlag("--served-model-name", "set spec.model.checkpoint instead"),
+    OwnedFlag("--api-key", API_KEY),
+    OwnedFlag("--config", CONFIG_FILE),
 )
 
 # --skip-mm-profiling is never rendered. The AMD recipe needed it above ~32k context because the dummy video grew
@@ -61,9 +69,9 @@ def serve_args(ctx: Context) -> list[str]:
     plan, spec = ctx.plan, ctx.spec
     amd = ctx.accelerator.vendor == "amd"
     args = [
-        ctx.model_path,
+        literal(ctx.model_path),
         "--served-model-name",
-        ctx.served_model_name,
+        literal(ctx.served_model_name),
         "--host",
         "0.0.0.0",
         "--port",
@@ -132,7 +140,9 @@ def env(ctx: Context) -> dict[str, str]:
 
 
 def launch(ctx: Context) -> EngineLaunch:
-    check_extra_args(list(ctx.spec.engine.extra_args), OWNED_FLAGS, "vllm")
+    flags.check_extra_args(ctx.spec.engine.extra_args, flags.parser_table("vllm"), OWNED)
     probes = http_probes(ctx.engine.port, ctx.engine.live_path, ctx.engine.ready_path)
     group = ["--nnodes", LWS_GROUP_SIZE, "--master-addr", LWS_LEADER_ADDRESS]
-    return node_rank_launch(ctx, ["vllm", "serve"], serve_args(ctx), env(ctx), probes, group, ("--headless",))
+    # vLLM reads the API key from VLLM_API_KEY (entrypoints/serve/middleware/register.py): never on the command line.
+    keys = secret_env(ctx, "VLLM_API_KEY")
+    return node_rank_launch(ctx, ["vllm", "serve"], serve_args(ctx), env(ctx), probes, group, ("--headless",), keys)

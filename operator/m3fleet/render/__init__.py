@@ -1,7 +1,8 @@
 """Plan + spec -> every Kubernetes object of one MiniMaxM3Deployment. Pure and deterministic.
 
 Order: ConfigMap (engine config), ComputeDomain (GB200 multi-node), the workload (a Deployment
-when a replica fits one node, a LeaderWorkerSet group per replica when it spans nodes), Service.
+when a replica fits one node, a LeaderWorkerSet group per replica when it spans nodes), NetworkPolicy
+(unless spec.network.ingressPolicy is false), Service.
 Owner references are not set here: the controller adds them with `set_owner` (the one hook).
 
 Names: the workload is `<name>`, the Service `<name>-api` (never `<name>`: the LeaderWorkerSet
@@ -22,12 +23,14 @@ from m3fleet.engines.base import SERVING_PORT, CacheMount
 from m3fleet.engines.trtllm import ssh_secret_name
 from m3fleet.errors import SpecError
 from m3fleet.render import labels
-from m3fleet.render.pod import pod_template
+from m3fleet.render.pod import pod_security_level, pod_template
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
 PROGRESS_DEADLINE_SECONDS = 2 * 60 * 60  # a rollout includes pulling a large image and loading 427B weights
 SERVICE_SUFFIX = "api"
+NETWORK_POLICY_SUFFIX = "ingress"
+POD_SECURITY_ANNOTATION = "m3fleet.dev/pod-security-level"  # the Pod Security Standard the engine pods meet
 
 
 def service_name(resource_name: str) -> str:
@@ -66,6 +69,11 @@ def _compute_domain(ctx: Context) -> dict[str, Any]:
     }
 
 
+def _security_annotation(ctx: Context, engine: EngineLaunch) -> dict[str, str]:
+    """Which `pod-security.kubernetes.io/enforce` level the namespace may have for these pods to be admitted."""
+    return {POD_SECURITY_ANNOTATION: pod_security_level(ctx, list(engine.containers.values())).value}
+
+
 def _rolling(ctx: Context) -> dict[str, int]:
     # maxSurge 0 by default: replace a replica in place rather than needing a spare GPU node.
     return {"maxSurge": ctx.spec.rollout.max_surge, "maxUnavailable": ctx.spec.rollout.max_unavailable}
@@ -77,7 +85,7 @@ def _deployment(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, 
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(ctx, ctx.name),
+        "metadata": _meta(ctx, ctx.name, annotations=_security_annotation(ctx, engine)),
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {labels.NAME: ctx.name, labels.ROLE: Role.SINGLE.value}},
@@ -96,7 +104,7 @@ def _leader_worker_set(ctx: Context, engine: EngineLaunch, replicas: int) -> dic
     return {
         "apiVersion": LWS_API,
         "kind": "LeaderWorkerSet",
-        "metadata": _meta(ctx, ctx.name),
+        "metadata": _meta(ctx, ctx.name, annotations=_security_annotation(ctx, engine)),
         "spec": {
             "replicas": replicas,
             "startupPolicy": "LeaderCreated",
@@ -126,6 +134,33 @@ def _service(ctx: Context) -> dict[str, Any]:
     }
 
 
+def _network_policy(ctx: Context) -> dict[str, Any]:
+    """Ingress to the resource's pods: its own pods on every port (a multi-node group's rendezvous, NCCL, MPI and
+    SSH traffic), this namespace's pods and spec.network.allowFrom on the API port, spec.network.metricsFrom
+    (Prometheus) on the metrics port, which is the API port for every engine. Egress is not restricted (weights and
+    the chat template may come from the Hugging Face hub)."""
+    network = ctx.spec.network
+
+    def port() -> list[dict[str, Any]]:  # a fresh list per rule: YAML output must not share anchors
+        return [{"protocol": "TCP", "port": ctx.engine.port}]
+
+    def own() -> dict[str, Any]:
+        return {"podSelector": {"matchLabels": {labels.NAME: ctx.name}}}
+
+    ingress: list[dict[str, Any]] = [
+        {"from": [own()]},
+        {"from": [{"podSelector": {}}, *copy.deepcopy(network.allow_from)], "ports": port()},
+    ]
+    if network.metrics_from:
+        ingress.append({"from": copy.deepcopy(network.metrics_from), "ports": port()})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(ctx, ctx.resource_name(NETWORK_POLICY_SUFFIX)),
+        "spec": {"podSelector": own()["podSelector"], "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
 def render(
     resource: MiniMaxM3Deployment, plan: Plan, replicas: int | None = None, cache: CacheMount | None = None
 ) -> list[dict[str, Any]]:
@@ -145,6 +180,8 @@ def render(
         objects.append(_leader_worker_set(ctx, engine, count))
     else:
         objects.append(_deployment(ctx, engine, count))
+    if resource.spec.network.ingress_policy:
+        objects.append(_network_policy(ctx))  # before the Service exposes the pods
     objects.append(_service(ctx))
     return objects
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 from m3fleet.api.models import Accelerator
@@ -10,6 +11,7 @@ from m3fleet.engines.base import (
     CACHE_MOUNT,
     CONFIG_MOUNT,
     HF_CACHE_MOUNT,
+    HOME_MOUNT,
     MODEL_LINK,
     MODEL_LINK_DIR,
     MODEL_MOUNT,
@@ -18,7 +20,9 @@ from m3fleet.engines.base import (
     Context,
     Probe,
     Role,
+    literal,
 )
+from m3fleet.engines.environment import check_user_env
 from m3fleet.render.labels import NAME, pod_labels
 
 SHM_SIZE = f"{POD_SHM_GIB}Gi"  # the AMD verified run used 32g; vLLM/SGLang pass tensors between ranks through /dev/shm
@@ -28,6 +32,7 @@ LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 TERMINATION_GRACE_SECONDS = 600  # let in-flight long-context requests finish (a 1M-token decode takes minutes)
 DRAIN_SECONDS = 15  # endpoints stop routing before the engine gets SIGTERM
 COMPUTE_DOMAIN_CLAIM = "compute-domain-channel"
+NON_ROOT_UID = 1000  # engine pods that need no root run as this UID/GID (Pod Security restricted)
 
 
 def _probe(probe: Probe | None) -> dict[str, Any] | None:
@@ -93,27 +98,45 @@ def model_volumes(ctx: Context) -> tuple[list[dict[str, Any]], list[dict[str, An
     return [], []
 
 
+def home_env() -> dict[str, str]:
+    """HOME and the caches on the writable emptyDir: engine images write caches (compiled kernels, torch.compile,
+    Triton, FlashInfer JIT) under $HOME/.cache, and a non-root UID has no home in the image."""
+    return {"HOME": HOME_MOUNT, "XDG_CACHE_HOME": f"{HOME_MOUNT}/.cache", "USER": "m3fleet"}
+
+
 def _env(ctx: Context, container: Container) -> list[dict[str, Any]]:
-    values: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in container.env.items()}
+    values: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in {**home_env(), **container.env}.items()}
+    for name, (secret, key) in container.secret_env.items():  # referenced, never copied
+        values[name] = {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
     if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
         # Multi-node NVLink through the IMEX channel (third-party GB200 guides; UNVERIFIED as official).
         for name in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE"):
             values[name] = {"name": name, "value": "1"}
     values.update((entry["name"], entry) for entry in model_env(ctx))
-    for user in ctx.spec.engine.env:  # the user's variables win over the rendered ones
+    why = f"m3fleet renders it for this {ctx.plan.engine} plan on {ctx.plan.accelerator}"
+    check_user_env(ctx.spec.engine.env, dict.fromkeys(values, why))
+    for user in ctx.spec.engine.env:
         entry: dict[str, Any] = {"name": user.name}
         if user.value_from is not None:
             entry["valueFrom"] = user.value_from
         else:
-            entry["value"] = user.value or ""
+            entry["value"] = literal(user.value or "")  # data, not a $(VAR) reference the kubelet would expand
         values[user.name] = entry
     return [values[k] for k in sorted(values)]
 
 
 def _volumes(ctx: Context, launch_config: bool, ssh_secret: str | None) -> tuple[list[Any], list[Any]]:
     model, model_mounts = model_volumes(ctx)
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}, *model]
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, *model_mounts]
+    volumes: list[dict[str, Any]] = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
+        {"name": "home", "emptyDir": {}},
+        *model,
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "home", "mountPath": HOME_MOUNT},
+        *model_mounts,
+    ]
     if launch_config:
         volumes.append({"name": "engine-config", "configMap": {"name": ctx.resource_name("engine-config")}})
         mounts.append({"name": "engine-config", "mountPath": CONFIG_MOUNT, "readOnly": True})
@@ -121,6 +144,43 @@ def _volumes(ctx: Context, launch_config: bool, ssh_secret: str | None) -> tuple
         volumes.append({"name": "mpi-ssh", "secret": {"secretName": ssh_secret, "defaultMode": 0o400}})
         mounts.append({"name": "mpi-ssh", "mountPath": SSH_MOUNT, "readOnly": True})
     return volumes, mounts
+
+
+class PodSecurityLevel(StrEnum):
+    """The Pod Security Standard an engine pod meets (the namespace label pod-security.kubernetes.io/enforce)."""
+
+    RESTRICTED = "restricted"
+    BASELINE = "baseline"
+    PRIVILEGED = "privileged"
+
+
+def runs_as_root(ctx: Context, container: Container) -> bool:
+    """Root only where the image needs it: sshd for TensorRT-LLM multi-node; ROCm, whose /dev/kfd and /dev/dri are
+    root:video/render (group IDs differ per node, so a fixed supplemental group cannot be rendered); RDMA
+    (nodePool.extraResources), whose IPC_LOCK a non-root process does not get (Kubernetes sets no ambient caps)."""
+    return container.runs_as_root or ctx.accelerator.vendor == "amd" or bool(ctx.spec.node_pool.extra_resources)
+
+
+def pod_security_level(ctx: Context, containers: list[Container]) -> PodSecurityLevel:
+    """Restricted for non-root pods with no added capability; baseline for root with baseline's capabilities
+    (sshd's); privileged for SYS_PTRACE/Unconfined (AMD) or IPC_LOCK (RDMA), which baseline forbids."""
+    if ctx.accelerator.vendor == "amd" or ctx.spec.node_pool.extra_resources:
+        return PodSecurityLevel.PRIVILEGED
+    if any(runs_as_root(ctx, c) or c.capabilities for c in containers):
+        return PodSecurityLevel.BASELINE
+    return PodSecurityLevel.RESTRICTED
+
+
+def _pod_security(ctx: Context, container: Container) -> dict[str, Any]:
+    """A non-root pod: restricted's pod-level fields (root pods keep the image's user)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "fsGroup": NON_ROOT_UID,  # the shared Hugging Face cache claim is written by this group
+        "fsGroupChangePolicy": "OnRootMismatch",  # no recursive chown of a cache of hundreds of GiB on every start
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def _security(ctx: Context, container: Container) -> dict[str, Any]:
@@ -135,13 +195,15 @@ def _security(ctx: Context, container: Container) -> dict[str, Any]:
     caps: dict[str, Any] = {"drop": ["ALL"]}
     if add:
         caps["add"] = sorted(add)
-    # Engine images run as root and write caches under $HOME, so runAsNonRoot would stop them starting.
-    return {
+    context: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "privileged": False,
         "capabilities": caps,
         "seccompProfile": {"type": seccomp},
     }
+    if not runs_as_root(ctx, container):
+        context["runAsNonRoot"] = True
+    return context
 
 
 def _resources(ctx: Context) -> dict[str, Any]:
@@ -303,6 +365,7 @@ def pod_template(
         "volumes": volumes,
         **_placement(ctx),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        **({"securityContext": _pod_security(ctx, container)} if not runs_as_root(ctx, container) else {}),
         "automountServiceAccountToken": False,  # engines never talk to the API server
         "enableServiceLinks": False,  # a Service named e.g. "vllm" would inject VLLM_PORT and confuse vLLM
     }
