@@ -136,7 +136,7 @@ class Container:
 class EngineLaunch:
     containers: dict[Role, Container]
     config_files: dict[str, str] = field(default_factory=dict)  # ConfigMap data, mounted at CONFIG_MOUNT
-    needs_ssh_secret: bool = False  # TensorRT-LLM multi-node: mpirun over SSH
+    ssh_secret: str | None = None  # the Secret with the SSH key mpirun needs (TensorRT-LLM multi-node)
 
 
 # --- helpers shared by the engine modules ----------------------------------------------------

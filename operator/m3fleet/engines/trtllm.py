@@ -220,4 +220,4 @@ def launch(ctx: Context) -> EngineLaunch:
         )
         for role, (role_probes, ports, http, caps) in shape.items()
     }
-    return EngineLaunch(containers, config, needs_ssh_secret=True)
+    return EngineLaunch(containers, config, ssh_secret=ssh_secret_name(ctx))

@@ -20,7 +20,6 @@ from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
 from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, NodeAffinityMode, Plan
 from m3fleet.engines import Context, EngineLaunch, Role, launch
 from m3fleet.engines.base import SERVING_PORT, CacheMount
-from m3fleet.engines.trtllm import ssh_secret_name
 from m3fleet.errors import SpecError
 from m3fleet.render import labels
 from m3fleet.render.pod import pod_security_level, pod_template
@@ -97,7 +96,7 @@ def _deployment(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, 
 
 
 def _leader_worker_set(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, Any]:
-    ssh = ssh_secret_name(ctx) if engine.needs_ssh_secret else None
+    ssh = engine.ssh_secret
     config = bool(engine.config_files)
     leader = pod_template(ctx, Role.LEADER, engine.containers[Role.LEADER], config, ssh)
     worker = pod_template(ctx, Role.WORKER, engine.containers[Role.WORKER], config, ssh)
@@ -207,7 +206,8 @@ def cache_mount(resource: MiniMaxM3Deployment, cache: MiniMaxM3ModelCache | None
 def required_secrets(resource: MiniMaxM3Deployment, plan: Plan) -> list[str]:
     """Secrets the controller must generate (never rendered: their content is not in the spec)."""
     ctx = context_for(resource, plan)
-    return [ssh_secret_name(ctx)] if launch(ctx).needs_ssh_secret else []
+    secret = launch(ctx).ssh_secret
+    return [secret] if secret is not None else []
 
 
 def set_owner(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
