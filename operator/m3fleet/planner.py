@@ -197,6 +197,7 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
     accel = ACCELERATORS[accel_name]
     variant = VARIANTS[variant_name]
     _check_support(engine, accel_name, variant_name)
+    _check_extra_resources(spec, accel)
 
     strategy = _resolve_strategy(spec)
     notes: list[str] = []
@@ -374,6 +375,19 @@ def _multi_node_notes(
                 'over TCP through the pod network, which is slow for a model this size: add e.g. {"rdma/ib": 1}'
             )
     return notes
+
+
+def _check_extra_resources(spec: MiniMaxM3DeploymentSpec, accel: AcceleratorFacts) -> None:
+    """GPUs per pod are the plan's (from the parallelism): extraResources naming a GPU resource would ask for a
+    count no node of the pool may have (more GPUs than the pool's nodes hold, or a second kind of GPU)."""
+    gpu_resources = {a.resource_name for a in ACCELERATORS.values()}
+    for name in sorted(set(spec.node_pool.extra_resources) & gpu_resources):
+        raise SpecError(
+            f"spec.nodePool.extraResources[{name}]",
+            f"GPUs are the plan's: each {accel.name.value} pod holds up to {accel.gpus_per_node} {accel.resource_name} "
+            "(what spec.parallelism needs per node)",
+            "remove it; choose GPUs per replica with spec.parallelism (tensorParallelSize, dataParallelSize)",
+        )
 
 
 def _check_support(engine: EngineFacts, accel: Accelerator, variant: Variant) -> None:

@@ -41,6 +41,13 @@ def kv_does_not_fit(name: str) -> dict[str, Any]:
     return document
 
 
+def gpus_beyond_the_pool(name: str) -> dict[str, Any]:
+    """Admitted by the CRD; the planner refuses it: 9 GPUs a pod on 8-GPU H200 nodes."""
+    document = valid(name)
+    document["spec"]["nodePool"] = {"extraResources": {"nvidia.com/gpu": 9}}
+    return document
+
+
 def trtllm_language_model_only(name: str) -> dict[str, Any]:
     document = renamed(sample("trtllm-gb200-2x4-tep"), name, NAMESPACE)
     document["spec"]["model"]["languageModelOnly"] = True
@@ -73,7 +80,9 @@ def operator(fleet: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
         yield running
 
 
-@pytest.mark.parametrize("make", [kv_does_not_fit, trtllm_language_model_only], ids=["kv-cache", "trtllm-lmo"])
+@pytest.mark.parametrize(
+    "make", [kv_does_not_fit, gpus_beyond_the_pool, trtllm_language_model_only], ids=["kv-cache", "gpus", "trtllm-lmo"]
+)
 def test_a_spec_the_planner_refuses_is_refused_at_apply_with_its_message(
     fleet: Cluster, operator: OperatorProcess, tmp_path: Path, make: Any
 ) -> None:

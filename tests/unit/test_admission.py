@@ -41,6 +41,11 @@ REFUSED = {
         "spec.model.variant",
         "is not served by sglang on h200",
     ),
+    "gpus-beyond-the-plan": (
+        {"nodePool": {"extraResources": {"nvidia.com/gpu": 9}}},
+        "spec.nodePool.extraResources[nvidia.com/gpu]",
+        "holds up to 8 nvidia.com/gpu",
+    ),
     "too-few-gpus-for-the-weights": (
         {"parallelism": {"strategy": "tp", "tensorParallelSize": 2}},
         "spec.parallelism.tensorParallelSize",
