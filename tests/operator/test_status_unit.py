@@ -13,8 +13,8 @@ from m3fleet.autoscaling.readiness import fleet_from
 from m3fleet.controller.autoscaler import interval_of
 from m3fleet.controller.manager import backoff, newer, worth_reconciling
 from m3fleet.controller.peering import verdict
-from m3fleet.controller.reconcile import digest, what_matters
-from m3fleet.controller.status import Blocked, Workload, conditions, status_update
+from m3fleet.controller.reconcile import digest, missing_api, what_matters
+from m3fleet.controller.status import Blocked, Workload, conditions, model_cache_record, status_update
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -223,3 +223,25 @@ def test_an_autoscaler_decision_is_recorded_when_it_changes_or_on_the_heartbeat(
     assert worth_recording(previous, {**same, "unservableRequests": 2}, now + 60)
     assert worth_recording(previous, {**same, "timeToReady": {"source": "measured"}}, now + 60)
     assert worth_recording({}, same, now)
+
+
+def test_a_child_kind_the_cluster_does_not_serve_blocks_with_its_reason() -> None:
+    objects = [{"kind": "LeaderWorkerSet"}, {"kind": "Service"}]
+    assert missing_api(objects, {"LeaderWorkerSet", "Service"}, 2) is None
+    blocked = missing_api(objects, {"Service"}, 2)
+    assert blocked is not None and blocked.reason == "LeaderWorkerSetNotInstalled" and "2" in blocked.message
+
+
+def test_status_says_which_model_cache_the_pods_mount() -> None:
+    from m3fleet.api.models import ModelCacheRef
+    from m3fleet.engines.base import CacheMount
+
+    mount = CacheMount(name="m3", path="/mnt/nvme/m3", node_label="cache.m3fleet.dev/llm.m3", required=True)
+    ref = ModelCacheRef.model_validate({"name": "m3", "nodeAffinity": "Required"})
+    assert model_cache_record(ref, mount) == {
+        "name": "m3",
+        "nodeAffinity": "Required",
+        "nodeLabel": "cache.m3fleet.dev/llm.m3=ready",
+        "path": "/mnt/nvme/m3",
+    }
+    assert model_cache_record(None, None) is None

@@ -33,7 +33,7 @@ from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events, KopfEvents
 from m3fleet.controller.kube import ApiError, Kind, KubeApi
 from m3fleet.controller.secrets import ssh_key_secret
-from m3fleet.controller.status import Blocked, Workload, status_update
+from m3fleet.controller.status import Blocked, Workload, model_cache_record, status_update
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import cache_mount, labels, render, required_secrets, set_owner
@@ -103,6 +103,17 @@ MISSING_API = {
 }
 
 
+def missing_api(objects: list[dict[str, Any]], served: set[str], nodes: int) -> Blocked | None:
+    """Why the children cannot be applied when the cluster does not serve one of their kinds (LeaderWorkerSet,
+    ComputeDomain), else None."""
+    for obj in objects:
+        missing = MISSING_API.get(obj["kind"])
+        if missing and obj["kind"] not in served:
+            reason, message = missing
+            return Blocked(reason, message.format(nodes=nodes))
+    return None
+
+
 class Reconciler:
     def __init__(self, api: KubeApi, events: Events | None = None, clock: Callable[[], str] = utc_now) -> None:
         self.api = api
@@ -149,24 +160,10 @@ class Reconciler:
             return await self._blocked(
                 body, outcome, Blocked("ModelCacheNotFound" if no_cache else "InvalidSpec", str(exc)), None
             )
-        model_cache_status = (
-            None
-            if mount is None or resource.spec.model.cache_ref is None
-            else {
-                "name": mount.name,
-                "nodeAffinity": resource.spec.model.cache_ref.node_affinity,
-                "nodeLabel": f"{mount.node_label}=ready",
-                "path": mount.path,
-            }
-        )
-
         served = await self._served_kinds()
-        for obj in objects:
-            missing = MISSING_API.get(obj["kind"])
-            if missing and obj["kind"] not in served:
-                reason, message = missing
-                blocked = Blocked(reason, message.format(nodes=plan.nodes_per_replica))
-                return await self._blocked(body, outcome, blocked, plan)
+        unserved = missing_api(objects, served, plan.nodes_per_replica)
+        if unserved is not None:
+            return await self._blocked(body, outcome, unserved, plan)
 
         owner = {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": {"name": name, "uid": uid}}
         live = await self._live_children(namespace, name, served)
@@ -181,23 +178,9 @@ class Reconciler:
         if conflicts:  # a name we would take is held by an object we do not control: touch nothing
             outcome.retry_after = CONFLICT_RETRY_SECONDS
             return await self._blocked(body, outcome, Blocked(CONFLICT_REASON, conflict_message(conflicts)), plan)
-        wanted: set[Key] = set()
         try:
             secrets = await self._generated_secrets(resource, plan, owner, status, outcome, present)
-            for obj in objects:
-                desired = owned(obj, owner)
-                key = key_of(desired)
-                wanted.add(key)
-                applied = await self._converge(desired, live.get(key), agreed)
-                if applied is not None:
-                    live[key] = applied
-                    outcome.applied.append(f"{desired['kind']}/{desired['metadata']['name']}")
-            for key, obj in sorted(live.items()):
-                if key not in wanted and controlled_by(obj, uid):
-                    kind = kube.BY_KIND[(key[0], key[1])]
-                    await self.api.delete(kind, namespace, key[2], obj["metadata"]["uid"])
-                    agreed.pop(key, None)
-                    outcome.pruned.append(f"{key[1]}/{key[2]}")
+            await self._apply_and_prune([owned(obj, owner) for obj in objects], live, agreed, outcome, (namespace, uid))
         except ApiError as exc:
             if exc.status in REJECTED:  # the cluster refuses our intent: say so, then retry like any failure
                 blocked = Blocked("ApplyFailed", f"the API server rejected a child: {exc}")
@@ -208,14 +191,46 @@ class Reconciler:
                 if done:
                     self.events.info(body, reason, ", ".join(done))
                     log.info("%s/%s: %s %s", namespace, name, reason.lower(), ", ".join(done))
+        report = await self._workload_report(objects, live, namespace, name)
+        cache_record = model_cache_record(resource.spec.model.cache_ref, mount)
+        await self._write_status(body, outcome, report, None, plan, secrets, cache_record)
+        return outcome
+
+    async def _apply_and_prune(
+        self,
+        desired: list[dict[str, Any]],
+        live: dict[Key, dict[str, Any]],
+        agreed: dict[Key, tuple[str, str]],
+        outcome: Outcome,
+        where: tuple[str, str],
+    ) -> None:
+        """Apply each desired child the API server does not already hold, then delete our children no longer
+        desired (only those we control). `where`: the namespace and this resource's uid."""
+        namespace, uid = where
+        for child in desired:
+            key = key_of(child)
+            applied = await self._converge(child, live.get(key), agreed)
+            if applied is not None:
+                live[key] = applied
+                outcome.applied.append(f"{child['kind']}/{child['metadata']['name']}")
+        wanted = {key_of(child) for child in desired}
+        for key, obj in sorted(live.items()):
+            if key not in wanted and controlled_by(obj, uid):
+                await self.api.delete(kube.BY_KIND[(key[0], key[1])], namespace, key[2], obj["metadata"]["uid"])
+                agreed.pop(key, None)
+                outcome.pruned.append(f"{key[1]}/{key[2]}")
+
+    async def _workload_report(
+        self, objects: list[dict[str, Any]], live: dict[Key, dict[str, Any]], namespace: str, name: str
+    ) -> Workload:
+        """What the workload child reports; during a rollout also why pods wait (at rest this reads nothing)."""
         workload = next(o for o in objects if o["kind"] in (kube.DEPLOYMENT.kind, kube.LEADER_WORKER_SET.kind))
         report = Workload.from_live(workload["spec"]["replicas"], live.get(key_of(workload)))
-        if not report.all_ready:  # only during a rollout: at rest this reads nothing
+        if not report.all_ready:
             report = report.with_pods(await self.api.list(kube.POD, namespace, labels.owned_selector(name)))
         metrics.DESIRED_REPLICAS.labels(namespace, name).set(report.desired)
         metrics.READY_REPLICAS.labels(namespace, name).set(report.ready)
-        await self._write_status(body, outcome, report, None, plan, secrets, model_cache_status)
-        return outcome
+        return report
 
     async def _converge(
         self,

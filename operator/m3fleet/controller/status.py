@@ -25,6 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from m3fleet.api.models import ModelCacheRef
+from m3fleet.engines.base import CacheMount
+
 READY, AVAILABLE, PROGRESSING, DEGRADED = "Ready", "Available", "Progressing", "Degraded"
 CONDITION_ORDER = (READY, AVAILABLE, PROGRESSING, DEGRADED)
 
@@ -198,3 +201,15 @@ def status_update(
     if secrets is not None and (model_cache is not None or current.get("modelCache") is not None):
         new["modelCache"] = model_cache  # which MiniMaxM3ModelCache the pods mount
     return None if all(current.get(k) == v for k, v in new.items()) else new
+
+
+def model_cache_record(cache_ref: ModelCacheRef | None, mount: CacheMount | None) -> dict[str, Any] | None:
+    """`status.modelCache`: which MiniMaxM3ModelCache the pods mount, how they are placed, and where (None: none)."""
+    if mount is None or cache_ref is None:
+        return None
+    return {
+        "name": mount.name,
+        "nodeAffinity": cache_ref.node_affinity,
+        "nodeLabel": f"{mount.node_label}=ready",
+        "path": mount.path,
+    }
