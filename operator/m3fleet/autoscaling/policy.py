@@ -47,7 +47,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, MiniMaxM3DeploymentSpec, Plan
-from m3fleet.autoscaling.forecast import Bounds, ScheduleWindow, bounds_at, forecast_floor, parse_hhmm
+from m3fleet.autoscaling.forecast import Bounds, Forecast, ScheduleWindow, bounds_at, forecast_floor, parse_hhmm
 from m3fleet.autoscaling.readiness import epoch
 from m3fleet.autoscaling.signals import FleetState, Histogram, MetricsSnapshot, ReplicaSignals
 from m3fleet.text import tokens as format_tokens
@@ -965,23 +965,11 @@ def decide(
         return decision, replace(state, last_time=None, in_flight=())
 
     terms = _terms(config, state, health, snapshot, fleet, horizon)
-    recommendation = clamp(recommend(terms.need, current, config.tolerance))
     notes: list[str] = []
     if bounds.windows:
         notes.append(f"schedule {', '.join(bounds.windows)} in force: {bounds.min_replicas}-{bounds.max_replicas}")
-    forecast = forecast_floor(snapshot.demand_history, config.tolerance) if config.forecast else None
-    if forecast is not None:
-        terms.values["forecastReplicas"] = float(forecast.replicas)
-        if forecast.replicas > recommendation:
-            recommendation = clamp(forecast.replicas)
-            notes.append(f"forecast floor {recommendation}: {forecast.reason}")
-    hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
-    bursts = _record_burst(state.bursts, now, terms.burst, recommendation, horizon, hold_window)
-    floor = _burst_floor(bursts, now, hold_window) if config.burst_hold else 0
-    terms.values["burstHoldReplicas"] = float(floor)
-    if floor > recommendation:
-        recommendation = clamp(floor)
-        notes.append(f"holding {recommendation} replicas: bursts recurred within {hold_window:.0f}s (cold-start hold)")
+    floors = _floors(config, state, snapshot, terms, bounds, current, (now, horizon, time_to_ready), notes)
+    recommendation = floors.recommendation
     if health.missing:
         # Held, not recommended: a replica that just became ready has no scrape yet, and recording
         # `current` would keep the whole scale-down window at today's count.
@@ -993,28 +981,7 @@ def decide(
     if terms.need >= config.panic_threshold * max(1, fleet.ready_replicas):
         panic_until = now + config.panic_hold_seconds
     panic = panic_until is not None
-
-    behavior = Behavior(
-        scale_up_window_seconds=config.scale_up_window_seconds,
-        scale_down_window_seconds=config.scale_down_window_seconds,
-        max_scale_down_per_step=config.max_scale_down_per_step,
-        limit_scale_up=not panic,
-    )
-    history_in = state.history
-    if not history_in and config.scale_down_window_seconds > config.scale_up_window_seconds:
-        # A first tick (or a restart without saved state): as if `current` had just been recommended,
-        # so nothing is removed before a whole scale-down window of evidence exists.
-        history_in = ((now - config.scale_up_window_seconds - 1e-6, current),)
-    hold_down = panic or health.missing > 0
-    desired, history = stabilize(history_in, now, recommendation, current, behavior, hold_down=hold_down)
-    if config.transient_release and history and history[-1][0] == now:
-        # What the stabilization window remembers: the recommendation without the replicas kept busy
-        # by backlogs. A backlog is drained by the replicas it is queued on within a horizon, so the
-        # extra replicas ordered for it must not hold for a whole scale-down window after it is gone;
-        # the panic hold covers the backlog's own life.
-        steady = config.clamp(recommend(terms.values["demandReplicas"], current, config.tolerance))
-        steady = max(steady, forecast.replicas if forecast is not None else 0, floor, bounds.min_replicas)
-        history = (*history[:-1], (now, min(recommendation, max(steady, 1))))
+    desired, history = _stabilized(config, state, fleet, floors, terms, panic or health.missing > 0, not panic)
     desired = clamp(desired)  # the bounds are hard, whatever the step limits say
 
     if panic:
@@ -1034,7 +1001,7 @@ def decide(
         panic,
         terms=terms.values,
         unservable_requests=terms.unservable,
-        forecast=None if forecast is None else (forecast.replicas, forecast.reason),
+        forecast=None if floors.forecast is None else (floors.forecast.replicas, floors.forecast.reason),
         capacity=terms.capacity.status,
         prefill=terms.prefill,
         time_to_ready=ttr,
@@ -1047,11 +1014,91 @@ def decide(
         in_flight=terms.in_flight,
         request_rate=terms.request_rate,
         prompt_tokens=terms.prompt_tokens,
-        bursts=bursts,
+        bursts=floors.bursts,
         prefill_rate=terms.prefill_rate,
         prefill_samples=terms.prefill_samples,
     )
     return decision, new_state
+
+
+@dataclass(frozen=True)
+class _Floors:
+    """The recommendation after the floors under it: the forecast from the resource's own history and the
+    cold-start hold for bursts that recur."""
+
+    recommendation: int
+    forecast: Forecast | None
+    bursts: tuple[tuple[float, int], ...]
+    burst_floor: int
+    bounds: Bounds
+
+
+def _floors(
+    config: PolicyConfig,
+    state: PolicyState,
+    snapshot: MetricsSnapshot,
+    terms: _Terms,
+    bounds: Bounds,
+    current: int,
+    when: tuple[float, float, float],
+    notes: list[str],
+) -> _Floors:
+    """`when`: now, the horizon and the time-to-ready. Says in `notes` which floor raised the recommendation."""
+    now, horizon, time_to_ready = when
+
+    def clamp(n: int) -> int:
+        return max(bounds.min_replicas, min(bounds.max_replicas, n))
+
+    recommendation = clamp(recommend(terms.need, current, config.tolerance))
+    forecast = forecast_floor(snapshot.demand_history, config.tolerance) if config.forecast else None
+    if forecast is not None:
+        terms.values["forecastReplicas"] = float(forecast.replicas)
+        if forecast.replicas > recommendation:
+            recommendation = clamp(forecast.replicas)
+            notes.append(f"forecast floor {recommendation}: {forecast.reason}")
+    hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
+    bursts = _record_burst(state.bursts, now, terms.burst, recommendation, horizon, hold_window)
+    floor = _burst_floor(bursts, now, hold_window) if config.burst_hold else 0
+    terms.values["burstHoldReplicas"] = float(floor)
+    if floor > recommendation:
+        recommendation = clamp(floor)
+        notes.append(f"holding {recommendation} replicas: bursts recurred within {hold_window:.0f}s (cold-start hold)")
+    return _Floors(recommendation, forecast, bursts, floor, bounds)
+
+
+def _stabilized(
+    config: PolicyConfig,
+    state: PolicyState,
+    fleet: FleetState,
+    floors: _Floors,
+    terms: _Terms,
+    hold_down: bool,
+    limit_scale_up: bool,
+) -> tuple[int, tuple[tuple[float, int], ...]]:
+    """HPA's stabilization and step limits over the recommendation: (replicas, the history to keep)."""
+    now, current, recommendation = fleet.now, fleet.current_replicas, floors.recommendation
+    behavior = Behavior(
+        scale_up_window_seconds=config.scale_up_window_seconds,
+        scale_down_window_seconds=config.scale_down_window_seconds,
+        max_scale_down_per_step=config.max_scale_down_per_step,
+        limit_scale_up=limit_scale_up,
+    )
+    history_in = state.history
+    if not history_in and config.scale_down_window_seconds > config.scale_up_window_seconds:
+        # A first tick (or a restart without saved state): as if `current` had just been recommended,
+        # so nothing is removed before a whole scale-down window of evidence exists.
+        history_in = ((now - config.scale_up_window_seconds - 1e-6, current),)
+    desired, history = stabilize(history_in, now, recommendation, current, behavior, hold_down=hold_down)
+    if config.transient_release and history and history[-1][0] == now:
+        # What the stabilization window remembers: the recommendation without the replicas kept busy
+        # by backlogs. A backlog is drained by the replicas it is queued on within a horizon, so the
+        # extra replicas ordered for it must not hold for a whole scale-down window after it is gone;
+        # the panic hold covers the backlog's own life.
+        steady = config.clamp(recommend(terms.values["demandReplicas"], current, config.tolerance))
+        forecast = floors.forecast.replicas if floors.forecast is not None else 0
+        steady = max(steady, forecast, floors.burst_floor, floors.bounds.min_replicas)
+        history = (*history[:-1], (now, min(recommendation, max(steady, 1))))
+    return desired, history
 
 
 def _record_burst(
