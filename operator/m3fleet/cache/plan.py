@@ -332,6 +332,59 @@ def _latest(jobs: Sequence[JobView]) -> JobView | None:
     return max(jobs, key=lambda j: j.attempt) if jobs else None
 
 
+@dataclass
+class _NodeStep:
+    """What one pool node needs this round: its status entry, whether it holds a ready copy, and what to do."""
+
+    entry: dict[str, Any]
+    ready: bool = False
+    failure: str | None = None  # the last attempt failed (retried)
+    bad_source: str | None = None  # the staging program rejected the source (not retried until it changes)
+    wait: float | None = None  # seconds until the next attempt is due
+    stage_attempt: int | None = None  # create the staging Job of this attempt
+    superseded: list[JobView] = field(default_factory=list)  # Jobs whose record a newer one replaces
+
+
+def _node_step(inputs: Inputs, name: str, jobs: list[JobView], content: str, in_pool: bool) -> _NodeStep:
+    current = _latest([j for j in jobs if j.content == content])
+    older_complete = [j for j in jobs if j.content != content and j.state == "Complete"]
+    step = _NodeStep({"name": name, "attempts": current.attempt if current else 0, "message": ""})
+    entry = step.entry
+    if current is not None and current.state == "Complete":
+        entry["phase"] = "Ready"
+        step.ready, step.superseded = True, [j for j in jobs if j is not current]
+        return step
+    if current is not None and current.state == "Failed" and current.bad_source:
+        entry.update(phase="Failed", message=current.message)
+        step.bad_source = current.message
+        if older_complete:  # the staging program rejected the source before writing: the old copy stands
+            step.ready = True
+            entry["message"] += "; the copy staged before is kept"
+        return step
+    if not in_pool:
+        entry.update(phase="Pending", message="no longer in the pool; nothing is staged here any more")
+        return step
+    if current is not None and current.state == "Active":
+        entry.update(phase="Staging", message=f"job {current.name}")
+        return step
+    if current is not None and current.state == "Failed":
+        due = (current.finished_at or inputs.now) + retry_delay(current.attempt)
+        entry.update(phase="Failed", message=current.message)
+        step.failure = current.message
+        if due > inputs.now:
+            step.wait = due - inputs.now
+            return step
+    if inputs.secret_missing is not None:
+        entry.update(phase="Pending", message=f"waiting for Secret {inputs.secret_missing}")
+        return step
+    if not next(n for n in inputs.nodes if n.name == name).schedulable:
+        entry.update(phase="Pending", message="node is cordoned (unschedulable)")
+        return step
+    step.stage_attempt = (current.attempt + 1) if current is not None else 1
+    entry.update(phase="Staging", attempts=step.stage_attempt, message="job created")
+    return step
+
+
 def plan_cache(inputs: Inputs) -> Work:
     cache = inputs.cache
     meta = cache.metadata
@@ -370,45 +423,15 @@ def plan_cache(inputs: Inputs) -> Work:
     for name in sorted(set(pool) | set(by_node)):
         if name not in nodes:
             continue
-        jobs = by_node.get(name, [])
-        current = _latest([j for j in jobs if j.content == content])
-        older_complete = [j for j in jobs if j.content != content and j.state == "Complete"]
-        entry: dict[str, Any] = {"name": name, "attempts": current.attempt if current else 0, "message": ""}
-        statuses[name] = entry
-        if current is not None and current.state == "Complete":
-            entry["phase"] = "Ready"
-            ready.add(name)
-            work.delete.extend(j for j in jobs if j is not current)  # the older record is superseded
-            continue
-        if current is not None and current.state == "Failed" and current.bad_source:
-            entry.update(phase="Failed", message=current.message)
-            bad_source.append(f"{name}: {current.message}")
-            if older_complete:  # the staging program rejected the source before writing: the old copy stands
-                ready.add(name)
-                entry["message"] += "; the copy staged before is kept"
-            continue
-        if name not in pool:
-            entry.update(phase="Pending", message="no longer in the pool; nothing is staged here any more")
-            continue
-        if current is not None and current.state == "Active":
-            entry.update(phase="Staging", message=f"job {current.name}")
-            continue
-        if current is not None and current.state == "Failed":
-            due = (current.finished_at or inputs.now) + retry_delay(current.attempt)
-            entry.update(phase="Failed", message=current.message)
-            failures.append(f"{name}: {current.message}")
-            if due > inputs.now:
-                waiting.append(due - inputs.now)
-                continue
-        if blocked:
-            entry.update(phase="Pending", message=f"waiting for Secret {inputs.secret_missing}")
-            continue
-        if not nodes[name].schedulable:
-            entry.update(phase="Pending", message="node is cordoned (unschedulable)")
-            continue
-        attempt = (current.attempt + 1) if current is not None else 1
-        entry.update(phase="Staging", attempts=attempt, message="job created")
-        work.create.append(_job(inputs, name, STAGE, attempt))
+        step = _node_step(inputs, name, by_node.get(name, []), content, name in pool)
+        statuses[name] = step.entry
+        work.delete.extend(step.superseded)
+        ready.update([name] if step.ready else [])
+        failures.extend([f"{name}: {step.failure}"] if step.failure is not None else [])
+        bad_source.extend([f"{name}: {step.bad_source}"] if step.bad_source is not None else [])
+        waiting.extend([step.wait] if step.wait is not None else [])
+        if step.stage_attempt is not None:
+            work.create.append(_job(inputs, name, STAGE, step.stage_attempt))
 
     for name in sorted(labelled - ready):
         work.labels[name] = None  # removed before any Job is created (the shell applies labels first)
