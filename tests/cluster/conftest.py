@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +39,24 @@ def chart(cluster: Cluster) -> Cluster:
     """The operator chart installed with Helm (cluster scope, the defaults); CRDs come with it."""
     cluster.install_chart()
     return cluster
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fleets_removed_after_each_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The GPU nodes are few (kwok's 6 H200, 4 GB200, 4 MI355X): what one test file leaves running would leave the
+    next without a node. After each file every MiniMaxM3Deployment goes (its children by garbage collection),
+    and the next file starts once their pods are gone."""
+    yield
+    if "cluster" not in request.fixturenames and "chart" not in request.fixturenames:
+        return
+    cluster: Cluster = request.getfixturevalue("cluster")
+    listed = cluster.kubectl("get", "minimaxm3deployments", "-A", "-o", "name", check=False)
+    if listed.returncode != 0 or not listed.stdout.strip():
+        return  # no CRD (this file never installed one) or nothing left
+    cluster.kubectl("delete", "minimaxm3deployments", "--all", "--all-namespaces", "--wait=false", check=False)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and cluster.list("pods", None, "app.kubernetes.io/managed-by=m3fleet"):
+        time.sleep(1)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -15,6 +15,7 @@ import datetime
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -50,11 +51,22 @@ def build() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
+# Listening ports come from below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default):
+# a port the kernel hands out as the source of some outgoing connection between our check and the server's
+# bind would make the server fail with "address already in use".
+LISTEN_PORTS = range(20000, 32000)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    for _ in range(200):
+        port = random.choice(LISTEN_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise ControlPlaneError(f"no free port in {LISTEN_PORTS.start}-{LISTEN_PORTS.stop - 1}")
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float, interval: float = 0.25) -> None:
