@@ -374,7 +374,7 @@ class ControlPlane:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--concurrent-gc-syncs=5",
                 # kwok renews node leases from one process on 2 busy cores: do not call a node lost (and
-                # its pods not ready) over a late heartbeat
+                # its pods not ready) over a late renewal
                 "--node-monitor-grace-period=5m",
             ],
         )
@@ -415,6 +415,10 @@ class ControlPlane:
                 f"--cidr={POD_CIDR}",
                 "--node-ip=127.0.0.1",
                 f"--server-address=127.0.0.1:{free_port()}",
+                # Node health through Leases in kube-node-lease, renewed by kwok; without them the
+                # heartbeat-with-lease stage posts node status only every 10-20 min, and the node lifecycle
+                # controller marks every node lost (and every running pod NotReady) 5 min in.
+                "--node-lease-duration-seconds=40",
             ],
         )
 
