@@ -15,7 +15,10 @@
   Prometheus is back); the resources' `spec.replicas` is never written (only the user's field manager owns
   any of `spec`, and `metadata.generation` never moves).
 
-What this leaves unproven: a LeaderWorkerSet fleet scaled by a group (not here), real engines' timings.
+A LeaderWorkerSet fleet (two H200 nodes a replica) grows by a group and shrinks by a group the same way: its
+leader's stand-in is the replica's metrics, and a whole group's pods come and go.
+
+What this leaves unproven: real engines' timings and load (kwok's pods are ready within a second).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from tests.cluster.cluster import eventually as cluster_eventually
 from tests.cluster.fleet import delete, operated_namespace, pods, renamed, sample, wait_ready
 
 from m3fleet.api import parse_resource
+from m3fleet.api.models import Plan
 from m3fleet.planner import plan as make_plan
 
 NAMESPACE = "loop"
@@ -64,10 +68,12 @@ def fleet(name: str, mode: str) -> dict[str, Any]:
 
 
 class StandIns:
-    """One vLLM stand-in per running engine pod in the namespace, and the target list Prometheus reads."""
+    """One vLLM stand-in per running engine pod of the `plans`' fleets (of a multi-node replica, its leader: the
+    only pod that serves metrics), exporting that fleet's plan's KV capacity, and the target list Prometheus
+    reads."""
 
-    def __init__(self, cluster: Cluster, targets: Path, capacity: float, max_model_len: int) -> None:
-        self.cluster, self.targets, self.capacity, self.max_model_len = cluster, targets, capacity, max_model_len
+    def __init__(self, cluster: Cluster, targets: Path, plans: dict[str, Plan]) -> None:
+        self.cluster, self.targets, self.plans = cluster, targets, plans
         self.demand: dict[str, float] = {}
         self.servers: dict[str, tuple[str, MetricsServer]] = {}  # pod -> (fleet, its stand-in)
         self.started: list[str] = []  # pods a stand-in was started for, in order
@@ -86,7 +92,7 @@ class StandIns:
             running=IN_FLIGHT / up,
             waiting=0,
             kv_usage=usage,
-            capacity_tokens=self.capacity,
+            capacity_tokens=float(self.plans[fleet].kv_cache_tokens_per_replica),
             prompt_tokens_rate=REQUEST_RATE * PROMPT,
             generation_tokens_rate=REQUEST_RATE * 256,
             request_rate=REQUEST_RATE,
@@ -102,8 +108,10 @@ class StandIns:
             try:
                 running = {
                     p["metadata"]["name"]: p["metadata"]["labels"]["m3fleet.dev/name"]
-                    for p in self.cluster.list("pods", NAMESPACE, "m3fleet.dev/name")
-                    if not p["metadata"].get("deletionTimestamp") and (p.get("status") or {}).get("phase") == "Running"
+                    for p in self.cluster.list("pods", NAMESPACE, "m3fleet.dev/name,m3fleet.dev/role!=worker")
+                    if p["metadata"]["labels"]["m3fleet.dev/name"] in self.plans
+                    and not p["metadata"].get("deletionTimestamp")
+                    and (p.get("status") or {}).get("phase") == "Running"
                 }
             except Exception:  # the apiserver busy for a moment: try again
                 time.sleep(0.5)
@@ -115,7 +123,7 @@ class StandIns:
                         {
                             "/metrics": lambda t, f=name: (
                                 200,
-                                vllm_text(self.state(f), t, max_model_len=self.max_model_len),
+                                vllm_text(self.state(f), t, max_model_len=self.plans[f].max_model_len),
                             )
                         }
                     ).__enter__()
@@ -213,12 +221,12 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
     chart: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     documents = {ACT: fleet(ACT, "act"), ADVISORY: fleet(ADVISORY, "advisory")}
-    plan = make_plan(parse_resource(documents[ACT]).spec)
+    plans = {name: make_plan(parse_resource(document).spec) for name, document in documents.items()}
     targets = tmp_path / "targets.json"
     port = free_port()
     workdir = tmp_path / "prom"
     workdir.mkdir()
-    with StandIns(chart, targets, float(plan.kv_cache_tokens_per_replica), plan.max_model_len) as standins:
+    with StandIns(chart, targets, plans) as standins:
         stack = contextlib.ExitStack()
         try:
             url = stack.enter_context(prometheus(workdir, scrape_config(targets), port=port))
@@ -315,4 +323,59 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
         finally:
             stack.close()
             for name in documents:
-                delete(chart, name, NAMESPACE, wait=False)
+                delete(chart, name, NAMESPACE)
+
+
+def test_a_leaderworkerset_fleet_grows_and_shrinks_by_a_group(
+    chart: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    name = "loop-groups"
+    document = fleet(name, "act")
+    # 1M tokens, three full-length sequences: a replica spans two H200 nodes (as tests/cluster/test_multinode.py).
+    document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
+    document["spec"]["context"] = {"maxModelLen": 1_048_576, "minSequencesAtMaxLen": 3}
+    document["spec"]["parallelism"] = {"strategy": "tp", "tensorParallelSize": 0}
+    document["spec"]["autoscaling"]["maxReplicas"] = 2
+    plan = make_plan(parse_resource(document).spec)
+    assert plan.nodes_per_replica == 2
+    targets = tmp_path / "targets.json"
+    workdir = tmp_path / "prom"
+    workdir.mkdir()
+
+    def groups() -> int:
+        body = chart.get("leaderworkerset", name, NAMESPACE) or {}
+        return int((body.get("spec") or {}).get("replicas") or 0)
+
+    with StandIns(chart, targets, {name: plan}) as standins, prometheus(workdir, scrape_config(targets)) as url:
+        try:
+            document["spec"]["autoscaling"]["prometheus"]["url"] = url
+            chart.apply(document)
+            wait_ready(chart, name, NAMESPACE, timeout=240)
+            eventually("the leader's stand-in", lambda: standins.up(name) == 1, 30)
+            assert len(pods(chart, name, NAMESPACE)) == 2  # one group: a leader and a worker
+
+            standins.demand[name] = 1.5
+            eventually(
+                "a second group",
+                lambda: groups() == 2 and standins.up(name) == 2,
+                120,
+                lambda: autoscaling(chart, name),
+            )
+            eventually("both groups' four pods", lambda: len(pods(chart, name, NAMESPACE)) == 4, 60)
+            standins.demand[name] = QUIET
+            eventually(
+                "back to one group",
+                lambda: groups() == 1 and standins.up(name) == 1,
+                120,
+                lambda: autoscaling(chart, name),
+            )
+            eventually("the second group's pods gone", lambda: len(pods(chart, name, NAMESPACE)) == 2, 60)
+            messages = events(chart, name, "Scaled")
+            assert any("scale-up 1 -> 2" in m for m in messages) and any("scale-down 2 -> 1" in m for m in messages)
+            assert standins.started == [f"{name}-0", f"{name}-1"], standins.started  # the leaders only
+            assert standins.stopped == [f"{name}-1"], standins.stopped
+            body = chart.get("m3d", name, NAMESPACE) or {}
+            assert body["metadata"]["generation"] == 1 and body["spec"]["replicas"] == 1
+            assert spec_managers(chart, name) == {"kubectl"}
+        finally:
+            delete(chart, name, NAMESPACE)
