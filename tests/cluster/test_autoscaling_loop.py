@@ -354,22 +354,15 @@ def test_a_leaderworkerset_fleet_grows_and_shrinks_by_a_group(
             eventually("the leader's stand-in", lambda: standins.up(name) == 1, 30)
             assert len(pods(chart, name, NAMESPACE)) == 2  # one group: a leader and a worker
 
-            standins.demand[name] = 1.5
-            eventually(
-                "a second group",
-                lambda: groups() == 2 and standins.up(name) == 2,
-                120,
-                lambda: autoscaling(chart, name),
-            )
-            eventually("both groups' four pods", lambda: len(pods(chart, name, NAMESPACE)) == 4, 60)
-            standins.demand[name] = QUIET
-            eventually(
-                "back to one group",
-                lambda: groups() == 1 and standins.up(name) == 1,
-                120,
-                lambda: autoscaling(chart, name),
-            )
-            eventually("the second group's pods gone", lambda: len(pods(chart, name, NAMESPACE)) == 2, 60)
+            for demand, count in ((1.5, 2), (QUIET, 1)):  # demand rises: a second group; falls: back to one
+                standins.demand[name] = demand
+                eventually(
+                    f"{count} group(s), a stand-in each",
+                    lambda n=count: groups() == n and standins.up(name) == n,
+                    120,
+                    lambda: autoscaling(chart, name),
+                )
+                eventually(f"{2 * count} pods", lambda n=count: len(pods(chart, name, NAMESPACE)) == 2 * n, 60)
             messages = events(chart, name, "Scaled")
             assert any("scale-up 1 -> 2" in m for m in messages) and any("scale-down 2 -> 1" in m for m in messages)
             assert standins.started == [f"{name}-0", f"{name}-1"], standins.started  # the leaders only
