@@ -53,17 +53,22 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval:
 
 @contextmanager
 def prometheus(
-    workdir: Path, config: str, tsdb: Path | None = None, tls: tuple[Path, Path, Path] | None = None
+    workdir: Path,
+    config: str,
+    tsdb: Path | None = None,
+    tls: tuple[Path, Path, Path] | None = None,
+    port: int | None = None,
 ) -> Iterator[str]:
     """Run Prometheus on 127.0.0.1 (config checked with promtool first); yields its URL. With `tls` (serving
-    cert, its key, the CA that signed it) it serves https only (its --web.config.file)."""
+    cert, its key, the CA that signed it) it serves https only (its --web.config.file). `port` (a free one
+    when None) lets a stopped Prometheus come back at the same URL."""
     binary, promtool = require_prometheus()
     config_file = workdir / "prometheus.yml"
     config_file.write_text(config)
     check = subprocess.run([promtool, "check", "config", str(config_file)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
-    port = free_port()
-    log = (workdir / "prometheus.log").open("w")
+    port = port or free_port()
+    log = (workdir / "prometheus.log").open("a")
     proc = subprocess.Popen(
         [
             binary,

@@ -11,15 +11,26 @@ bounds. Pure: no clock (time is an input), no I/O.
   trigger), for peaks the user knows about.
 
 `demand_history(records, now, ...)` builds the forecast input from recorded (time, need) samples;
-the simulator uses it on the days it replays, and an operator can use it on whatever it keeps.
+the simulator uses it on the days it replays.
+
+The operator keeps the resource's own history in `status.autoscaling.demand` (so it survives restarts):
+`record_demand` folds each tick's `demandReplicas` (the need without backlogs) into a `DemandRecord` of
+one sample per bucket (`bucket_seconds(period)`: 5 minutes for a daily period, period/288 for longer
+ones, a whole number of minutes) — the largest need that held SUSTAIN_SECONDS inside the bucket — kept
+for the FORECAST_PERIODS periods the floor reads plus its look-ahead, at most MAX_SAMPLES of them
+(about 600 x 16 bytes: ~10 KB of status). A sample is [minute since the epoch of the bucket's start, need]
+(absolute, not minute-of-period: the floor must tell one period ago from two). The ticks of the bucket
+being filled are kept too (`open`, at most MAX_OPEN) until SUSTAIN_SECONDS past its end, so a need that
+rose in its last seconds is judged on whether it then held. `DemandRecord.history` reads it back.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from m3fleet.autoscaling.signals import DemandHistory
 
@@ -61,6 +72,83 @@ def demand_history(
         held = [need for t, need in sustained(inside, sustain) if t <= hi]
         windows.append(max(held) if held else None)
     return DemandHistory(period_seconds=period, look_ahead_seconds=look_ahead, windows=tuple(windows))
+
+
+MAX_SAMPLES = 640  # closed buckets kept: two daily periods of 5-minute buckets plus a look-ahead
+MAX_OPEN = 128  # ticks of the bucket being filled (interval >= 5 s: (300 + 120) / 5 = 84)
+BUCKETS_PER_PERIOD = 288  # 5-minute buckets in a day
+
+
+def bucket_seconds(period: float) -> float:
+    """The sample spacing for a period: 300 s for a day, period/288 (whole minutes) for longer periods."""
+    return 60.0 * max(5, math.ceil(period / BUCKETS_PER_PERIOD / 60.0))
+
+
+@dataclass(frozen=True)
+class DemandRecord:
+    """The resource's own demand, compact enough for its status (see the module's docstring)."""
+
+    bucket: float = 300.0  # seconds per sample
+    samples: tuple[tuple[float, float], ...] = ()  # (bucket start, need that held in it), oldest first
+    open: tuple[tuple[float, float], ...] = ()  # (time, need) of the ticks not yet folded into a sample
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "bucketSeconds": int(self.bucket),
+            "samples": [[int(t // 60), round(n, 2)] for t, n in self.samples],
+            "open": [[round(t, 1), round(n, 2)] for t, n in self.open],
+        }
+
+    @classmethod
+    def from_status(cls, data: Any, bucket: float) -> DemandRecord:
+        """Tolerant: anything malformed, or recorded with another bucket size, starts afresh."""
+        if not isinstance(data, Mapping) or data.get("bucketSeconds") != int(bucket):
+            return cls(bucket)
+        try:
+            samples = tuple((float(m) * 60.0, float(n)) for m, n in data.get("samples") or ())
+            open_ = tuple((float(t), float(n)) for t, n in data.get("open") or ())
+        except (TypeError, ValueError):
+            return cls(bucket)
+        return cls(bucket, samples, open_)
+
+    def adds_to(self, recorded: Any) -> bool:
+        """Whether this record has a sample the recorded `status.autoscaling.demand` lacks (then it is worth a
+        status write; the open ticks alone are not)."""
+        return bool(self.samples) and self.samples != DemandRecord.from_status(recorded, self.bucket).samples
+
+    def history(self, now: float, period: float, look_ahead: float, periods: int = FORECAST_PERIODS) -> DemandHistory:
+        """The forecast input: for k = 1..periods, the largest sample whose bucket overlaps
+        [now - k x period, now - k x period + look_ahead] (None when none was recorded there)."""
+        windows: list[float | None] = []
+        for k in range(1, periods + 1):
+            lo, hi = now - k * period, now - k * period + look_ahead
+            inside = [n for t, n in self.samples if t + self.bucket > lo and t <= hi]
+            windows.append(max(inside) if inside else None)
+        return DemandHistory(period_seconds=period, look_ahead_seconds=look_ahead, windows=tuple(windows))
+
+
+def record_demand(
+    record: DemandRecord, now: float, need: float | None, period: float, look_ahead: float
+) -> DemandRecord:
+    """`record` with this tick's need (None: nothing measured, nothing recorded) folded in: a bucket whose
+    end is SUSTAIN_SECONDS past becomes one sample (the largest need that held SUSTAIN_SECONDS in it);
+    samples too old for the floor to read are dropped, and at most MAX_SAMPLES kept."""
+    bucket = bucket_seconds(period)
+    if record.bucket != bucket:
+        record = DemandRecord(bucket)
+    ticks = [*((t, n) for t, n in record.open if t < now), *(() if need is None else ((now, need),))]
+    samples = list(record.samples)
+    while ticks:
+        start = math.floor(ticks[0][0] / bucket) * bucket
+        end = start + bucket
+        if now < end + SUSTAIN_SECONDS:
+            break
+        held = [n for t, n in sustained(ticks, SUSTAIN_SECONDS) if t < end]
+        samples.append((start, round(max(held), 2)))  # as status keeps it
+        ticks = [(t, n) for t, n in ticks if t >= end]
+    oldest = now - FORECAST_PERIODS * period - look_ahead - bucket
+    kept = tuple((t, n) for t, n in samples if t >= oldest)[-MAX_SAMPLES:]
+    return DemandRecord(bucket, kept, tuple(ticks[-MAX_OPEN:]))
 
 
 @dataclass(frozen=True)

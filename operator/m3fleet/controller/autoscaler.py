@@ -7,8 +7,12 @@ The operator's scheduler ticks each resource whose spec has `autoscaling.enabled
    phases, and the measured time-to-ready: the p90 of the last replicas to become ready, as
    `status.timeToReady` keeps them plus any that became ready since — `coldStartSeconds` until one has);
 2. `policy.decide(...)` — pure, time is an input;
+   With `autoscaling.forecast` on, the snapshot carries the resource's own demand in earlier periods, read
+   from `status.autoscaling.demand` (`forecast.DemandRecord`; each tick's `demandReplicas` is folded in by
+   the pure `forecast.record_demand`: one sample per 5-minute bucket, two periods kept);
 3. record the decision in `status.autoscaling` (with the policy state, so a restarted operator keeps its
-   stabilization history) — only when the decision changed, so a steady fleet causes no writes;
+   stabilization history, and the demand record) — only when the decision changed or a demand sample was
+   added (at most one per bucket), so a steady fleet causes few writes;
 4. in `act` mode, a new replica count reaches the child workload through the normal reconcile (the
    scheduler runs one right after such a tick), which renders `status.autoscaling.desiredReplicas`: one
    field manager owns the child, and `spec` (GitOps's) and `/scale` are never written. `advisory` mode
@@ -22,12 +26,13 @@ import base64
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from m3fleet.api import parse_resource
 from m3fleet.api.models import PrometheusSpec
 from m3fleet.autoscaling import readiness
+from m3fleet.autoscaling.forecast import DemandRecord, bucket_seconds, record_demand
 from m3fleet.autoscaling.metrics import PrometheusAdapter, Tls
 from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide, worth_recording
 from m3fleet.autoscaling.signals import MetricsSnapshot
@@ -121,6 +126,7 @@ class Autoscaler:
     clock: Callable[[], float] = time.time
     _states: dict[tuple[str, str], PolicyState] = field(default_factory=dict)
     _sources: dict[tuple[str, str], tuple[tuple[Any, ...], MetricsSource]] = field(default_factory=dict)
+    _demand: dict[tuple[str, str], DemandRecord] = field(default_factory=dict)
 
     async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
         """How to verify Prometheus: the CA read from the Secret the spec names (by name, each tick, so a rotated
@@ -152,6 +158,7 @@ class Autoscaler:
     def forget(self, namespace: str, name: str) -> None:
         self._states.pop((namespace, name), None)
         self._sources.pop((namespace, name), None)
+        self._demand.pop((namespace, name), None)
 
     async def tick(self, body: Mapping[str, Any]) -> Tick:
         """One decision for one resource, as the watch last delivered it."""
@@ -182,14 +189,25 @@ class Autoscaler:
         fleet = readiness.fleet_from(
             workload, pods, self.clock(), status.get("timeToReady"), plan.nodes_per_replica, config.cold_start_seconds
         )
+        period = config.forecast_period_seconds
+        demand = self._demand.get(key) or DemandRecord.from_status(previous.get("demand"), bucket_seconds(period))
+        look_ahead = config.forecast_look_ahead(fleet.time_to_ready_seconds)
+        if config.forecast:
+            snapshot = replace(snapshot, demand_history=demand.history(fleet.now, period, look_ahead))
         decision, state = decide(config, state, snapshot, fleet)
         self._states[key] = state
+        if config.forecast:
+            demand = record_demand(demand, fleet.now, decision.terms.get("demandReplicas"), period, look_ahead)
+            self._demand[key] = demand
+        sampled = demand.adds_to(previous.get("demand"))
         record = decision.to_status()
         metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decision.desired_replicas)
-        if not worth_recording(previous, record, decision.time):
+        if not worth_recording(previous, record, decision.time) and not sampled:
             return Tick(decision)
         metrics.AUTOSCALER_DECISIONS.labels(namespace, name, str(record.get("action", "hold"))).inc()
-        written = await self.api.patch_status(namespace, name, {"autoscaling": {**record, "state": state.to_dict()}})
+        written = await self.api.patch_status(
+            namespace, name, {"autoscaling": {**record, "state": state.to_dict(), "demand": demand.to_status()}}
+        )
         if written is None:
             return Tick(decision, gone=True)
         reason = str(record.get("reason", ""))

@@ -1,0 +1,219 @@
+"""The closed loop on the real tier: engine stand-ins -> a real Prometheus -> the operator's autoscaler
+(`m3fleet run`, the chart's ServiceAccount) -> the real Deployment -> kwok's pods -> the stand-ins.
+
+* One stand-in per running engine pod: when kwok brings a pod up, a stand-in starts exporting vLLM 0.33's
+  metric format (tests/autoscaling/prom.py's `vllm_text`) on its own loopback port; when the pod goes, its
+  stand-in stops. Prometheus finds them through file-based service discovery (the test writes the target
+  list as Kubernetes service discovery would), each target labelled as the chart's PodMonitor labels engine
+  series: `namespace`, `m3fleet_dev_name` (the fleet) and `pod` (the replica the adapter groups by).
+* The load is a fleet-wide demand, in replicas' worth of KV at the 0.8 target, shared by the pods up: it
+  rises (the KV term asks for more replicas), then falls (it asks for fewer). The number of requests in
+  flight stays the same, so the KV term, not the arrival estimate, decides.
+* Checks: the act fleet's Deployment scales up, then down; decisions and reasons in `status.autoscaling`;
+  `Scaled` Events; the advisory fleet under the same load gets `ScaleRecommended` and its Deployment is
+  never changed; Prometheus down -> the policy holds the last replicas and says why (and scales down once
+  Prometheus is back); the resources' `spec.replicas` is never written (only the user's field manager owns
+  any of `spec`, and `metadata.generation` never moves).
+
+A LeaderWorkerSet fleet (two H200 nodes a replica) grows by a group and shrinks by a group the same way: its
+leader's stand-in is the replica's metrics, and a whole group's pods come and go.
+
+What this leaves unproven: real engines' timings and load (kwok's pods are ready within a second).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.autoscaling.prom import free_port, prometheus
+from tests.cluster.cluster import Cluster, OperatorProcess
+from tests.cluster.fleet import delete, operated_namespace, pods, wait_ready
+from tests.cluster.standins import (
+    ACT,
+    ADVISORY,
+    BUSY,
+    NAMESPACE,
+    QUIET,
+    StandIns,
+    autoscaling,
+    events,
+    eventually,
+    fleet,
+    replicas,
+    scrape_config,
+    spec_managers,
+)
+
+from m3fleet.api import parse_resource
+from m3fleet.planner import plan as make_plan
+
+
+@pytest.fixture(scope="module")
+def operator(chart: Cluster) -> Iterator[OperatorProcess]:
+    with operated_namespace(chart, NAMESPACE, "operator-loop") as running:
+        yield running
+
+
+def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_prometheus_down_holds(
+    chart: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    documents = {ACT: fleet(ACT, "act"), ADVISORY: fleet(ADVISORY, "advisory")}
+    plans = {name: make_plan(parse_resource(document).spec) for name, document in documents.items()}
+    targets = tmp_path / "targets.json"
+    port = free_port()
+    workdir = tmp_path / "prom"
+    workdir.mkdir()
+    with StandIns(chart, targets, plans) as standins:
+        stack = contextlib.ExitStack()
+        try:
+            url = stack.enter_context(prometheus(workdir, scrape_config(targets), port=port))
+            for document in documents.values():
+                document["spec"]["autoscaling"]["prometheus"]["url"] = url
+                chart.apply(document)
+            for name in documents:
+                wait_ready(chart, name, NAMESPACE)
+            generations = {n: (chart.get("m3d", n, NAMESPACE) or {})["metadata"]["generation"] for n in documents}
+
+            # Quiet: one replica is enough (a steady decision is recorded when it changes, so the first stays).
+            first = eventually("a first decision", lambda: autoscaling(chart, ACT), 60)
+            assert first["desiredReplicas"] == 1 and first["mode"] == "act", first
+            eventually("one stand-in per fleet", lambda: standins.up(ACT) == 1 and standins.up(ADVISORY) == 1, 30)
+            time.sleep(6)  # Prometheus scrapes them
+
+            # Demand rises: the act fleet's Deployment grows to 3 (kwok runs the pods, a stand-in each).
+            standins.demand.update({ACT: BUSY, ADVISORY: BUSY})
+            eventually(
+                "the act fleet scaled up to 3 running replicas",
+                lambda: standins.up(ACT) == 3,
+                120,
+                what_now=lambda: autoscaling(chart, ACT),
+            )
+            assert replicas(chart, ACT) == 3
+            up_events = events(chart, ACT, "Scaled")
+            assert any("scale-up 1 -> " in m and "KV demand" in m for m in up_events), up_events
+            decided = autoscaling(chart, ACT)
+            assert (decided["mode"], decided["action"], decided["desiredReplicas"], decided["applied"]) == (
+                "act",
+                "scale-up",
+                3,
+                True,
+            ), decided
+            assert decided["terms"]["kvReplicas"] > 2, decided  # the KV term decided
+
+            # Advisory: the same load recommends more, and nothing is changed.
+            advised = eventually(
+                "the advisory fleet recommends a scale-up",
+                lambda: (a := autoscaling(chart, ADVISORY)).get("desiredReplicas", 1) > 1 and a,
+                60,
+                what_now=lambda: autoscaling(chart, ADVISORY),
+            )
+            assert advised["applied"] is False and advised["reason"].startswith("advisory (not applied): scale-up")
+            recommended = eventually(
+                "a ScaleRecommended Event", lambda: events(chart, ADVISORY, "ScaleRecommended"), 30
+            )
+            assert any("advisory (not applied)" in m for m in recommended)
+            assert not events(chart, ADVISORY, "Scaled")
+            assert replicas(chart, ADVISORY) == 1 and len(pods(chart, ADVISORY, NAMESPACE)) == 1
+
+            # Demand falls while Prometheus is down: the policy holds the 3 replicas and says why.
+            standins.demand.update({ACT: QUIET, ADVISORY: QUIET})
+            stack.close()
+            held = eventually(
+                "status says the metrics are unavailable",
+                lambda: "metrics unavailable" in (a := autoscaling(chart, ACT)).get("reason", "") and a,
+                60,
+                what_now=lambda: autoscaling(chart, ACT),
+            )
+            assert held["action"] == "hold" and held["desiredReplicas"] == 3, held
+            assert "never scale down without metrics" in held["reason"]
+            time.sleep(12)  # two more ticks without metrics
+            assert replicas(chart, ACT) == 3 and standins.up(ACT) == 3
+
+            # Prometheus back at the same URL: the low demand scales the Deployment down, one step at a time.
+            stack.enter_context(prometheus(workdir, scrape_config(targets), tsdb=workdir / "data", port=port))
+            eventually(
+                "the act fleet scaled down to 1",
+                lambda: replicas(chart, ACT) == 1,
+                150,
+                what_now=lambda: autoscaling(chart, ACT),
+            )
+            eventually("the stand-ins of the removed pods stopped", lambda: standins.up(ACT) == 1, 60)
+            down = [m for m in events(chart, ACT, "Scaled") if "scale-down" in m]
+            assert any("scale-down 3 -> 2" in m for m in down) and any("scale-down 2 -> 1" in m for m in down), down
+            assert len(standins.started) >= 4 and len(standins.stopped) >= 2
+            final = eventually(
+                "a decision on fresh metrics after the scale-down",
+                lambda: "metrics unavailable" not in (a := autoscaling(chart, ACT)).get("reason", "x") and a,
+                30,
+            )
+            assert (final["action"], final["desiredReplicas"], final["currentReplicas"]) == ("scale-down", 1, 2), final
+            assert final["terms"]["kvReplicas"] < 1 and final["state"]["history"], final
+            # The forecast's record of this fleet's own demand, kept in status; no earlier day recorded: no floor.
+            demand = final["demand"]
+            assert demand["bucketSeconds"] == 300 and (demand["open"] or demand["samples"]), demand
+            assert all(need >= 0 for _, need in demand["open"] + demand["samples"]), demand
+            assert final["forecast"]["replicas"] == 0 and "a floor needs 2" in final["forecast"]["reason"], final
+
+            # GitOps does not fight: no one but the user wrote any of spec (replicas included).
+            for name, document in documents.items():
+                body = chart.get("m3d", name, NAMESPACE) or {}
+                assert body["metadata"]["generation"] == generations[name], name
+                assert body["spec"]["replicas"] == document["spec"]["replicas"] == 1
+                assert spec_managers(chart, name) == {"kubectl"}, name
+            assert replicas(chart, ADVISORY) == 1
+        finally:
+            stack.close()
+            for name in documents:
+                delete(chart, name, NAMESPACE)
+
+
+def test_a_leaderworkerset_fleet_grows_and_shrinks_by_a_group(
+    chart: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    name = "loop-groups"
+    document = fleet(name, "act")
+    # 1M tokens, three full-length sequences: a replica spans two H200 nodes (as tests/cluster/test_multinode.py).
+    document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
+    document["spec"]["context"] = {"maxModelLen": 1_048_576, "minSequencesAtMaxLen": 3}
+    document["spec"]["parallelism"] = {"strategy": "tp", "tensorParallelSize": 0}
+    document["spec"]["autoscaling"]["maxReplicas"] = 2
+    plan = make_plan(parse_resource(document).spec)
+    assert plan.nodes_per_replica == 2
+    targets = tmp_path / "targets.json"
+    workdir = tmp_path / "prom"
+    workdir.mkdir()
+
+    def groups() -> int:
+        body = chart.get("leaderworkerset", name, NAMESPACE) or {}
+        return int((body.get("spec") or {}).get("replicas") or 0)
+
+    with StandIns(chart, targets, {name: plan}) as standins, prometheus(workdir, scrape_config(targets)) as url:
+        try:
+            document["spec"]["autoscaling"]["prometheus"]["url"] = url
+            chart.apply(document)
+            wait_ready(chart, name, NAMESPACE, timeout=240)
+            eventually("the leader's stand-in", lambda: standins.up(name) == 1, 30)
+            assert len(pods(chart, name, NAMESPACE)) == 2  # one group: a leader and a worker
+
+            for demand, count in ((1.5, 2), (QUIET, 1)):  # demand rises: a second group; falls: back to one
+                standins.demand[name] = demand
+                eventually(
+                    f"{count} group(s), a stand-in each",
+                    lambda n=count: groups() == n and standins.up(name) == n,
+                    120,
+                    lambda: autoscaling(chart, name),
+                )
+                eventually(f"{2 * count} pods", lambda n=count: len(pods(chart, name, NAMESPACE)) == 2 * n, 60)
+            messages = events(chart, name, "Scaled")
+            assert any("scale-up 1 -> 2" in m for m in messages) and any("scale-down 2 -> 1" in m for m in messages)
+            assert standins.started == [f"{name}-0", f"{name}-1"], standins.started  # the leaders only
+            assert standins.stopped == [f"{name}-1"], standins.stopped
+            body = chart.get("m3d", name, NAMESPACE) or {}
+            assert body["metadata"]["generation"] == 1 and body["spec"]["replicas"] == 1
+            assert spec_managers(chart, name) == {"kubectl"}
+        finally:
+            delete(chart, name, NAMESPACE)
