@@ -27,6 +27,7 @@ from m3fleet.engines.sglang import ADMIN_KEY_FILE
 from m3fleet.planner import plan
 from m3fleet.render import render
 from tests.engine_parsers.grid import expand
+from tests.stubs import install_stubs
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
@@ -123,12 +124,8 @@ def start(tmp: Path, objects: list[dict[str, Any]], role: str) -> Started:
     config = next((o["data"] for o in objects if o["kind"] == "ConfigMap"), {})
     for name, text in config.items():
         (mounts[CONFIG_MOUNT] / name).write_text(text)
-    stubs, log = tmp / "stubs", tmp / "log"
-    stubs.mkdir()
+    stubs, log = install_stubs(tmp / "stubs", STUBS, STUB), tmp / "log"
     log.mkdir()
-    for name in STUBS:
-        (stubs / name).write_text(STUB)
-        (stubs / name).chmod(0o755)
     evil = tmp / "bash_env.sh"
     evil.write_text(f"touch {tmp / CANARY}\n")
     image_env = {

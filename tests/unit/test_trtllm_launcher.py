@@ -22,6 +22,7 @@ from m3fleet.engines.base import BASH as LAUNCH_SHELL
 from m3fleet.engines.trtllm import LEADER_SCRIPT, SINGLE_SCRIPT, SSH_PORT, WORKER_SCRIPT
 from m3fleet.planner import plan
 from m3fleet.render import render
+from tests.stubs import install_stubs
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
@@ -127,12 +128,8 @@ def run_script(tmp_path: Path, text: str, env: dict[str, str]) -> Run:
     assert BASH is not None
     syntax = subprocess.run([BASH, "-n", str(script)], capture_output=True, text=True, check=False)
     assert syntax.returncode == 0, syntax.stderr
-    stubs, log = tmp_path / "stubs", tmp_path / "log"
-    stubs.mkdir()
+    stubs, log = install_stubs(tmp_path / "stubs", STUBS, STUB), tmp_path / "log"
     log.mkdir()
-    for name in STUBS:
-        (stubs / name).write_text(STUB)
-        (stubs / name).chmod(0o755)
     shell_init = tmp_path / "shinit_v2"
     shell_init.write_text(SHELL_INIT)
     full = {
