@@ -113,6 +113,22 @@ def test_long_prompts_no_longer_arriving_are_taken_at_once_only_when_measured(
 
 
 @pytest.mark.parametrize(
+    ("first_tokens_per_second", "expected"),
+    [(6 / 60, 600_000), (3 / 60, 200_000 + 15 / 120 * (600_000 - 200_000))],
+    ids=["enough-prefills", "too-few-prefills"],
+)
+def test_a_rise_just_after_a_burst_is_taken_at_once_only_on_enough_prefills(
+    first_tokens_per_second: float, expected: float
+) -> None:
+    # 30 s into a burst the estimate says 200k; the only replica's prefills in the last minute average
+    # 600k. On six prefills that is the new level; on three it may be one 1M-token prompt: smoothed.
+    state = PolicyState(last_time=NOW - 15, prompt_tokens=200_000, request_rate=0.1, bursts=((NOW - 30, 3),))
+    r = replica(running=4, waiting=2, kv_usage=0.3, prompt_tokens=600_000, request_rate=first_tokens_per_second)
+    t = decide(ROUND, state, snapshot(r), fleet(1))[0].terms
+    assert t["promptTokensPerRequest"] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
     ("running", "recent", "shifted"),
     [(3, 5_000, True), (2, 5_000, False), (3, 300_000, False)],
     ids=["shift", "too-few-requests", "seen-recently"],

@@ -61,6 +61,10 @@ SMOOTHING_SECONDS: Final = 120.0  # EWMA time constant of the arrival estimates
 LEVEL_JUMP: Final = 2.0  # a rate this many times the estimate is a burst, a prompt length this many times less its end
 SHIFT: Final = 4.0  # resident tokens per request this many times the prompt estimate: long prompts arrived
 SHIFT_EVIDENCE: Final = 3  # running requests needed before their resident tokens can signal a shift
+# Prefills within the rate window needed before a rise in the prompt estimate is taken at once just after a
+# burst: the mean of fewer heavy-tailed long prompts is noise (one 1M-token prompt among three doubles it), and
+# taking every noisy rise at once ratchets the estimate up to its largest sample.
+RISE_EVIDENCE: Final = 5
 LEARNING_SECONDS: Final = 3600.0  # the learned throughput bound decays to nothing over this long
 LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
 LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prior x 4]
@@ -598,6 +602,7 @@ def _arriving_prompt_length(
         or config.default_prompt_tokens
     )
     settled = since_burst is None or since_burst >= window
+    prefills = _sum([r.first_token_rate for r in side]) * window
     return _prompt_estimate(
         state.prompt_tokens,
         observed,
@@ -606,7 +611,7 @@ def _arriving_prompt_length(
         load.running,
         load.histogram.quantile(0.9) if load.histogram else None,
         elapsed,
-        rising and config.fast_rise,
+        rising and config.fast_rise and prefills >= RISE_EVIDENCE,
     )
 
 
