@@ -112,6 +112,18 @@ def test_long_prompts_no_longer_arriving_are_taken_at_once_only_when_measured(
     assert t["promptTokensPerRequest"] == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(("release", "expected"), [(True, 5), (False, 6)], ids=["released", "release-off"])
+def test_the_scale_down_window_forgets_a_burst_whose_long_prompts_stopped(release: bool, expected: int) -> None:
+    # Six replicas ordered for long prompts a minute ago (the window still remembers 6); now chat arrives
+    # at every replica, none queued, nothing long resident (the estimate falls at once, see above): the
+    # burst is over, the window forgets it and only the step limit (one replica per tick) applies.
+    state = replace(LONG_BEFORE, history=((NOW - 60, 6),))
+    chat = replicas(6, running=6, kv_usage=0.03, prompt_tokens=5_000, request_rate=0.5)
+    config = replace(ROUND, release_ended_bursts=release)
+    decision, _ = decide(config, state, snapshot(*chat), fleet(6))
+    assert decision.desired_replicas == expected
+
+
 @pytest.mark.parametrize(
     ("first_tokens_per_second", "expected"),
     [(6 / 60, 600_000), (3 / 60, 200_000 + 15 / 120 * (600_000 - 200_000))],
@@ -188,7 +200,8 @@ def test_no_scale_down_inside_the_window_then_one_replica_per_step() -> None:
     current = 8
     for step in range(1, 40):
         now = NOW + 15 * step
-        idle = snapshot(*replicas(current, prompt_tokens=1000, request_rate=0.01, sample_time=now), time=now)
+        # The same prompts at a trickle (shorter ones arriving would end a long-prompt era, which the window forgets).
+        idle = snapshot(*replicas(current, prompt_tokens=50_000, request_rate=0.01, sample_time=now), time=now)
         decision, state = decide(ROUND, state, idle, fleet(current, now=now))
         if now - NOW < 300:
             assert decision.desired_replicas == 8 and "stabilization window" in decision.reason

@@ -71,6 +71,14 @@ LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prio
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
 
+class Shift(StrEnum):
+    """How the arriving prompt mix changed this tick (see `_prompt_estimate`)."""
+
+    NONE = "none"
+    BURST = "burst"  # long prompts started arriving
+    ENDED = "ended"  # far shorter prompts arrive and no long request is resident: long prompts stopped
+
+
 class Action(StrEnum):
     SCALE_UP = "scale-up"
     SCALE_DOWN = "scale-down"
@@ -127,6 +135,7 @@ class PolicyConfig:
     learn_prefill: bool = True
     fast_rise: bool = True  # just after a burst's start, rises in the estimates are taken at once
     transient_release: bool = True  # the scale-down window remembers the need without backlogs
+    release_ended_bursts: bool = True  # the window forgets a burst once its long prompts stopped arriving
     learn_min_prompt_tokens: float = 20_000.0  # shorter prompts teach nothing (TTFT is mostly not prefill)
     learn_slack: float = 2.0  # an optimistic prior is capped at this multiple of the idle-replica bound
     forecast: bool = True
@@ -441,6 +450,7 @@ class _Terms:
     in_flight: tuple[tuple[float, float], ...]
     unservable: int
     burst: bool  # demand arrived at a new level at once this tick (see _rate_estimate, _prompt_estimate)
+    long_prompts_ended: bool  # long prompts stopped arriving this tick (see _prompt_estimate)
     capacity: _Capacity
     prefill_rate: float | None  # the learned prefill throughput to keep
     prefill_samples: int
@@ -586,9 +596,9 @@ def _arriving_prompt_length(
     window: float,
     elapsed: float | None,
     rising: bool,
-) -> tuple[float, bool]:
-    """(mean prompt tokens of arriving requests, burst): prompt tokens per first token of recent prefills.
-    The router sends new requests to replicas without a queue, so theirs describe what arrives now; a
+) -> tuple[float, Shift]:
+    """(mean prompt tokens of arriving requests, how their mix changed): prompt tokens per first token of
+    recent prefills. The router sends new requests to replicas without a queue, so theirs describe what arrives now; a
     replica with a queue prefills what arrived before (its ratio describes its own queue, see
     `_queued_prompt_tokens`). Within a rate window of a burst the ratio still mixes in the old regime.
     See `_prompt_estimate`."""
@@ -760,7 +770,7 @@ def _terms(
     # once (the replicas ordered now arrive one time-to-ready later, too late for a slow estimate).
     rising = since_burst is not None and since_burst < horizon
     window = snapshot.window_seconds
-    isl, prompt_burst = _arriving_prompt_length(config, state, load, fresh, since_burst, window, elapsed, rising)
+    isl, prompt_shift = _arriving_prompt_length(config, state, load, fresh, since_burst, window, elapsed, rising)
     output = _ratio(load.generation_rate, load.finished_rate) or config.default_output_tokens
 
     gateway = [float(t) for t in snapshot.queued_request_tokens]
@@ -828,7 +838,8 @@ def _terms(
         prompt_tokens=isl,
         in_flight=prefill.in_flight,
         unservable=unservable,
-        burst=prefill.burst or prompt_burst,
+        burst=prefill.burst or prompt_shift == Shift.BURST,
+        long_prompts_ended=prompt_shift == Shift.ENDED,
         capacity=checked,
         prefill_rate=learned,
         prefill_samples=samples,
@@ -864,24 +875,27 @@ def _prompt_estimate(
     recent: float | None,
     elapsed: float | None,
     rising: bool = False,
-) -> tuple[float, bool]:
-    """(mean prompt tokens of arriving requests, burst).
+) -> tuple[float, Shift]:
+    """(mean prompt tokens of arriving requests, how the prompt mix changed this tick).
 
     `observed` is prompt tokens per first token, measured on replicas without a queue when
     `arrival_side`; `per_running` is resident tokens per running request; `recent` is a high
     quantile of the prompts finished in the histogram window. Smoothed, except:
 
     * a fall by LEVEL_JUMP or more is taken at once when measured on the arrival side and no
-      long requests are resident any more (long prompts stopped arriving; the stabilization window,
-      not the estimate, delays the scale-down);
+      long requests are resident any more: long prompts stopped arriving (ENDED; the stabilization
+      window then forgets what they needed, see `_stabilized`);
     * resident tokens per running request SHIFT times above both the estimate and what finished
       recently means long prompts started arriving: taken at once (a burst). It is length-biased and,
       with a full KV cache, one or two requests decide it, so it needs SHIFT_EVIDENCE of them.
     """
     if previous is None or elapsed is None:
-        return observed, False
+        return observed, Shift.NONE
     long_resident = per_running is not None and per_running > SHIFT * observed
-    if (LEVEL_JUMP * observed <= previous and arrival_side and not long_resident) or (rising and observed > previous):
+    shift = Shift.NONE
+    if LEVEL_JUMP * observed <= previous and arrival_side and not long_resident:
+        estimate, shift = observed, Shift.ENDED
+    elif rising and observed > previous:
         estimate = observed
     else:
         estimate = _smooth(previous, observed, elapsed)
@@ -891,8 +905,8 @@ def _prompt_estimate(
         and per_running > SHIFT * max(previous, recent or 0.0)
         and per_running > estimate
     ):
-        return per_running, True
-    return estimate, False
+        return per_running, Shift.BURST
+    return estimate, shift
 
 
 def _window(
@@ -1089,7 +1103,11 @@ def _stabilized(
         limit_scale_up=limit_scale_up,
     )
     history_in = state.history
-    if not history_in and config.scale_down_window_seconds > config.scale_up_window_seconds:
+    if terms.long_prompts_ended and config.release_ended_bursts:
+        # Long prompts stopped arriving and none is resident: the window's memory of what they needed goes
+        # with them (what still decodes drains on the replicas being removed).
+        history_in = ()
+    elif not history_in and config.scale_down_window_seconds > config.scale_up_window_seconds:
         # A first tick (or a restart without saved state): as if `current` had just been recommended,
         # so nothing is removed before a whole scale-down window of evidence exists.
         history_in = ((now - config.scale_up_window_seconds - 1e-6, current),)
