@@ -28,13 +28,14 @@ in (fractional) replicas, is the largest of three terms:
   the estimate adds no lag of its own to a scale-down.
 
 Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
-scale-down window wins), at most `maxReplicasPerStep` removed per step, scale-up limited to
-max(+4, +100%) per step except in panic (need >= panicThreshold x ready: jump, and no scale-down
-until the panic has been quiet for `panic_hold_seconds`). Replicas still starting count as supply,
-so a tick never re-orders what is already on its way. Missing, stale or unreachable metrics hold;
-partial metrics can scale up but never down. A cold-start-aware hold (`burst_hold`) keeps the
-capacity of bursts that recur within max(scale-down window, 3 x time-to-ready) of each other:
-shorter than a cold start, such bursts are served only by replicas already there.
+scale-down window wins; the window forgets a burst once its long prompts stopped arriving), at most
+`maxReplicasPerStep` removed per step, scale-up limited to max(+4, +100%) per step except in panic
+(need >= panicThreshold x ready: jump, and no scale-down until the panic has been quiet for
+`panic_hold_seconds`). Replicas still starting count as supply, so a tick never re-orders what is
+already on its way. Missing, stale or unreachable metrics hold; partial metrics can scale up but
+never down. A cold-start-aware hold (`burst_hold`) keeps the capacity of bursts that recur within
+max(scale-down window, 3 x time-to-ready) of each other: shorter than a cold start, such bursts are
+served only by replicas already there.
 """
 
 from __future__ import annotations
