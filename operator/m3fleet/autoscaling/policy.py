@@ -67,7 +67,7 @@ SHIFT_EVIDENCE: Final = 3  # running requests needed before their resident token
 # taking every noisy rise at once ratchets the estimate up to its largest sample.
 RISE_EVIDENCE: Final = 5
 LEARNING_SECONDS: Final = 3600.0  # the learned throughput bound decays to nothing over this long
-LEARNED_AFTER: Final = 2  # saturated observations before the learned throughput replaces the prior
+LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
 LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prior x 4]
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
