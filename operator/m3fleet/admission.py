@@ -16,6 +16,9 @@ What it never does:
   and a finalizer can always be removed, so deletion is never held up;
 * refuse anything about an object that is being deleted.
 
+An update that moves the replicas to the other workload kind (a replica that now spans nodes, or no longer
+does) is admitted with a warning: the running replicas are replaced, not rolled.
+
 Pure: same document, same verdict — so every operator replica (active or standby) answers alike.
 """
 
@@ -26,9 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from m3fleet.api import parse_resource
+from m3fleet.api.models import Plan
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
-from m3fleet.render import render
+from m3fleet.render import render, replacement_notice, workload_kind
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,21 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
             ),
         )
     try:
-        render(resource, plan(resource.spec))
+        planned = plan(resource.spec)
+        render(resource, planned)
     except (SpecError, SpecErrors) as exc:
         return Verdict(False, str(exc))
-    return ALLOWED
+    notice = _replacement(old, planned) if operation == "UPDATE" else None
+    return Verdict(True, warnings=(f"spec: {notice}",)) if notice else ALLOWED
+
+
+def _replacement(old: Mapping[str, Any] | None, planned: Plan) -> str | None:
+    """The warning for an update that changes the workload kind; None when the old spec did not plan (there
+    was nothing running to replace) or the kind stays."""
+    if not isinstance(old, Mapping):
+        return None
+    try:
+        previous = plan(parse_resource(old).spec)
+    except (SpecError, SpecErrors):
+        return None
+    return replacement_notice(workload_kind(previous), planned)

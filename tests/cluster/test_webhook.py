@@ -196,3 +196,62 @@ def test_a_paused_standby_serves_the_webhook(fleet: Cluster, tmp_path: Path) -> 
     finally:
         delete(fleet, name, NAMESPACE)
         fleet.upgrade_chart(peering__enabled=False)
+
+
+def at_one_million(name: str, sequences: int) -> dict[str, Any]:
+    """MXFP8 at 1M tokens: two full-length sequences fit one H200 node (a Deployment), three need two (a group)."""
+    document = valid(name)
+    document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
+    document["spec"]["context"] = {"maxModelLen": 1_048_576, "minSequencesAtMaxLen": sequences}
+    return document
+
+
+ROLES = {1: ["single"], 2: ["leader", "worker"]}  # the pods' m3fleet.dev/role: a Deployment's, a group's
+RESOURCE_OF = {"Deployment": "deployment", "LeaderWorkerSet": "leaderworkerset"}
+
+
+def test_a_replica_that_outgrows_its_node_moves_to_a_group_and_back_with_a_warning_and_an_event(
+    fleet: Cluster, operator: OperatorProcess
+) -> None:
+    name = "regrouped"
+
+    def roles() -> list[str]:
+        return sorted(p["metadata"]["labels"]["m3fleet.dev/role"] for p in pods(fleet, name, NAMESPACE))
+
+    def replaced_events() -> list[str]:
+        events = fleet.list("events", NAMESPACE)
+        return [
+            e["message"]
+            for e in events
+            if e["involvedObject"].get("name") == name and e["reason"] == "WorkloadReplaced"
+        ]
+
+    try:
+        assert "Warning" not in fleet.apply(at_one_million(name, 1)).stderr
+        wait_ready(fleet, name, NAMESPACE)
+        assert roles() == ROLES[1]
+        moves = [(3, 2, "Deployment", "LeaderWorkerSet"), (1, 1, "LeaderWorkerSet", "Deployment")]
+        for done, (sequences, nodes, running, replacement) in enumerate(moves, start=1):
+            notice = f"each replica now spans {nodes} node(s): the {running} is replaced by a {replacement}"
+            applied = fleet.apply(at_one_million(name, sequences))
+            assert f"Warning: spec: {notice}" in applied.stderr, applied.stderr
+            eventually(
+                f"the {running} gone, the {replacement} there",
+                lambda running=running, replacement=replacement: (
+                    fleet.get(RESOURCE_OF[running], name, NAMESPACE) is None
+                    and fleet.get(RESOURCE_OF[replacement], name, NAMESPACE) is not None
+                ),
+                60,
+            )
+            eventually(f"only the {replacement}'s pods", lambda nodes=nodes: roles() == ROLES[nodes], 120)
+            body = wait_ready(fleet, name, NAMESPACE)
+            assert body["status"]["plan"]["nodesPerReplica"] == nodes
+            assert condition(body, "Ready")["observedGeneration"] == body["metadata"]["generation"]
+            said = eventually(
+                f"{done} WorkloadReplaced Event(s)",
+                lambda done=done: len(replaced_events()) == done and replaced_events(),
+                30,
+            )
+            assert any(message.startswith(notice) for message in said), said
+    finally:
+        delete(fleet, name, NAMESPACE)

@@ -154,3 +154,37 @@ def test_same_document_same_verdict() -> None:
     """Every operator replica answers alike: the verdict depends on the document alone."""
     document = changed(**REFUSED["kv-cache-does-not-fit"][0])
     assert len({review("CREATE", copy.deepcopy(document)) for _ in range(3)}) == 1
+
+
+def _at_one_million(sequences: int) -> dict[str, Any]:
+    """The MXFP8 checkpoint at 1M tokens: one H200 node holds two such sequences, three need a second node."""
+    return changed(
+        model={"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}},
+        parallelism={"strategy": "tp"},
+        context={"maxModelLen": 1_048_576, "minSequencesAtMaxLen": sequences},
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "running", "replacement"),
+    [(1, 3, "Deployment", "LeaderWorkerSet"), (3, 1, "LeaderWorkerSet", "Deployment")],
+    ids=["onto-two-nodes", "back-onto-one"],
+)
+def test_an_update_that_moves_replicas_to_the_other_workload_kind_is_admitted_with_a_warning(
+    old: int, new: int, running: str, replacement: str
+) -> None:
+    verdict = review("UPDATE", _at_one_million(new), _at_one_million(old))
+    assert verdict.allowed and verdict.message == ""
+    assert len(verdict.warnings) == 1, verdict.warnings
+    warning = verdict.warnings[0]
+    assert warning.startswith(f"spec: each replica now spans {2 if new == 3 else 1} node(s): ")
+    assert f"the {running} is replaced by a {replacement}" in warning
+    assert "serves nothing until the new replicas are ready" in warning
+
+
+def test_no_warning_when_the_kind_stays_or_nothing_was_running() -> None:
+    assert review("UPDATE", _at_one_million(2), _at_one_million(1)).warnings == ()  # still one node
+    assert review("UPDATE", changed(replicas=3), BASE).warnings == ()
+    assert review("CREATE", _at_one_million(3)).warnings == ()  # a new fleet replaces nothing
+    refused = changed(**REFUSED["kv-cache-does-not-fit"][0])
+    assert review("UPDATE", _at_one_million(3), refused).warnings == ()  # the old spec never ran

@@ -36,12 +36,13 @@ from m3fleet.controller.secrets import ssh_key_secret
 from m3fleet.controller.status import Blocked, Workload, model_cache_record, status_update
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
-from m3fleet.render import cache_mount, labels, render, required_secrets, set_owner
+from m3fleet.render import cache_mount, labels, render, replacement_notice, required_secrets, set_owner
 from m3fleet.render.ownership import CONFLICT_REASON, NameConflict, conflict, conflict_message, controlled_by
 
 Key = tuple[str, str, str]  # apiVersion, kind, name
 REJECTED = (400, 403, 404, 422)  # the API server refuses our intent (not a transient failure)
 SERVED_TTL_SECONDS = 30.0
+WORKLOAD_KINDS = frozenset({kube.DEPLOYMENT.kind, kube.LEADER_WORKER_SET.kind})
 CONFLICT_RETRY_SECONDS = 10.0  # a name held by a foreign object is looked at again this often (it sends no event)
 
 log = logging.getLogger("m3fleet.reconcile")
@@ -191,6 +192,7 @@ class Reconciler:
                 if done:
                     self.events.info(body, reason, ", ".join(done))
                     log.info("%s/%s: %s %s", namespace, name, reason.lower(), ", ".join(done))
+            self._say_replaced(body, outcome, plan)
         report = await self._workload_report(objects, live, namespace, name)
         cache_record = model_cache_record(resource.spec.model.cache_ref, mount)
         await self._write_status(body, outcome, report, None, plan, secrets, cache_record)
@@ -220,11 +222,19 @@ class Reconciler:
                 agreed.pop(key, None)
                 outcome.pruned.append(f"{key[1]}/{key[2]}")
 
+    def _say_replaced(self, body: Mapping[str, Any], outcome: Outcome, plan: Plan) -> None:
+        """A pruned workload of the other kind means the replicas moved between a Deployment and a
+        LeaderWorkerSet: say what that costs (the webhook warned at apply time; not everyone runs it)."""
+        for kind in sorted({item.split("/", 1)[0] for item in outcome.pruned} & WORKLOAD_KINDS):
+            notice = replacement_notice(kind, plan)
+            if notice is not None:
+                self.events.warn(body, "WorkloadReplaced", notice)
+
     async def _workload_report(
         self, objects: list[dict[str, Any]], live: dict[Key, dict[str, Any]], namespace: str, name: str
     ) -> Workload:
         """What the workload child reports; during a rollout also why pods wait (at rest this reads nothing)."""
-        workload = next(o for o in objects if o["kind"] in (kube.DEPLOYMENT.kind, kube.LEADER_WORKER_SET.kind))
+        workload = next(o for o in objects if o["kind"] in WORKLOAD_KINDS)
         report = Workload.from_live(workload["spec"]["replicas"], live.get(key_of(workload)))
         if not report.all_ready:
             report = report.with_pods(await self.api.list(kube.POD, namespace, labels.owned_selector(name)))

@@ -160,6 +160,27 @@ def _network_policy(ctx: Context) -> dict[str, Any]:
     }
 
 
+def workload_kind(plan: Plan) -> str:
+    """The child that runs the replicas: a Deployment when a replica fits one node, else a LeaderWorkerSet
+    (one leader/worker group per replica)."""
+    return "LeaderWorkerSet" if plan.nodes_per_replica > 1 else "Deployment"
+
+
+def replacement_notice(running: str, plan: Plan) -> str | None:
+    """What a spec change does to a fleet whose replicas run in a `running` (the workload kind) when the new
+    plan puts them in the other kind (the webhook warns with it, the operator's Event repeats it); None when
+    the kind stays. The two kinds are separate objects with separate rollouts, so rollout.maxSurge and
+    maxUnavailable cannot bridge them."""
+    after = workload_kind(plan)
+    if running == after:
+        return None
+    return (
+        f"each replica now spans {plan.nodes_per_replica} node(s): the {running} is replaced by a {after}, and its "
+        f"replicas are deleted once the {after} exists, not once it is ready: the fleet serves nothing until the "
+        "new replicas are ready (rollout.maxSurge and maxUnavailable do not apply across the two)"
+    )
+
+
 def render(
     resource: MiniMaxM3Deployment, plan: Plan, replicas: int | None = None, cache: CacheMount | None = None
 ) -> list[dict[str, Any]]:
@@ -175,7 +196,7 @@ def render(
         objects.append(_config_map(ctx, engine))
     if ctx.multi_node and plan.accelerator == Accelerator.GB200:
         objects.append(_compute_domain(ctx))
-    if ctx.multi_node:
+    if workload_kind(plan) == "LeaderWorkerSet":
         objects.append(_leader_worker_set(ctx, engine, count))
     else:
         objects.append(_deployment(ctx, engine, count))
@@ -226,4 +247,14 @@ def set_owner(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
     return child
 
 
-__all__ = ["cache_mount", "context_for", "labels", "render", "required_secrets", "service_name", "set_owner"]
+__all__ = [
+    "cache_mount",
+    "context_for",
+    "labels",
+    "render",
+    "replacement_notice",
+    "required_secrets",
+    "service_name",
+    "set_owner",
+    "workload_kind",
+]
