@@ -34,6 +34,21 @@ def renamed(document: dict[str, Any], name: str, namespace: str) -> dict[str, An
     return copied
 
 
+def advisory_fleet(name: str, namespace: str, prometheus: dict[str, Any], **autoscaling: Any) -> dict[str, Any]:
+    """The vLLM H200 sample with advisory autoscaling (1-2 replicas, a 5 s tick) reading `prometheus`."""
+    document = renamed(sample("vllm-h200-tp8"), name, namespace)
+    document["spec"]["autoscaling"] = {
+        "enabled": True,
+        "mode": "advisory",
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "intervalSeconds": 5,
+        "prometheus": prometheus,
+        **autoscaling,
+    }
+    return document
+
+
 def weight_volumes(cluster: Cluster, namespace: str) -> None:
     """PVCs holding weights, bound to PVs (what a storage admin provides); the tests check they survive."""
     for claim in WEIGHT_CLAIMS:

@@ -12,13 +12,12 @@ import ssl
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from tests.autoscaling.test_prometheus_safety import EMPTY_RESULT, SECRET, serving
 from tests.cluster.cluster import BIN, Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import operated_namespace, renamed, sample
+from tests.cluster.fleet import advisory_fleet, operated_namespace
 from tests.cluster.pki import Authority
 
 NAMESPACE = "prom-safety"
@@ -28,19 +27,6 @@ NAMESPACE = "prom-safety"
 def operator(chart: Cluster) -> Iterator[OperatorProcess]:
     with operated_namespace(chart, NAMESPACE, "operator-prom-safety") as running:
         yield running
-
-
-def _fleet(name: str, prometheus: dict[str, Any]) -> dict[str, Any]:
-    document = renamed(sample("vllm-h200-tp8"), name, NAMESPACE)
-    document["spec"]["autoscaling"] = {
-        "enabled": True,
-        "mode": "advisory",
-        "minReplicas": 1,
-        "maxReplicas": 2,
-        "intervalSeconds": 5,
-        "prometheus": prometheus,
-    }
-    return document
 
 
 def _reason(cluster: Cluster, name: str) -> str:
@@ -80,7 +66,7 @@ def test_no_answer_body_reaches_status_events_or_logs_and_tls_is_verified(
         everything = {**{n: p for n, (p, _) in cases.items()}, **verified, **insecure}
         try:
             for name, prometheus in everything.items():
-                chart.apply(_fleet(name, prometheus))
+                chart.apply(advisory_fleet(name, NAMESPACE, prometheus))
             for name, (_, expected) in cases.items():
                 eventually(f"{name}: {expected}", lambda n=name, e=expected: e in _reason(chart, n), 90)
             for name in (*verified, *insecure):  # Prometheus answered: the decision is on the (empty) metrics
@@ -109,7 +95,7 @@ def test_no_answer_body_reaches_status_events_or_logs_and_tls_is_verified(
 def test_only_http_urls_are_admitted_and_the_cli_agrees(
     chart: Cluster, operator: OperatorProcess, url: str, tmp_path: Path
 ) -> None:
-    document = _fleet("bad-url", {"url": url})
+    document = advisory_fleet("bad-url", NAMESPACE, {"url": url})
     result = chart.apply(document, "--dry-run=server", check=False)
     assert result.returncode != 0 and "spec.autoscaling.prometheus.url" in result.stderr, result.stderr
     assert "http:// or https://" in result.stderr

@@ -18,7 +18,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from tests.cluster.cluster import Cluster, OperatorProcess, eventually
 from tests.cluster.controlplane import free_port
-from tests.cluster.fleet import delete, pods, renamed, sample, wait_ready, weight_volumes
+from tests.cluster.fleet import advisory_fleet, delete, pods, renamed, sample, wait_ready, weight_volumes
 
 from m3fleet.autoscaling.readiness import epoch
 
@@ -158,16 +158,8 @@ def test_the_autoscaler_plans_with_the_measured_time_to_ready(chart: Cluster) ->
     coldStartSeconds to the measured p90 once the replica is measured."""
     chart.namespace(NAMESPACE)
     weight_volumes(chart, NAMESPACE)
-    document = renamed(sample("vllm-h200-tp8"), "horizon", NAMESPACE)
-    document["spec"]["autoscaling"] = {
-        "enabled": True,
-        "mode": "advisory",
-        "minReplicas": 1,
-        "maxReplicas": 2,
-        "intervalSeconds": 5,
-        "coldStartSeconds": 900,
-        "prometheus": {"url": "http://127.0.0.1:9"},  # nothing listens: the policy holds, and says so
-    }
+    # nothing listens at port 9: the policy holds, and says so
+    document = advisory_fleet("horizon", NAMESPACE, {"url": "http://127.0.0.1:9"}, coldStartSeconds=900)
     try:
         with operator(chart, free_port(), "operator-startup-horizon"):
             chart.apply(document)
