@@ -246,13 +246,44 @@ def test_two_peering_operators_the_paused_one_writes_nothing(fleet: Cluster) -> 
         fleet.upgrade_chart(peering__enabled=False)
 
 
-def test_the_namespace_scoped_install_runs_with_its_own_rbac(fleet: Cluster) -> None:
+TEAM_POOL = ("h200-4", "h200-5")
+TEAM_POOL_LABEL = "m3fleet.test/team-a-pool"
+
+
+def _team_cache(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "m3fleet.dev/v1alpha1",
+        "kind": "MiniMaxM3ModelCache",
+        "metadata": {"name": "m3", "namespace": namespace},
+        "spec": {
+            "source": {
+                "huggingFace": {
+                    "repo": "MiniMaxAI/MiniMax-M3",
+                    "revision": "0123456789abcdef0123456789abcdef01234567",
+                    "tokenSecretRef": {"name": "hf-token", "key": "token"},
+                }
+            },
+            "nodes": {"accelerator": "h200", "nodeSelector": {TEAM_POOL_LABEL: "a"}},
+            "path": "/mnt/nvme/m3fleet/team-a",
+            "deleteFilesOnRemoval": True,
+        },
+    }
+
+
+def test_the_namespace_scoped_install_runs_a_fleet_and_a_model_cache_with_its_own_rbac(fleet: Cluster) -> None:
+    """`scope=namespace`: a Role in the watched namespace plus the ClusterRole the model cache needs for nodes.
+    The operator, as that install's ServiceAccount, serves a fleet, stages a cache on its pool (Jobs, node labels),
+    places a fleet that requires the cache, and removes the cache (cleanup Jobs, labels off) — never Forbidden."""
     team = fleet.namespace("team-a")
     weight_volumes(fleet, team)
     fleet.install_chart(
         "team-a-operator", "m3fleet-team-a", "--set", "scope=namespace", "--set", f"watchNamespace={team}"
     )
-    document = renamed(sample("vllm-h200-tp8"), "scoped", team)
+    node_label = f"cache.m3fleet.dev/{team}.m3"
+
+    def labels_of(node: str) -> dict[str, str]:
+        return dict(((fleet.get("node", node) or {}).get("metadata") or {}).get("labels") or {})
+
     with fleet.operator(
         "--namespace",
         team,
@@ -261,9 +292,36 @@ def test_the_namespace_scoped_install_runs_with_its_own_rbac(fleet: Cluster) -> 
         service_account="team-a-operator-m3fleet",
         name="operator-namespaced",
     ) as scoped:
-        fleet.apply(document)
+        fleet.apply(renamed(sample("vllm-h200-tp8"), "scoped", team))
         try:
             wait_ready(fleet, "scoped", team)
         finally:
             delete(fleet, "scoped", team)
+
+        for node in TEAM_POOL:
+            fleet.kubectl("label", "node", node, f"{TEAM_POOL_LABEL}=a", "--overwrite")
+        fleet.kubectl("create", "secret", "generic", "hf-token", "-n", team, "--from-literal=token=hf_x")
+        cached = renamed(sample("vllm-h200-tp8"), "cached", team)
+        cached["spec"]["model"]["cacheRef"] = {"name": "m3"}
+        try:
+            fleet.apply(_team_cache(team))
+            eventually(
+                "the pool's nodes labelled ready",
+                lambda: all(labels_of(n).get(node_label) == "ready" for n in TEAM_POOL),
+                90,
+            )
+            fleet.apply(cached)
+            body = wait_ready(fleet, "cached", team)
+            assert body["status"]["modelCache"]["name"] == "m3"
+            [pod] = pods(fleet, "cached", team)
+            assert pod["spec"]["nodeName"] in TEAM_POOL
+            delete(fleet, "cached", team)
+            fleet.kubectl("delete", "m3cache", "m3", "-n", team, "--wait=false")
+            eventually("the cache removed", lambda: fleet.get("m3cache", "m3", team) is None, 90)
+            assert not any(node_label in labels_of(n) for n in TEAM_POOL)
+        finally:
+            fleet.kubectl("delete", "m3d", "cached", "-n", team, "--ignore-not-found", "--wait=false", check=False)
+            fleet.kubectl("delete", "m3cache", "m3", "-n", team, "--ignore-not-found", "--wait=false", check=False)
+            for node in TEAM_POOL:
+                fleet.kubectl("label", "node", node, f"{TEAM_POOL_LABEL}-")
         assert scoped.forbidden() == []
