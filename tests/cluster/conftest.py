@@ -3,35 +3,18 @@ the chart is installed once with Helm; each test starts the operator it needs as
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from tests.cluster.cluster import Cluster
-from tests.cluster.controlplane import ControlPlane, build
+from tests.cluster.cluster import Cluster, fresh_cluster
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    # Not under pytest's basetemp: another pytest run on the machine may prune that while we run.
-    workdir = Path(tempfile.mkdtemp(prefix="m3fleet-cluster-"))
-    control_plane = ControlPlane(build(), workdir)
-    try:
-        control_plane.start()
-    except Exception:
-        control_plane.dump_logs()
-        control_plane.stop()
-        raise
-    cluster = Cluster(control_plane, workdir)
-    try:
+    with fresh_cluster("m3fleet-cluster-") as cluster:
         yield cluster
-    finally:
-        control_plane.stop()
-    shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
