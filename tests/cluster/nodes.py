@@ -29,10 +29,14 @@ class NodeSpec:
     gpus: int = 0
     gpu_resource: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    extended: dict[str, str] = field(default_factory=dict)  # other device-plugin resources (RDMA NICs)
 
     @property
     def pool(self) -> str:
         return self.name.rsplit("-", 1)[0]
+
+
+RDMA_RESOURCE = "rdma/ib"  # what an RDMA device plugin advertises (the CRD's own example name)
 
 
 def _h200(i: int) -> NodeSpec:
@@ -43,6 +47,7 @@ def _h200(i: int) -> NodeSpec:
         memory="2063731952Ki",
         gpus=8,
         gpu_resource="nvidia.com/gpu",
+        extended={RDMA_RESOURCE: "8"},  # one InfiniBand NIC per GPU, as p5en nodes have
         labels={
             "nvidia.com/gpu.present": "true",
             "nvidia.com/gpu.product": "NVIDIA-H200",
@@ -103,7 +108,7 @@ def _allocatable(spec: NodeSpec) -> dict[str, str]:
     resources = {"cpu": str(int(spec.cpu) - 1), "memory": spec.memory, "pods": "110", "ephemeral-storage": "3Ti"}
     if spec.gpus:
         resources[spec.gpu_resource] = str(spec.gpus)
-    return resources
+    return {**resources, **spec.extended}
 
 
 def node_object(spec: NodeSpec, ip: str) -> dict[str, Any]:

@@ -5,7 +5,8 @@ proven with the apiserver's own PodSecurity admission: in a namespace labelled
 `pod-security.kubernetes.io/enforce=<level>` the real ReplicaSet / LeaderWorkerSet controllers create the pods and
 the resource becomes Ready; in a namespace one level stricter the controllers' pod creations are refused (their
 FailedCreate events say `violates PodSecurity`). NVIDIA vLLM/SGLang/TensorRT-LLM single-node pods are `restricted`
-(nothing is stricter), TensorRT-LLM multi-node `baseline`, AMD `privileged`.
+(nothing is stricter), TensorRT-LLM multi-node `baseline`, AMD `privileged`, and any pod with RDMA
+(`nodePool.extraResources`, here on H200 nodes that advertise `rdma/ib`) `privileged`.
 
 The NetworkPolicy is a child like the others: created, owned, drift-corrected, re-created and pruned.
 """
@@ -20,16 +21,19 @@ import pytest
 from tests.cluster import dra
 from tests.cluster.cluster import Cluster, OperatorProcess, eventually
 from tests.cluster.fleet import delete, pods, renamed, sample, wait_ready, weight_volumes
+from tests.cluster.nodes import RDMA_RESOURCE
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 LEVEL = "m3fleet.dev/pod-security-level"
 STRICTER = {"privileged": "baseline", "baseline": "restricted"}
-# sample, the level its engine pods need
-CASES = {
-    "vllm-h200": ("vllm-h200-tp8", "restricted"),
-    "sglang-gb200": ("sglang-gb200-mxfp8-2x4-tp8-ep8", "restricted"),
-    "trtllm-gb200": ("trtllm-gb200-2x4-tep", "baseline"),
-    "vllm-mi355x": ("vllm-mi355x-mxfp4", "privileged"),
+RDMA = {"nodePool": {"extraResources": {RDMA_RESOURCE: 1}}}
+# sample, the level its engine pods need, what the case changes in the sample's spec
+CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "vllm-h200": ("vllm-h200-tp8", "restricted", {}),
+    "sglang-gb200": ("sglang-gb200-mxfp8-2x4-tp8-ep8", "restricted", {}),
+    "trtllm-gb200": ("trtllm-gb200-2x4-tep", "baseline", {}),
+    "vllm-mi355x": ("vllm-mi355x-mxfp4", "privileged", {}),
+    "vllm-h200-rdma": ("vllm-h200-tp8", "privileged", RDMA),
 }
 
 
@@ -69,11 +73,16 @@ def _violations(cluster: Cluster, namespace: str) -> list[str]:
 def test_engine_pods_are_admitted_at_their_level_and_refused_one_stricter(
     chart: Cluster, operator: OperatorProcess, case: str
 ) -> None:
-    stem, level = CASES[case]
+    stem, level, change = CASES[case]
+
+    def document(namespace: str) -> dict[str, Any]:
+        body = renamed(sample(stem), case, namespace)
+        body["spec"].update(change)
+        return body
+
     admitted = _namespace(chart, f"psa-{case}-{level}", level)
-    document = renamed(sample(stem), case, admitted)
-    chart.apply(document)
-    if document["spec"]["accelerator"] == "gb200":
+    chart.apply(document(admitted))
+    if document(admitted)["spec"]["accelerator"] == "gb200":
         dra.serve_compute_domain(chart, f"{case}-compute-domain", admitted)  # what the DRA driver does
     assert _workload(chart, case, admitted)["metadata"]["annotations"][LEVEL] == level
     wait_ready(chart, case, admitted, timeout=240)
@@ -82,11 +91,15 @@ def test_engine_pods_are_admitted_at_their_level_and_refused_one_stricter(
     if level == "restricted":
         for pod in created:
             assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    for resource in change.get("nodePool", {}).get("extraResources", {}):
+        for pod in created:  # scheduled on a node that has it, with the capability RDMA needs
+            [engine] = [c for c in pod["spec"]["containers"] if resource in c["resources"].get("limits", {})]
+            assert "IPC_LOCK" in engine["securityContext"]["capabilities"]["add"], engine["securityContext"]
     delete(chart, case, admitted)  # frees the GPU nodes for the next case
     if level == "restricted":
         return  # nothing is stricter than restricted
     stricter = _namespace(chart, f"psa-{case}-{STRICTER[level]}", STRICTER[level])
-    chart.apply(renamed(sample(stem), case, stricter))
+    chart.apply(document(stricter))
     found = eventually(f"PodSecurity refusals in {stricter}", lambda: _violations(chart, stricter), 120)
     assert any(f'"{STRICTER[level]}:' in v for v in found), found
     assert not pods(chart, case, stricter)
