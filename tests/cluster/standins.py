@@ -1,7 +1,8 @@
 """The closed loop's parts on the real tier: engine stand-ins that follow kwok's pods (one per running engine pod,
-exporting vLLM 0.33's metric format on its own loopback port, found by Prometheus through file-based service
-discovery with the labels the chart's PodMonitor gives engine series), a fleet-wide demand they share, and
-readers of what the operator recorded."""
+exporting its fleet's engine's own metric format — vLLM 0.33, SGLang 0.5.23 with one series per TP rank, or
+TensorRT-LLM — on its own loopback port, found by Prometheus through file-based service discovery with the labels
+the chart's PodMonitor gives engine series), a fleet-wide demand they share, and readers of what the operator
+recorded."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.autoscaling.prom import EngineState, MetricsServer, vllm_text
+from tests.autoscaling.prom import EngineState, MetricsServer, sglang_text, trtllm_text, vllm_text
 from tests.cluster.cluster import Cluster, ClusterError
 from tests.cluster.cluster import eventually as cluster_eventually
 from tests.cluster.fleet import renamed, sample
@@ -28,8 +29,8 @@ PROMPT = 8000.0
 REQUEST_RATE = 0.05  # per pod: the counters grow steadily (no counter resets when the load changes)
 
 
-def fleet(name: str, mode: str) -> dict[str, Any]:
-    document = renamed(sample("vllm-h200-tp8"), name, NAMESPACE)
+def fleet(name: str, mode: str, stem: str = "vllm-h200-tp8") -> dict[str, Any]:
+    document = renamed(sample(stem), name, NAMESPACE)
     document["spec"]["autoscaling"] = {
         "enabled": True,
         "mode": mode,
@@ -45,8 +46,18 @@ def fleet(name: str, mode: str) -> dict[str, Any]:
     return document
 
 
+def exposition(plan: Plan, state: EngineState, elapsed: float) -> str:
+    """One replica's /metrics in its engine's own format. SGLang repeats its gauges on every TP rank (as with
+    --enable-metrics-for-all-schedulers), so the adapter must not sum them."""
+    if plan.engine == "sglang":
+        return sglang_text(state, elapsed, tp=plan.tensor_parallel_size, dp=plan.data_parallel_size)
+    if plan.engine == "trtllm":
+        return trtllm_text(state, elapsed)
+    return vllm_text(state, elapsed, max_model_len=plan.max_model_len)
+
+
 class StandIns:
-    """One vLLM stand-in per running engine pod of the `plans`' fleets (of a multi-node replica, its leader: the
+    """One stand-in per running engine pod of the `plans`' fleets (of a multi-node replica, its leader: the
     only pod that serves metrics), exporting that fleet's plan's KV capacity, and the target list Prometheus
     reads."""
 
@@ -98,12 +109,7 @@ class StandIns:
             for pod, name in running.items():
                 if pod not in self.servers:
                     server = MetricsServer(
-                        {
-                            "/metrics": lambda t, f=name: (
-                                200,
-                                vllm_text(self.state(f), t, max_model_len=self.plans[f].max_model_len),
-                            )
-                        }
+                        {"/metrics": lambda t, f=name: (200, exposition(self.plans[f], self.state(f), t))}
                     ).__enter__()
                     with self._lock:
                         self.servers[pod] = (name, server)

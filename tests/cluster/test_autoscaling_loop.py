@@ -1,11 +1,11 @@
 """The closed loop on the real tier: engine stand-ins -> a real Prometheus -> the operator's autoscaler
 (`m3fleet run`, the chart's ServiceAccount) -> the real Deployment -> kwok's pods -> the stand-ins.
 
-* One stand-in per running engine pod: when kwok brings a pod up, a stand-in starts exporting vLLM 0.33's
-  metric format (tests/autoscaling/prom.py's `vllm_text`) on its own loopback port; when the pod goes, its
-  stand-in stops. Prometheus finds them through file-based service discovery (the test writes the target
-  list as Kubernetes service discovery would), each target labelled as the chart's PodMonitor labels engine
-  series: `namespace`, `m3fleet_dev_name` (the fleet) and `pod` (the replica the adapter groups by).
+* One stand-in per running engine pod: when kwok brings a pod up, a stand-in starts exporting its engine's metric
+  format (tests/autoscaling/prom.py's `vllm_text`, `sglang_text`, `trtllm_text`) on its own loopback port;
+  when the pod goes, its stand-in stops. Prometheus finds them through file-based service discovery (the test
+  writes the target list as Kubernetes service discovery would), each target labelled as the chart's PodMonitor
+  labels engine series: `namespace`, `m3fleet_dev_name` (the fleet) and `pod` (the replica the adapter groups by).
 * The load is a fleet-wide demand, in replicas' worth of KV at the 0.8 target, shared by the pods up: it
   rises (the KV term asks for more replicas), then falls (it asks for fewer). The number of requests in
   flight stays the same, so the KV term, not the arrival estimate, decides.
@@ -16,7 +16,9 @@
   any of `spec`, and `metadata.generation` never moves).
 
 A LeaderWorkerSet fleet (two H200 nodes a replica) grows by a group and shrinks by a group the same way: its
-leader's stand-in is the replica's metrics, and a whole group's pods come and go.
+leader's stand-in is the replica's metrics, and a whole group's pods come and go. An SGLang TP8 fleet (its gauges
+on all eight ranks) and a TensorRT-LLM fleet (KV in blocks and its exported block size) go up and down through their
+own formats, and the capacity each engine reports agrees with the plan.
 
 What this leaves unproven: real engines' timings and load (kwok's pods are ready within a second).
 """
@@ -217,3 +219,54 @@ def test_a_leaderworkerset_fleet_grows_and_shrinks_by_a_group(
             assert spec_managers(chart, name) == {"kubectl"}
         finally:
             delete(chart, name, NAMESPACE)
+
+
+def _engine_fleets() -> dict[str, dict[str, object]]:
+    """An SGLang TP8 fleet (eight per-rank series per pod) and a single-node TensorRT-LLM fleet, 1-2 replicas."""
+    sglang = fleet("loop-sglang", "act", "sglang-h200-bf16-tp8")
+    trtllm = fleet("loop-trtllm", "act")
+    trtllm["spec"]["engine"] = {"name": "trtllm"}
+    for document in (sglang, trtllm):
+        document["spec"]["autoscaling"]["maxReplicas"] = 2
+    return {"loop-sglang": sglang, "loop-trtllm": trtllm}
+
+
+def test_sglang_and_tensorrt_llm_formats_drive_the_same_loop(
+    chart: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """The same demand through each engine's own exposition: up by one replica, down by one. SGLang's capacity is
+    one rank's value per pool (its TP8 pods repeat it eight times) and TensorRT-LLM's comes from its blocks and
+    exported block size, so both agree with the plan: no KVCapacityMismatch."""
+    documents = _engine_fleets()
+    plans = {name: make_plan(parse_resource(document).spec) for name, document in documents.items()}
+    targets = tmp_path / "targets.json"
+    workdir = tmp_path / "prom"
+    workdir.mkdir()
+    with StandIns(chart, targets, plans) as standins, prometheus(workdir, scrape_config(targets)) as url:
+        try:
+            for document in documents.values():
+                document["spec"]["autoscaling"]["prometheus"]["url"] = url  # type: ignore[index]
+                chart.apply(document)
+            for name in documents:
+                wait_ready(chart, name, NAMESPACE)
+            eventually("a stand-in per fleet", lambda: all(standins.up(n) == 1 for n in documents), 30)
+            for demand, count in ((BUSY, 2), (QUIET, 1)):
+                standins.demand.update(dict.fromkeys(documents, demand))
+                for name in documents:
+                    eventually(
+                        f"{name} at {count}, a stand-in each",
+                        lambda n=name, c=count: replicas(chart, n) == c and standins.up(n) == c,
+                        120,
+                        lambda n=name: autoscaling(chart, n),
+                    )
+            for name in documents:
+                messages = events(chart, name, "Scaled")
+                assert any("scale-up 1 -> 2" in m for m in messages), messages
+                assert any("scale-down 2 -> 1" in m for m in messages), messages
+                assert events(chart, name, "KVCapacityMismatch") == [], name
+                capacity = autoscaling(chart, name).get("capacity") or {}
+                assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, (name, capacity)
+                assert abs(capacity["ratio"] - 1.0) < 0.02, (name, capacity)  # read from the engine, not the plan
+        finally:
+            for name in documents:
+                delete(chart, name, NAMESPACE)
