@@ -9,6 +9,7 @@ import pytest
 
 from m3fleet.api.models import AutoscalingSpec
 from m3fleet.autoscaling.policy import (
+    WINDOW_RELEASED,
     Action,
     Behavior,
     PolicyConfig,
@@ -122,6 +123,7 @@ def test_the_scale_down_window_forgets_a_burst_whose_long_prompts_stopped(releas
     config = replace(ROUND, release_ended_bursts=release)
     decision, _ = decide(config, state, snapshot(*chat), fleet(6))
     assert decision.desired_replicas == expected
+    assert (WINDOW_RELEASED in decision.reason) == release, decision.reason  # the status says why
 
 
 @pytest.mark.parametrize(

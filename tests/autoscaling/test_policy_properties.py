@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide
+from m3fleet.autoscaling.policy import WINDOW_RELEASED, Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.signals import MetricsSnapshot
 
 from .plans import config
@@ -112,20 +112,25 @@ def test_starting_replicas_suppress_duplicate_scale_ups(
 def test_no_scale_down_inside_the_window(
     cfg: PolicyConfig, first: dict[str, float], later: list[dict[str, float]], gaps: list[float]
 ) -> None:
+    # Without queues: replicas ordered for a backlog are, by design, not held for a whole window (a backlog
+    # drains on the replicas it is queued on; `transient_release`, tested in test_inputs.py).
     state, now = PolicyState(), NOW
-    decision, state = decide(cfg, state, _snapshot(cfg, 1, first), fleet(1))
-    current, start = decision.desired_replicas, now
+    decision, state = decide(cfg, state, _snapshot(cfg, 1, first, waiting=0), fleet(1))
+    current, start, released = decision.desired_replicas, now, False
     for load, gap in zip(later, gaps, strict=False):
         now += gap
-        snap = _snapshot(cfg, current, load)
+        snap = _snapshot(cfg, current, load, waiting=0)
         snap = MetricsSnapshot(
             engine=snap.engine,
             time=now,
             replicas=tuple(r.__class__(**{**r.__dict__, "sample_time": now}) for r in snap.replicas),
         )
         decision, state = decide(cfg, state, snap, fleet(current, now=now))
-        if now - start < cfg.scale_down_window_seconds:
-            assert decision.desired_replicas >= current
+        # The one exception, by design and said in the reason: long prompts stopped arriving, and the window
+        # forgot the burst (from then on it holds only what it saw since).
+        released = released or WINDOW_RELEASED in decision.reason
+        if now - start < cfg.scale_down_window_seconds and not released:
+            assert decision.desired_replicas >= current, decision.reason
         current = decision.desired_replicas
         state = PolicyState.from_dict(json.loads(json.dumps(state.to_dict())))  # as the operator persists it
 

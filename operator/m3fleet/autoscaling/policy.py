@@ -70,6 +70,8 @@ LEARNING_SECONDS: Final = 3600.0  # the learned throughput bound decays to nothi
 LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
 LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prior x 4]
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+# The reason's note on a tick whose scale-down window forgot a burst (so it may scale down inside the window).
+WINDOW_RELEASED: Final = "long prompts stopped arriving: the scale-down window forgets the burst"
 
 
 class Shift(StrEnum):
@@ -997,6 +999,8 @@ def decide(
     if terms.capacity.warning:
         notes.append("KV capacity reported unlike the plan (see capacity)")
 
+    if terms.long_prompts_ended and config.release_ended_bursts and state.history:
+        notes.append(WINDOW_RELEASED)
     panic_until = state.panic_until if panic_active else None
     if terms.need >= config.panic_threshold * max(1, fleet.ready_replicas):
         panic_until = now + config.panic_hold_seconds
