@@ -152,8 +152,10 @@ def test_cold_start_override_replaces_every_start() -> None:
 def test_the_forecast_reads_what_the_earlier_days_recorded() -> None:
     setup = sim.prepare("recurring-burst", seed=1, minutes=60)
     policy = sim.context_aware(setup)
-    assert policy.records and all(t < setup.clock_offset for t, _ in policy.records)
-    assert max(n for _, n in policy.records) >= 3  # the earlier days' bursts needed several replicas
+    # The record the operator would keep in status, carried over from the earlier days (and only from them).
+    assert policy.demand is not None and policy.demand.samples and policy.demand.bucket == 60
+    assert all(t < setup.clock_offset for t, _ in policy.demand.samples)
+    assert max(n for _, n in policy.demand.samples) >= 3  # the earlier days' bursts needed several replicas
 
 
 def test_long_context_burst_default_resource_serves_one_million_tokens() -> None:

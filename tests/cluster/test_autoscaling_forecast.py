@@ -5,13 +5,16 @@ is quiet, and `status.autoscaling.forecast` says why.
 
 The record is written as a previous operator process would have left it (the status subresource, before this
 test's operator starts): two days of an operator cannot be waited for here; the folding of ticks into that
-record is unit-tested (tests/autoscaling/test_demand_record.py)."""
+record is unit-tested (tests/autoscaling/test_demand_record.py). It is in the form an older operator kept
+(5-minute samples, `[minute, need]`), so the test also shows an upgraded operator reading it minute by minute
+and keeping it in today's dense form."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.autoscaling.prom import prometheus
 from tests.cluster import standins as loop
@@ -25,14 +28,15 @@ from m3fleet.planner import plan as make_plan
 NAME = "loop-forecast"
 
 
-def recorded_peaks(now: float, need: float) -> DemandRecord:
-    """Samples of `need` in the hour around this time on each of the last two days (5-minute buckets)."""
+def recorded_peaks(now: float, need: float) -> dict[str, Any]:
+    """An older operator's record: `need` in each 5-minute bucket of the hour around this time on each of the
+    last two days."""
     samples = [
-        (bucket, need)
+        [bucket // 60, need]
         for day in (2, 1)
         for bucket in range(int((now - day * DAY - 1800) // 300) * 300, int(now - day * DAY + 1800), 300)
     ]
-    return DemandRecord(300, tuple((float(t), n) for t, n in samples))
+    return {"bucketSeconds": 300, "samples": samples, "open": []}
 
 
 def test_a_recorded_daily_peak_scales_a_quiet_fleet_ahead_after_an_operator_restart(
@@ -52,7 +56,7 @@ def test_a_recorded_daily_peak_scales_a_quiet_fleet_ahead_after_an_operator_rest
         try:
             document["spec"]["autoscaling"]["prometheus"]["url"] = url
             chart.apply(document)  # no operator yet: the resource waits, as after an operator's restart
-            record = recorded_peaks(time.time(), 3.0).to_status()
+            record = recorded_peaks(time.time(), 3.0)
             status = {"status": {"autoscaling": {"demand": record}}}
             chart.kubectl(
                 "patch",
@@ -79,7 +83,9 @@ def test_a_recorded_daily_peak_scales_a_quiet_fleet_ahead_after_an_operator_rest
                 assert decided["terms"]["kvReplicas"] < 1, decided  # the metrics alone say one replica
                 assert any("forecast floor 3" in m for m in loop.events(chart, NAME, "Scaled"))
                 # The record is kept as read (what the floor reads of it, at least) and this process adds to it.
-                yesterday = [s for s in record["samples"] if s[0] * 60 > time.time() - 1.5 * DAY]
-                assert yesterday and all(s in decided["demand"]["samples"] for s in yesterday), decided["demand"]
+                kept = set(DemandRecord.from_status(decided["demand"], 60).samples)
+                yesterday = [(m * 60.0, n) for m, n in record["samples"] if m * 60 > time.time() - 1.5 * DAY]
+                minutes = {(t + 60.0 * i, n) for t, n in yesterday for i in range(5)}
+                assert yesterday and minutes <= kept, decided["demand"]
         finally:
             delete(chart, NAME, loop.NAMESPACE)

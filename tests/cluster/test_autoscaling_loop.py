@@ -156,8 +156,9 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
             assert final["terms"]["kvReplicas"] < 1 and final["state"]["history"], final
             # The forecast's record of this fleet's own demand, kept in status; no earlier day recorded: no floor.
             demand = final["demand"]
-            assert demand["bucketSeconds"] == 300 and (demand["open"] or demand["samples"]), demand
-            assert all(need >= 0 for _, need in demand["open"] + demand["samples"]), demand
+            assert demand["bucketSeconds"] == 60 and (demand["open"] or demand["needs"]), demand
+            needs = [n for n in demand.get("needs", []) if n is not None] + [n for _, n in demand["open"]]
+            assert all(need >= 0 for need in needs), demand
             assert final["forecast"]["replicas"] == 0 and "a floor needs 2" in final["forecast"]["reason"], final
 
             # GitOps does not fight: no one but the user wrote any of spec (replicas included).

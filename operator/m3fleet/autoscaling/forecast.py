@@ -10,16 +10,17 @@ bounds. Pure: no clock (time is an input), no I/O.
   minReplicas and/or sets maxReplicas while it is active (AIBrix's scheduled bounds, KEDA's cron
   trigger), for peaks the user knows about.
 
-`demand_history(records, now, ...)` builds the forecast input from recorded (time, need) samples;
-the simulator uses it on the days it replays.
+`demand_history(records, now, ...)` builds the forecast input from raw (time, need) records; the operator
+and the simulator both read the bucketed `DemandRecord` below instead.
 
 The operator keeps the resource's own history in `status.autoscaling.demand` (so it survives restarts):
 `record_demand` folds each tick's `demandReplicas` (the need without backlogs) into a `DemandRecord` of
-one sample per bucket (`bucket_seconds(period)`: 5 minutes for a daily period, period/288 for longer
+one sample per bucket (`bucket_seconds(period)`: 1 minute for a daily period, period/1440 for longer
 ones, a whole number of minutes) — the largest need that held SUSTAIN_SECONDS inside the bucket — kept
-for the FORECAST_PERIODS periods the floor reads plus its look-ahead, at most MAX_SAMPLES of them
-(about 600 x 16 bytes: ~10 KB of status). A sample is [minute since the epoch of the bucket's start, need]
-(absolute, not minute-of-period: the floor must tell one period ago from two). The ticks of the bucket
+for the FORECAST_PERIODS periods the floor reads plus its look-ahead, at most MAX_SAMPLES of them. In
+status they are dense: `start` (the first bucket, minutes since the epoch: absolute, not minute-of-period,
+so the floor can tell one period ago from two) and `needs`, one number (or null) per bucket, about 15 KB
+for two days; new samples are written once SAVE_EVERY_SECONDS of them have gathered. The ticks of the bucket
 being filled are kept too (`open`, at most MAX_OPEN) until SUSTAIN_SECONDS past its end, so a need that
 rose in its last seconds is judged on whether it then held. `DemandRecord.history` reads it back.
 """
@@ -74,47 +75,80 @@ def demand_history(
     return DemandHistory(period_seconds=period, look_ahead_seconds=look_ahead, windows=tuple(windows))
 
 
-MAX_SAMPLES = 640  # closed buckets kept: two daily periods of 5-minute buckets plus a look-ahead
-MAX_OPEN = 128  # ticks of the bucket being filled (interval >= 5 s: (300 + 120) / 5 = 84)
-BUCKETS_PER_PERIOD = 288  # 5-minute buckets in a day
+MAX_SAMPLES = 3000  # closed buckets kept: two daily periods of 1-minute buckets plus a look-ahead
+MAX_OPEN = 128  # ticks of the bucket being filled (interval >= 5 s: (60 + 120) / 5 = 36)
+BUCKETS_PER_PERIOD = 1440  # 1-minute buckets in a day
+# New samples are written to status once this much of them has gathered (a restart loses at most this much):
+# one demand write per five minutes whatever the bucket.
+SAVE_EVERY_SECONDS = 300.0
 
 
 def bucket_seconds(period: float) -> float:
-    """The sample spacing for a period: 300 s for a day, period/288 (whole minutes) for longer periods."""
-    return 60.0 * max(5, math.ceil(period / BUCKETS_PER_PERIOD / 60.0))
+    """The sample spacing for a period: 60 s for a day, period/1440 (whole minutes) for longer periods. Finer
+    than the look-ahead by far: a coarser bucket moves a recorded rise to its bucket's start, and the floor
+    then orders replicas up to a bucket early every day."""
+    return 60.0 * max(1, math.ceil(period / BUCKETS_PER_PERIOD / 60.0))
 
 
 @dataclass(frozen=True)
 class DemandRecord:
     """The resource's own demand, compact enough for its status (see the module's docstring)."""
 
-    bucket: float = 300.0  # seconds per sample
+    bucket: float = 60.0  # seconds per sample
     samples: tuple[tuple[float, float], ...] = ()  # (bucket start, need that held in it), oldest first
     open: tuple[tuple[float, float], ...] = ()  # (time, need) of the ticks not yet folded into a sample
 
     def to_status(self) -> dict[str, Any]:
+        """Dense: `needs[i]` is the bucket starting `start` + i buckets (minutes since the epoch), null where
+        nothing was recorded; about 5 bytes a sample. Every key is always written (`samples`, an older
+        operator's form, as null): status is merge-patched, and a key left out would keep its old value."""
+        start: int | None = None
+        needs: list[float | None] = []
+        if self.samples:
+            first = self.samples[0][0]
+            start = int(first // 60)
+            needs = [None] * (round((self.samples[-1][0] - first) / self.bucket) + 1)
+            for t, n in self.samples:
+                needs[round((t - first) / self.bucket)] = round(n, 2)
         return {
             "bucketSeconds": int(self.bucket),
-            "samples": [[int(t // 60), round(n, 2)] for t, n in self.samples],
+            "start": start,
+            "needs": needs,
             "open": [[round(t, 1), round(n, 2)] for t, n in self.open],
+            "samples": None,
         }
 
     @classmethod
     def from_status(cls, data: Any, bucket: float) -> DemandRecord:
-        """Tolerant: anything malformed, or recorded with another bucket size, starts afresh."""
-        if not isinstance(data, Mapping) or data.get("bucketSeconds") != int(bucket):
+        """Tolerant: anything malformed, or recorded with a bucket size it cannot be read at, starts afresh.
+        The sparse form of older operators (`samples`: [minute, need] per 5-minute bucket, no `needs`) is read
+        as that need in each minute of its bucket."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("bucketSeconds"), int):
             return cls(bucket)
+        recorded = float(data["bucketSeconds"])
         try:
-            samples = tuple((float(m) * 60.0, float(n)) for m, n in data.get("samples") or ())
-            open_ = tuple((float(t), float(n)) for t, n in data.get("open") or ())
+            if "needs" in data or data.get("samples") is None:
+                if recorded != bucket:
+                    return cls(bucket)
+                first = float(data.get("start") or 0) * 60.0
+                needs = data.get("needs") or ()
+                dense = tuple((first + i * bucket, float(n)) for i, n in enumerate(needs) if n is not None)
+                return cls(bucket, dense, tuple((float(t), float(n)) for t, n in data.get("open") or ()))
+            if recorded % bucket == 0:
+                parts = int(recorded // bucket)
+                legacy = ((float(m) * 60.0, float(n)) for m, n in data["samples"])
+                return cls(bucket, tuple((t + i * bucket, n) for t, n in legacy for i in range(parts)))
         except (TypeError, ValueError):
-            return cls(bucket)
-        return cls(bucket, samples, open_)
+            pass
+        return cls(bucket)
 
-    def adds_to(self, recorded: Any) -> bool:
-        """Whether this record has a sample the recorded `status.autoscaling.demand` lacks (then it is worth a
-        status write; the open ticks alone are not)."""
-        return bool(self.samples) and self.samples != DemandRecord.from_status(recorded, self.bucket).samples
+    def worth_saving(self, recorded: Any) -> bool:
+        """Whether the samples the recorded `status.autoscaling.demand` lacks cover SAVE_EVERY_SECONDS (then
+        they are worth a status write; the open ticks alone never are)."""
+        saved = DemandRecord.from_status(recorded, self.bucket).samples
+        newest = saved[-1][0] if saved else -math.inf
+        unsaved = sum(1 for t, _ in self.samples if t > newest)
+        return unsaved * self.bucket >= SAVE_EVERY_SECONDS
 
     def history(self, now: float, period: float, look_ahead: float, periods: int = FORECAST_PERIODS) -> DemandHistory:
         """The forecast input: for k = 1..periods, the largest sample whose bucket overlaps

@@ -21,7 +21,7 @@ from m3fleet.api.models import MiniMaxM3Deployment, Plan, Variant
 from m3fleet.api.parse import parse_resource
 from m3fleet.autoscaling.calibration import calibrate
 from m3fleet.autoscaling.coldstart import ColdStartModel
-from m3fleet.autoscaling.forecast import DAY, demand_history
+from m3fleet.autoscaling.forecast import DAY, DemandRecord, bucket_seconds, record_demand
 from m3fleet.autoscaling.policy import PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.scenarios import SCENARIOS, Request, Scenario, describe_phases
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
@@ -193,28 +193,27 @@ def simulate(
 
 @dataclass
 class ContextAware:
-    """The policy as the operator runs it: its state round-tripped through `to_dict` every tick, its
-    demand (`demandReplicas`: the need without backlogs) recorded per tick (`recording`), and, given
-    earlier `records`, the forecast history read back."""
+    """The policy as the operator runs it: its state round-tripped through `to_dict` every tick, and its
+    demand (`demandReplicas`: the need without backlogs) folded into the `DemandRecord` the operator keeps in
+    `status.autoscaling.demand` (round-tripped through its status form), from which the forecast reads the
+    earlier days back."""
 
     config: PolicyConfig
     name: str = "context-aware"
     state: PolicyState = field(default_factory=PolicyState)
-    records: Sequence[tuple[float, float]] = ()
-    recording: list[tuple[float, float]] = field(default_factory=list)
+    demand: DemandRecord | None = None
 
     def desired(self, snapshot: MetricsSnapshot, fleet: FleetState) -> int:
-        if self.records:
-            look_ahead = self.config.forecast_look_ahead(fleet.time_to_ready_seconds)
-            history = demand_history(
-                self.records, fleet.now, self.config.forecast_period_seconds, look_ahead, periods=2
-            )
-            snapshot = replace(snapshot, demand_history=history)
+        period = self.config.forecast_period_seconds
+        demand = self.demand or DemandRecord(bucket_seconds(period))
+        look_ahead = self.config.forecast_look_ahead(fleet.time_to_ready_seconds)
+        if self.config.forecast:
+            snapshot = replace(snapshot, demand_history=demand.history(fleet.now, period, look_ahead))
         decision, state = decide(self.config, self.state, snapshot, fleet)
         self.state = PolicyState.from_dict(state.to_dict())
-        need = decision.terms.get("demandReplicas")
-        if need is not None:
-            self.recording.append((fleet.now, need))
+        if self.config.forecast:
+            demand = record_demand(demand, fleet.now, decision.terms.get("demandReplicas"), period, look_ahead)
+            self.demand = DemandRecord.from_status(demand.to_status(), demand.bucket)
         return decision.desired_replicas
 
 
@@ -226,14 +225,14 @@ def policy_config(setup: Setup, **overrides: Any) -> PolicyConfig:
 
 
 def context_aware(setup: Setup, **overrides: Any) -> ContextAware:
-    """The policy for the measured window, with the need it recorded on the earlier days (if any)."""
+    """The policy for the measured window, with the demand it recorded on the earlier days (if any)."""
     config = policy_config(setup, **overrides)
-    records: list[tuple[float, float]] = []
+    demand: DemandRecord | None = None
     for day in setup.earlier_days:
-        earlier = ContextAware(config, records=tuple(records))
+        earlier = ContextAware(config, demand=demand)
         simulate(setup, earlier, day.requests, day.clock_offset)
-        records.extend(earlier.recording)
-    return ContextAware(config, records=tuple(records))
+        demand = earlier.demand
+    return ContextAware(config, demand=demand)
 
 
 def run_context_aware(setup: Setup, **overrides: Any) -> PolicyResult:

@@ -9,7 +9,7 @@ The operator's scheduler ticks each resource whose spec has `autoscaling.enabled
 2. `policy.decide(...)` — pure, time is an input;
    With `autoscaling.forecast` on, the snapshot carries the resource's own demand in earlier periods, read
    from `status.autoscaling.demand` (`forecast.DemandRecord`; each tick's `demandReplicas` is folded in by
-   the pure `forecast.record_demand`: one sample per 5-minute bucket, two periods kept);
+   the pure `forecast.record_demand`: one sample per 1-minute bucket, two periods kept);
 3. record the decision in `status.autoscaling` (with the policy state, so a restarted operator keeps its
    stabilization history, and the demand record) — only when the decision changed or a demand sample was
    added (at most one per bucket), so a steady fleet causes few writes;
@@ -199,7 +199,7 @@ class Autoscaler:
         if config.forecast:
             demand = record_demand(demand, fleet.now, decision.terms.get("demandReplicas"), period, look_ahead)
             self._demand[key] = demand
-        sampled = demand.adds_to(previous.get("demand"))
+        sampled = demand.worth_saving(previous.get("demand"))
         record = decision.to_status()
         metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decision.desired_replicas)
         if not worth_recording(previous, record, decision.time) and not sampled:
