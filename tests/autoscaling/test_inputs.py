@@ -8,7 +8,14 @@ from dataclasses import replace
 import pytest
 
 from m3fleet.api.parse import parse_resource
-from m3fleet.autoscaling.forecast import ScheduleWindow, bounds_at, demand_history, forecast_floor, sustained
+from m3fleet.autoscaling.forecast import (
+    DemandRecord,
+    ScheduleWindow,
+    bounds_at,
+    forecast_floor,
+    record_demand,
+    sustained,
+)
 from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.readiness import Record, record, starting
 from m3fleet.autoscaling.signals import DemandHistory, Histogram, MetricsSnapshot
@@ -129,8 +136,10 @@ def test_time_to_ready_from_the_pods_phases() -> None:
 
 
 def test_forecast_floor_needs_the_same_demand_in_each_of_the_last_two_periods() -> None:
-    records = [(NOW - 86400 + 300, 6.2), (NOW - 2 * 86400 + 200, 5.4), (NOW - 3 * 86400 - 10, 9.0)]
-    history = demand_history(records, NOW, 86400, look_ahead=600, periods=3)
+    # One-minute samples: 5.4 two days ago and 6.2 yesterday inside the next 10 minutes' window; 9.0 three days
+    # ago in the minute just before it.
+    samples = ((NOW - 3 * 86400 - 60, 9.0), (NOW - 2 * 86400 + 180, 5.4), (NOW - 86400 + 300, 6.2))
+    history = DemandRecord(60, samples).history(NOW, 86400, look_ahead=600, periods=3)
     assert history.windows == (6.2, 5.4, None)
     floor = forecast_floor(history)
     assert floor.replicas == 5 and "each of the last 2 recorded days" in floor.reason
@@ -203,8 +212,10 @@ def test_a_need_that_did_not_hold_is_not_forecast() -> None:
     day = NOW - 86400
     records = [(day + t, 12.0 if 60 <= t < 90 else 5.0 if t >= 0 else 1.0) for t in range(-300, 600, 15)]
     assert [n for _, n in sustained(records, 120)][-1] == 5.0 and max(n for _, n in sustained(records, 120)) == 5.0
-    history = demand_history(records, NOW, 86400, look_ahead=600, periods=1)
-    assert history.windows == (5.0,)
+    recorded = DemandRecord()
+    for t, need in records:
+        recorded = record_demand(recorded, t, need, 86400, 600)
+    assert recorded.history(NOW, 86400, look_ahead=600, periods=1).windows == (5.0,)
 
 
 def test_backlog_replicas_are_not_held_for_a_whole_scale_down_window() -> None:

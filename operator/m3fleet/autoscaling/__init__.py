@@ -20,10 +20,12 @@ How an operator drives it, per resource and tick:
    starting_ages=ages, time_to_ready_seconds=record.p90_seconds, starting_remaining=remaining)` — the p90
    of the last 10 replicas to become ready, None (the spec's coldStartSeconds) until one has.
 3. `snapshot = PrometheusAdapter.for_engine(engine, url, selector=...).read(now)`; for the forecast,
-   `snapshot = dataclasses.replace(snapshot, demand_history=forecast.demand_history(records, now,
-   config.forecast_period_seconds, config.forecast_look_ahead(fleet.time_to_ready_seconds), periods=2))`
-   where `records` are the (time, `decision.terms["demandReplicas"]`) the operator kept from earlier
-   ticks (e.g. a gauge it exports, read back from Prometheus with an offset, or a small ConfigMap).
+   `snapshot = dataclasses.replace(snapshot, demand_history=record.history(now,
+   config.forecast_period_seconds, config.forecast_look_ahead(fleet.time_to_ready_seconds)))` where
+   `record` is the resource's `forecast.DemandRecord` (read with `DemandRecord.from_status` from
+   `status.autoscaling.demand`), and after the decision `record = forecast.record_demand(record, now,
+   decision.terms.get("demandReplicas"), period, look_ahead)`, written back with `to_status()` when
+   `record.worth_saving(...)` says so.
 4. `decision, state = decide(config, state, snapshot, fleet)`; persist `state.to_dict()`; write
    `decision.to_status()` to `status.autoscaling`; emit a Warning Event for each new entry of
    `decision.warnings` (e.g. `KVCapacityMismatch`); apply `decision.desired_replicas` in act mode.

@@ -10,9 +10,6 @@ bounds. Pure: no clock (time is an input), no I/O.
   minReplicas and/or sets maxReplicas while it is active (AIBrix's scheduled bounds, KEDA's cron
   trigger), for peaks the user knows about.
 
-`demand_history(records, now, ...)` builds the forecast input from raw (time, need) records; the operator
-and the simulator both read the bucketed `DemandRecord` below instead.
-
 The operator keeps the resource's own history in `status.autoscaling.demand` (so it survives restarts):
 `record_demand` folds each tick's `demandReplicas` (the need without backlogs) into a `DemandRecord` of
 one sample per bucket (`bucket_seconds(period)`: 1 minute for a daily period, period/1440 for longer
@@ -53,26 +50,6 @@ def sustained(records: Sequence[tuple[float, float]], seconds: float = SUSTAIN_S
             end += 1
         out.append((t, min(n for _, n in records[i : end + 1])))
     return out
-
-
-def demand_history(
-    records: Sequence[tuple[float, float]],
-    now: float,
-    period: float,
-    look_ahead: float,
-    periods: int = 7,
-    sustain: float = SUSTAIN_SECONDS,
-) -> DemandHistory:
-    """For k = 1..periods: the largest need that held for `sustain` seconds in
-    [now - k x period, now - k x period + look_ahead] (None when nothing was recorded there).
-    `records` are (time, need) sorted by time, e.g. the policy's `demandReplicas` per tick."""
-    windows: list[float | None] = []
-    for k in range(1, periods + 1):
-        lo, hi = now - k * period, now - k * period + look_ahead
-        inside = [(t, need) for t, need in records if lo <= t <= hi + sustain]
-        held = [need for t, need in sustained(inside, sustain) if t <= hi]
-        windows.append(max(held) if held else None)
-    return DemandHistory(period_seconds=period, look_ahead_seconds=look_ahead, windows=tuple(windows))
 
 
 MAX_SAMPLES = 3000  # closed buckets kept: two daily periods of 1-minute buckets plus a look-ahead
