@@ -122,8 +122,7 @@ class DemandRecord:
     def worth_saving(self, recorded: Any) -> bool:
         """Whether the samples the recorded `status.autoscaling.demand` lacks cover SAVE_EVERY_SECONDS (then
         they are worth a status write; the open ticks alone never are)."""
-        saved = DemandRecord.from_status(recorded, self.bucket).samples
-        newest = saved[-1][0] if saved else -math.inf
+        newest = _newest_saved(recorded, self.bucket)
         unsaved = sum(1 for t, _ in self.samples if t > newest)
         return unsaved * self.bucket >= SAVE_EVERY_SECONDS
 
@@ -136,6 +135,18 @@ class DemandRecord:
             inside = [n for t, n in self.samples if t + self.bucket > lo and t <= hi]
             windows.append(max(inside) if inside else None)
         return DemandHistory(period_seconds=period, look_ahead_seconds=look_ahead, windows=tuple(windows))
+
+
+def _newest_saved(recorded: Any, bucket: float) -> float:
+    """The newest sample's bucket in a stored record, without decoding the rest (asked every tick): today's
+    dense form ends with its newest sample; anything else is decoded."""
+    if isinstance(recorded, Mapping) and recorded.get("bucketSeconds") == int(bucket) and recorded.get("needs"):
+        try:
+            return float(recorded["start"]) * 60.0 + (len(recorded["needs"]) - 1) * bucket
+        except (TypeError, ValueError):
+            return -math.inf
+    saved = DemandRecord.from_status(recorded, bucket).samples
+    return saved[-1][0] if saved else -math.inf
 
 
 def record_demand(

@@ -999,7 +999,7 @@ def decide(
     if terms.capacity.warning:
         notes.append("KV capacity reported unlike the plan (see capacity)")
 
-    if terms.long_prompts_ended and config.release_ended_bursts and state.history:
+    if _forgets_burst(config, terms) and state.history:
         notes.append(WINDOW_RELEASED)
     panic_until = state.panic_until if panic_active else None
     if terms.need >= config.panic_threshold * max(1, fleet.ready_replicas):
@@ -1090,6 +1090,11 @@ def _floors(
     return _Floors(recommendation, forecast, bursts, floor, bounds)
 
 
+def _forgets_burst(config: PolicyConfig, terms: _Terms) -> bool:
+    """Whether this tick's scale-down window forgets what it remembered: long prompts stopped arriving."""
+    return terms.long_prompts_ended and config.release_ended_bursts
+
+
 def _stabilized(
     config: PolicyConfig,
     state: PolicyState,
@@ -1108,7 +1113,7 @@ def _stabilized(
         limit_scale_up=limit_scale_up,
     )
     history_in = state.history
-    if terms.long_prompts_ended and config.release_ended_bursts:
+    if _forgets_burst(config, terms):
         # Long prompts stopped arriving and none is resident: the window's memory of what they needed goes
         # with them (what still decodes drains on the replicas being removed).
         history_in = ()
