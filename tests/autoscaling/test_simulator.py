@@ -31,7 +31,7 @@ def run(plan_len: int, model: PerfModel, requests: list[Request], counts: list[i
         cold_starts=(300.0,),
         measured_cold_starts=(300.0,),
     )
-    sim.result = sim.run()  # type: ignore[attr-defined]
+    sim.run()
     return sim
 
 
@@ -50,7 +50,7 @@ def test_full_kv_preempts_the_newest_request_and_everything_still_finishes() -> 
     # A 40k-token pool, four 9k prompts that each grow by 4k while decoding: 52k does not fit at once.
     model = replace(PerfModel.from_plan(sample_plan()), capacity_tokens=40_960)
     requests = [Request(i, 1.0 + i * 0.01, 9_000, 4_000) for i in range(4)]
-    result = run(131072, model, requests, [1] * 100).result  # type: ignore[attr-defined]
+    result = run(131072, model, requests, [1] * 100).result()
     assert result.preemptions > 0
     assert result.unfinished == 0 and result.rejected == 0
 
@@ -58,7 +58,7 @@ def test_full_kv_preempts_the_newest_request_and_everything_still_finishes() -> 
 def test_requests_longer_than_max_model_len_are_rejected_and_excluded() -> None:
     model = PerfModel.from_plan(sample_plan())
     requests = [Request(0, 1.0, 2_000, 100), Request(1, 2.0, 200_000, 100)]  # the second exceeds 131072
-    result = run(131072, model, requests, [1] * 100).result  # type: ignore[attr-defined]
+    result = run(131072, model, requests, [1] * 100).result()
     assert (result.rejected, result.admitted, result.met) == (1, 1, 1) and result.slo_attainment == 1.0
 
 
@@ -66,7 +66,7 @@ def test_gpu_hours_bill_from_creation_including_the_cold_start() -> None:
     model = PerfModel.from_plan(sample_plan())
     # One replica all along; a second created at t=150 s (ready at 450 s, cold start 300 s), kept to the end.
     counts = [1] * 10 + [2] * 100
-    result = run(131072, model, [], counts).result  # type: ignore[attr-defined]
+    result = run(131072, model, [], counts).result()
     gpus = sample_plan().gpus_per_replica
     assert result.gpu_hours == pytest.approx(gpus * (600 + (600 - 155)) / 3600)
     assert result.scale_events == 1
@@ -87,6 +87,61 @@ def test_policies_see_only_adapter_signals() -> None:
     assert seen and all(s.queued_request_tokens == () and s.error is None for s in seen)
     late = [r for s in seen if s.time - setup.clock_offset > 40 * 60 for r in s.replicas]
     assert late and all(r.prompt_tokens is not None and r.kv_capacity_tokens for r in late)
+
+
+def test_advancing_in_steps_is_the_same_run() -> None:
+    setup = sim.prepare("bursty", seed=3, minutes=15)
+    whole = sim.run_context_aware(setup).to_dict()
+    stepped = Simulation(
+        setup.plan,
+        setup.model,
+        setup.requests,
+        sim.context_aware(setup),
+        duration=setup.duration,
+        initial_replicas=setup.scenario.initial_replicas,
+        cold_starts=setup.streams.cold_starts,
+        measured_cold_starts=setup.streams.measured,
+        clock_offset=setup.clock_offset,
+    )
+    stepped.begin()
+    t = 0.0
+    while stepped.advance(t):
+        t += 7.3
+    assert stepped.result().to_dict() == whole
+
+
+def test_an_outside_fleet_is_followed_by_name() -> None:
+    """Without an autoscaler the replicas are the ones named: a new name is ready at once and takes requests,
+    a name gone drains (its requests still finish) and takes no more."""
+    plan = sample_plan()
+    requests = [Request(i, 1.0 + i, 20_000, 50) for i in range(40)]
+    live = Simulation(
+        plan,
+        PerfModel.from_plan(plan),
+        requests,
+        None,
+        duration=60.0,
+        initial_replicas=0,
+        cold_starts=(0.0,),
+        measured_cold_starts=(),
+    )
+    live.begin()
+    live.follow(["pod-a"])
+    live.advance(10.0)
+    live.follow(["pod-a", "pod-b"])
+    live.advance(30.0)
+    live.follow(["pod-b"])
+    a, b = live.replica("pod-a"), live.replica("pod-b")
+    assert a is not None and b is not None and live.replica("replica-0") is None
+    served_by_a = sum(e.c.prompt_tokens + e.queued_tokens for e in a.engines) + sum(
+        r.need for e in a.engines for r in e.running.values()
+    )
+    live.advance(200.0)
+    assert a.draining and a.deleted is not None and not b.draining
+    assert sum(e.c.prompt_tokens for e in a.engines) <= served_by_a  # nothing routed to it after it left
+    assert sum(e.c.prompt_tokens for e in b.engines) > 0
+    result = live.result()
+    assert result.unfinished == 0 and result.name == "outside"
 
 
 @pytest.mark.parametrize("name", sorted(SLICES))

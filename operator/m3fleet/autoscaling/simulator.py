@@ -34,7 +34,7 @@ import math
 import random
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
@@ -402,9 +402,9 @@ class Scrape:
 class Replica:
     __slots__ = ("created", "deleted", "drain_started", "draining", "engines", "name", "ready", "scrapes", "serial")
 
-    def __init__(self, serial: int, created: float) -> None:
+    def __init__(self, serial: int, created: float, name: str | None = None) -> None:
         self.serial = serial
-        self.name = f"replica-{serial}"
+        self.name = name or f"replica-{serial}"
         self.created = created
         self.ready = False
         self.draining = False
@@ -482,14 +482,15 @@ class PolicyResult:
 
 
 class Simulation:
-    """One policy on one request stream. `run()` once."""
+    """One policy on one request stream. `run()` once; or, with no autoscaler, `begin()`, then `advance` and
+    `follow` the outside fleet."""
 
     def __init__(
         self,
         plan: Plan,
         model: PerfModel,
         requests: Sequence[Request],
-        autoscaler: Autoscaler,
+        autoscaler: Autoscaler | None,
         *,
         duration: float,
         initial_replicas: int,
@@ -540,16 +541,25 @@ class Simulation:
             replica.deleted = self.now
 
     def run(self) -> PolicyResult:
-        s = self.settings
-        hard_end = self.duration + s.tail_seconds
+        self.begin()
+        self.advance(self.duration + self.settings.tail_seconds)
+        return self.result()
+
+    def begin(self) -> None:
+        """Schedule the first arrival, scrape and autoscaler tick. Without an autoscaler the fleet changes only
+        through `follow`: the replicas an outside autoscaler runs (the closed-loop tier's pods)."""
         if self.requests:
             self._push(self.requests[0].arrival, self.ARRIVAL, 0)
         self._push(0.0, self.SCRAPE)
-        self._push(s.tick_offset_seconds, self.TICK)
-        while self.events:
+        if self.autoscaler is not None:
+            self._push(self.settings.tick_offset_seconds, self.TICK)
+
+    def advance(self, until: float) -> bool:
+        """Process every event up to simulated time `until`; False once the run is over (the scenario ended
+        and nothing is in flight at a tick)."""
+        s = self.settings
+        while self.events and self.events[0][0] <= until:
             t, _, kind, a, b = heapq.heappop(self.events)
-            if t > hard_end:
-                break
             self.now = t
             if kind == self.ENGINE:
                 if b == a.version:
@@ -566,10 +576,23 @@ class Simulation:
                 self._push(t + s.scrape_seconds, self.SCRAPE)
             elif kind == self.TICK:
                 if t >= self.duration and self.in_flight == 0:
-                    break
+                    self.events.clear()
+                    return False
                 self._tick()
                 self._push(t + s.tick_seconds, self.TICK)
-        return self._result()
+        return bool(self.events)
+
+    def follow(self, names: Collection[str]) -> None:
+        """Make the serving replicas exactly `names`: a new name is a replica that became ready now (its cold
+        start happened outside), a serving replica whose name is gone drains as a scale-down would."""
+        serving = {r.name: r for r in self._serving()}
+        for name in sorted(set(names) - set(serving)):
+            self._ready(self._new_replica(self.now, name))
+        for name in sorted(set(serving) - set(names)):
+            self._drain(serving[name])
+
+    def replica(self, name: str) -> Replica | None:
+        return next((r for r in self.replicas if r.name == name), None)
 
     def _arrive(self, index: int) -> None:
         spec = self.requests[index]
@@ -613,8 +636,8 @@ class Simulation:
             self.met += 1
 
     # the fleet ------------------------------------------------------------------------------------
-    def _new_replica(self, created: float) -> Replica:
-        replica = Replica(len(self.replicas), created)
+    def _new_replica(self, created: float, name: str | None = None) -> Replica:
+        replica = Replica(len(self.replicas), created, name)
         self.replicas.append(replica)
         return replica
 
@@ -733,11 +756,12 @@ class Simulation:
 
     def _tick(self) -> None:
         self._kill_overdue_drains()
-        desired = self.autoscaler.desired(self.snapshot(), self.fleet())
-        self._apply(max(0, desired))
+        if self.autoscaler is not None:  # begin() schedules ticks only with one
+            self._apply(max(0, self.autoscaler.desired(self.snapshot(), self.fleet())))
 
     # results ------------------------------------------------------------------------------------------
-    def _result(self) -> PolicyResult:
+    def result(self) -> PolicyResult:
+        """The requests met so far; GPU-hours as if the replicas running now ran to the scenario's end."""
         end = self.duration
         gpus = self.plan.gpus_per_replica
         seconds = 0.0
@@ -752,7 +776,7 @@ class Simulation:
                         minutes[minute] += 1
         unfinished = sum(1 for r in self.requests if r.prompt + r.output <= self.limit) - len(self.finished)
         return PolicyResult(
-            name=self.autoscaler.name,
+            name=self.autoscaler.name if self.autoscaler else "outside",
             requests=len(self.requests),
             rejected=self.rejected,
             met=self.met,
