@@ -126,8 +126,34 @@ def web_config(workdir: Path, tls: tuple[Path, Path, Path] | None) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Reading:
+    """One replica's /metrics at one moment, totals over its ranks: gauges, cumulative counters, and
+    cumulative histograms (a count per bound, +Inf last) over `prompt_bounds` and TTFT_BUCKETS."""
+
+    running: float
+    waiting: float
+    kv_usage: float
+    capacity_tokens: float  # the whole replica's KV tokens
+    prompt_tokens: float
+    generation_tokens: float
+    finished: float
+    preemptions: float
+    prompt_bounds: tuple[float, ...]
+    prompt_buckets: tuple[float, ...]
+    prompt_sum: float
+    ttft_buckets: tuple[float, ...]
+    ttft_sum: float
+
+    @classmethod
+    def idle(cls, capacity_tokens: float, prompt_bounds: tuple[float, ...]) -> Reading:
+        """An engine that has served nothing yet."""
+        empty = (0.0,) * (len(prompt_bounds) + 1), (0.0,) * (len(TTFT_BUCKETS) + 1)
+        return cls(0, 0, 0, capacity_tokens, 0, 0, 0, 0, prompt_bounds, empty[0], 0, empty[1], 0)
+
+
+@dataclass(frozen=True)
 class EngineState:
-    """One replica's load (totals over its ranks): gauges, rates (per second) and the one prompt
+    """One replica's steady load (totals over its ranks): gauges, rates (per second) and the one prompt
     length/TTFT it observes."""
 
     running: float
@@ -141,13 +167,39 @@ class EngineState:
     ttft_seconds: float = 0.5
     preemption_rate: float = 0.0
 
+    def reading(self, elapsed: float, prompt_bounds: tuple[float, ...]) -> Reading:
+        """What the replica exports after `elapsed` seconds at this load (counters grow at the rates)."""
+        requests_ = self.request_rate * elapsed
 
-def _histogram(name: str, labels: str, bounds: tuple[float, ...], value: float, count: float) -> list[str]:
+        def buckets(bounds: tuple[float, ...], value: float) -> tuple[float, ...]:
+            return tuple(requests_ if value <= bound else 0.0 for bound in (*bounds, math.inf))
+
+        return Reading(
+            running=self.running,
+            waiting=self.waiting,
+            kv_usage=self.kv_usage,
+            capacity_tokens=self.capacity_tokens,
+            prompt_tokens=self.prompt_tokens_rate * elapsed,
+            generation_tokens=self.generation_tokens_rate * elapsed,
+            finished=requests_,
+            preemptions=self.preemption_rate * elapsed,
+            prompt_bounds=prompt_bounds,
+            prompt_buckets=buckets(prompt_bounds, self.prompt_tokens),
+            prompt_sum=self.prompt_tokens * requests_,
+            ttft_buckets=buckets(TTFT_BUCKETS, self.ttft_seconds),
+            ttft_sum=self.ttft_seconds * requests_,
+        )
+
+
+def _histogram(
+    name: str, labels: str, bounds: tuple[float, ...], buckets: tuple[float, ...], total: float, share: float = 1.0
+) -> list[str]:
+    """A histogram's lines from its cumulative bucket counts (+Inf last), `share` of them (one DP engine's)."""
     lines = [f"# HELP {name} histogram", f"# TYPE {name} histogram"]
-    for bound in (*bounds, math.inf):
+    for bound, count in zip((*bounds, math.inf), buckets, strict=True):
         le = "+Inf" if bound == math.inf else f"{bound:.1f}"
-        lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count if value <= bound else 0}')
-    lines += [f"{name}_sum{{{labels}}} {value * count}", f"{name}_count{{{labels}}} {count}"]
+        lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count * share}')
+    lines += [f"{name}_sum{{{labels}}} {total * share}", f"{name}_count{{{labels}}} {buckets[-1] * share}"]
     return lines
 
 
@@ -160,13 +212,16 @@ def _family(name: str, kind: str, samples: list[tuple[str, float]]) -> list[str]
 
 
 def vllm_text(state: EngineState, elapsed: float, dp: int = 1, max_model_len: int = 1_048_576) -> str:
+    return vllm_exposition(state.reading(elapsed, one_two_five_buckets(max_model_len)), dp)
+
+
+def vllm_exposition(reading: Reading, dp: int = 1) -> str:
     """vLLM /metrics of one replica with `dp` engines (`--data-parallel-size dp`; TP does not show:
     a TP group is one engine). Each engine holds 1/dp of the load and of the KV."""
     model = 'model_name="MiniMaxAI/MiniMax-M3"'
     engines = [f'{model},engine="{e}"' for e in range(dp)]
-    per_engine_tokens = int(state.capacity_tokens / dp)
+    per_engine_tokens = int(reading.capacity_tokens / dp)
     blocks = per_engine_tokens // 128
-    requests_ = state.request_rate * elapsed / dp
 
     def each(value: float) -> list[tuple[str, float]]:
         return [(labels, value) for labels in engines]
@@ -180,28 +235,39 @@ def vllm_text(state: EngineState, elapsed: float, dp: int = 1, max_model_len: in
         for e in range(dp)
     ]
     lines = [
-        *_family("vllm:num_requests_running", "gauge", each(state.running / dp)),
-        *_family("vllm:num_requests_waiting", "gauge", each(state.waiting / dp)),
-        *_family("vllm:kv_cache_usage_perc", "gauge", each(state.kv_usage)),
+        *_family("vllm:num_requests_running", "gauge", each(reading.running / dp)),
+        *_family("vllm:num_requests_waiting", "gauge", each(reading.waiting / dp)),
+        *_family("vllm:kv_cache_usage_perc", "gauge", each(reading.kv_usage)),
         *_family("vllm:cache_config_info", "gauge", info),
-        *_family("vllm:prompt_tokens_total", "counter", each(state.prompt_tokens_rate * elapsed / dp)),
-        *_family("vllm:generation_tokens_total", "counter", each(state.generation_tokens_rate * elapsed / dp)),
+        *_family("vllm:prompt_tokens_total", "counter", each(reading.prompt_tokens / dp)),
+        *_family("vllm:generation_tokens_total", "counter", each(reading.generation_tokens / dp)),
         *_family(
             "vllm:request_success_total",
             "counter",
-            [(f'{labels},finished_reason="stop"', requests_) for labels in engines],
+            [(f'{labels},finished_reason="stop"', reading.finished / dp) for labels in engines],
         ),
-        *_family("vllm:num_preemptions_total", "counter", each(state.preemption_rate * elapsed / dp)),
+        *_family("vllm:num_preemptions_total", "counter", each(reading.preemptions / dp)),
     ]
     for labels in engines:
-        lines += _histogram("vllm:time_to_first_token_seconds", labels, TTFT_BUCKETS, state.ttft_seconds, requests_)
         lines += _histogram(
-            "vllm:request_prompt_tokens", labels, one_two_five_buckets(max_model_len), state.prompt_tokens, requests_
+            "vllm:time_to_first_token_seconds", labels, TTFT_BUCKETS, reading.ttft_buckets, reading.ttft_sum, 1 / dp
+        )
+        lines += _histogram(
+            "vllm:request_prompt_tokens",
+            labels,
+            reading.prompt_bounds,
+            reading.prompt_buckets,
+            reading.prompt_sum,
+            1 / dp,
         )
     return "\n".join(lines) + "\n"
 
 
 def sglang_text(state: EngineState, elapsed: float, tp: int = 8, dp: int = 1, all_schedulers: bool = True) -> str:
+    return sglang_exposition(state.reading(elapsed, one_two_five_buckets(1_048_576)), tp, dp, all_schedulers)
+
+
+def sglang_exposition(reading: Reading, tp: int = 8, dp: int = 1, all_schedulers: bool = True) -> str:
     """SGLang /metrics of one replica: `--tp tp` and, with dp > 1, `--dp dp --enable-dp-attention`
     (attention TP = tp / dp, one KV pool per DP rank). Only attention-TP rank 0 of each pool emits,
     unless `all_schedulers` (--enable-metrics-for-all-schedulers): then every rank repeats its pool."""
@@ -215,59 +281,68 @@ def sglang_text(state: EngineState, elapsed: float, tp: int = 8, dp: int = 1, al
         labels = f'{model},tp_rank="{rank}",pp_rank="0",moe_ep_rank="{rank}"'
         ranks.append((labels + (f',dp_rank="{pool}"' if dp > 1 else ""), pool))
     share = 1.0 / dp
-    pool_tokens = int(state.capacity_tokens * share)
+    pool_tokens = int(reading.capacity_tokens * share)
 
     def gauge(value: float) -> list[tuple[str, float]]:
         return [(labels, value) for labels, _ in ranks]
 
-    requests_ = state.request_rate * elapsed
+    finished = reading.finished
     lines = [
-        *_family("sglang:num_running_reqs", "gauge", gauge(state.running * share)),
-        *_family("sglang:num_queue_reqs", "gauge", gauge(state.waiting * share)),
-        *_family("sglang:token_usage", "gauge", gauge(state.kv_usage)),
-        *_family("sglang:num_used_tokens", "gauge", gauge(round(state.kv_usage * pool_tokens))),
+        *_family("sglang:num_running_reqs", "gauge", gauge(reading.running * share)),
+        *_family("sglang:num_queue_reqs", "gauge", gauge(reading.waiting * share)),
+        *_family("sglang:token_usage", "gauge", gauge(reading.kv_usage)),
+        *_family("sglang:num_used_tokens", "gauge", gauge(round(reading.kv_usage * pool_tokens))),
         *_family("sglang:max_total_num_tokens", "gauge", gauge(pool_tokens)),
         *_family("sglang:page_size", "gauge", gauge(1)),
-        *_family("sglang:num_retracted_requests_total", "counter", gauge(state.preemption_rate * elapsed * share)),
+        *_family("sglang:num_retracted_requests_total", "counter", gauge(reading.preemptions * share)),
         *_family(
             "sglang:prompt_tokens_total",
             "counter",
-            [(f'{model},is_streaming="true"', state.prompt_tokens_rate * elapsed)],
+            [(f'{model},is_streaming="true"', reading.prompt_tokens)],
         ),
         *_family(
             "sglang:generation_tokens_total",
             "counter",
-            [(f'{model},is_streaming="true"', state.generation_tokens_rate * elapsed)],
+            [(f'{model},is_streaming="true"', reading.generation_tokens)],
         ),
     ]
-    lines += _histogram("sglang:time_to_first_token_seconds", model, TTFT_BUCKETS, state.ttft_seconds, requests_)
-    lines += _histogram("sglang:e2e_request_latency_seconds", model, TTFT_BUCKETS, 10.0, requests_)
+    ttft = reading.ttft_buckets, reading.ttft_sum
+    lines += _histogram("sglang:time_to_first_token_seconds", model, TTFT_BUCKETS, *ttft)
+    # End-to-end latency: only its count (requests finished) is read; every request is put at 10 s.
+    e2e = tuple(finished if bound >= 10.0 else 0.0 for bound in (*TTFT_BUCKETS, math.inf))
+    lines += _histogram("sglang:e2e_request_latency_seconds", model, TTFT_BUCKETS, e2e, 10.0 * finished)
     lines += _histogram(
-        "sglang:prompt_tokens_histogram", model, one_two_five_buckets(1_048_576), state.prompt_tokens, requests_
+        "sglang:prompt_tokens_histogram", model, reading.prompt_bounds, reading.prompt_buckets, reading.prompt_sum
     )
     return "\n".join(lines) + "\n"
 
 
 def trtllm_text(state: EngineState, elapsed: float, tokens_per_block: int = 64, export_block_size: bool = True) -> str:
+    reading = state.reading(elapsed, one_two_five_buckets(1_048_576))
+    return trtllm_exposition(reading, tokens_per_block, export_block_size)
+
+
+def trtllm_exposition(reading: Reading, tokens_per_block: int = 64, export_block_size: bool = True) -> str:
     labels = 'model_name="MiniMaxAI/MiniMax-M3",engine_type="trtllm"'
-    max_blocks = state.capacity_tokens / tokens_per_block
-    requests_ = state.request_rate * elapsed
+    max_blocks = reading.capacity_tokens / tokens_per_block
     lines = [
-        *_family("trtllm_num_requests_running", "gauge", [(labels, state.running)]),
-        *_family("trtllm_num_requests_waiting", "gauge", [(labels, state.waiting)]),
-        *_family("trtllm_kv_cache_utilization", "gauge", [(labels, state.kv_usage)]),
+        *_family("trtllm_num_requests_running", "gauge", [(labels, reading.running)]),
+        *_family("trtllm_num_requests_waiting", "gauge", [(labels, reading.waiting)]),
+        *_family("trtllm_kv_cache_utilization", "gauge", [(labels, reading.kv_usage)]),
         *_family("trtllm_kv_cache_max_blocks", "gauge", [(labels, max_blocks)]),
-        *_family("trtllm_kv_cache_used_blocks", "gauge", [(labels, state.kv_usage * max_blocks)]),
+        *_family("trtllm_kv_cache_used_blocks", "gauge", [(labels, reading.kv_usage * max_blocks)]),
         *(
             _family("trtllm_kv_cache_tokens_per_block", "gauge", [(labels, tokens_per_block)])
             if export_block_size
             else []
         ),
-        *_family("trtllm_prompt_tokens_total", "counter", [(labels, state.prompt_tokens_rate * elapsed)]),
-        *_family("trtllm_generation_tokens_total", "counter", [(labels, state.generation_tokens_rate * elapsed)]),
-        *_family("trtllm_request_success_total", "counter", [(labels, requests_)]),
+        *_family("trtllm_prompt_tokens_total", "counter", [(labels, reading.prompt_tokens)]),
+        *_family("trtllm_generation_tokens_total", "counter", [(labels, reading.generation_tokens)]),
+        *_family("trtllm_request_success_total", "counter", [(labels, reading.finished)]),
     ]
-    lines += _histogram("trtllm_time_to_first_token_seconds", labels, TTFT_BUCKETS, state.ttft_seconds, requests_)
+    lines += _histogram(
+        "trtllm_time_to_first_token_seconds", labels, TTFT_BUCKETS, reading.ttft_buckets, reading.ttft_sum
+    )
     return "\n".join(lines) + "\n"
 
 

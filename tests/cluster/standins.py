@@ -1,8 +1,9 @@
 """The closed loop's parts on the real tier: engine stand-ins that follow kwok's pods (one per running engine pod,
 exporting its fleet's engine's own metric format — vLLM 0.33, SGLang 0.5.23 with one series per TP rank, or
 TensorRT-LLM — on its own loopback port, found by Prometheus through file-based service discovery with the labels
-the chart's PodMonitor gives engine series), a fleet-wide demand they share, and readers of what the operator
-recorded."""
+the chart's PodMonitor gives engine series), the load they export (a stepped fleet-wide demand they share, or a
+scenario's requests served by the simulator's engine model: tests/cluster/live.py), and readers of what the
+operator recorded."""
 
 from __future__ import annotations
 
@@ -10,16 +11,24 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from tests.autoscaling.prom import EngineState, MetricsServer, sglang_text, trtllm_text, vllm_text
+from tests.autoscaling.prom import (
+    EngineState,
+    MetricsServer,
+    Reading,
+    sglang_exposition,
+    trtllm_exposition,
+    vllm_exposition,
+)
 from tests.cluster.cluster import Cluster, ClusterError
 from tests.cluster.cluster import eventually as cluster_eventually
 from tests.cluster.fleet import renamed, sample
 
 from m3fleet.api.models import Plan
+from m3fleet.autoscaling.signals import one_two_five_buckets
 
 NAMESPACE = "loop"
 ACT, ADVISORY = "loop-act", "loop-advisory"
@@ -46,24 +55,60 @@ def fleet(name: str, mode: str, stem: str = "vllm-h200-tp8") -> dict[str, Any]:
     return document
 
 
-def exposition(plan: Plan, state: EngineState, elapsed: float) -> str:
+def exposition(plan: Plan, reading: Reading) -> str:
     """One replica's /metrics in its engine's own format. SGLang repeats its gauges on every TP rank (as with
     --enable-metrics-for-all-schedulers), so the adapter must not sum them."""
     if plan.engine == "sglang":
-        return sglang_text(state, elapsed, tp=plan.tensor_parallel_size, dp=plan.data_parallel_size)
+        return sglang_exposition(reading, tp=plan.tensor_parallel_size, dp=plan.data_parallel_size)
     if plan.engine == "trtllm":
-        return trtllm_text(state, elapsed)
-    return vllm_text(state, elapsed, max_model_len=plan.max_model_len)
+        return trtllm_exposition(reading)
+    return vllm_exposition(reading)
+
+
+class Load(Protocol):
+    """What the stand-ins export: told which pods of a fleet run, asked for one pod's reading."""
+
+    def follow(self, fleet: str, pods: Collection[str]) -> None: ...
+
+    def reading(self, fleet: str, pod: str, elapsed: float) -> Reading: ...
+
+
+class SteppedDemand:
+    """A fleet-wide demand, in replicas' worth of KV at the 0.8 target, shared equally by the pods up; the test
+    steps it (`demand[fleet] = ...`). Requests in flight and the arrival rate per pod stay the same, so the KV
+    term decides (and the counters grow steadily: no resets when the demand changes)."""
+
+    def __init__(self, plans: dict[str, Plan]) -> None:
+        self.plans = plans
+        self.demand: dict[str, float] = {}
+        self.up: dict[str, int] = {}
+
+    def follow(self, fleet: str, pods: Collection[str]) -> None:
+        self.up[fleet] = len(pods)
+
+    def reading(self, fleet: str, pod: str, elapsed: float) -> Reading:
+        plan, up = self.plans[fleet], max(1, self.up.get(fleet, 1))
+        state = EngineState(
+            running=IN_FLIGHT / up,
+            waiting=0,
+            kv_usage=min(0.95, 0.8 * self.demand.get(fleet, QUIET) / up),
+            capacity_tokens=float(plan.kv_cache_tokens_per_replica),
+            prompt_tokens_rate=REQUEST_RATE * PROMPT,
+            generation_tokens_rate=REQUEST_RATE * 256,
+            request_rate=REQUEST_RATE,
+            prompt_tokens=PROMPT,
+        )
+        return state.reading(elapsed, one_two_five_buckets(plan.max_model_len))
 
 
 class StandIns:
     """One stand-in per running engine pod of the `plans`' fleets (of a multi-node replica, its leader: the
-    only pod that serves metrics), exporting that fleet's plan's KV capacity, and the target list Prometheus
-    reads."""
+    only pod that serves metrics), exporting what the `load` says of it (by default a `SteppedDemand`: set
+    `demand`), and the target list Prometheus reads."""
 
-    def __init__(self, cluster: Cluster, targets: Path, plans: dict[str, Plan]) -> None:
+    def __init__(self, cluster: Cluster, targets: Path, plans: dict[str, Plan], load: Load | None = None) -> None:
         self.cluster, self.targets, self.plans = cluster, targets, plans
-        self.demand: dict[str, float] = {}
+        self.load: Load = load or SteppedDemand(plans)
         self.servers: dict[str, tuple[str, MetricsServer]] = {}  # pod -> (fleet, its stand-in)
         self.started: list[str] = []  # pods a stand-in was started for, in order
         self.stopped: list[str] = []
@@ -72,21 +117,13 @@ class StandIns:
         self._write()
         self._thread = threading.Thread(target=self._follow, daemon=True)
 
-    def state(self, fleet: str) -> EngineState:
-        with self._lock:
-            up = sum(1 for f, _ in self.servers.values() if f == fleet)
-        up = max(1, up)
-        usage = min(0.95, 0.8 * self.demand.get(fleet, QUIET) / up)
-        return EngineState(
-            running=IN_FLIGHT / up,
-            waiting=0,
-            kv_usage=usage,
-            capacity_tokens=float(self.plans[fleet].kv_cache_tokens_per_replica),
-            prompt_tokens_rate=REQUEST_RATE * PROMPT,
-            generation_tokens_rate=REQUEST_RATE * 256,
-            request_rate=REQUEST_RATE,
-            prompt_tokens=PROMPT,
-        )
+    @property
+    def demand(self) -> dict[str, float]:
+        assert isinstance(self.load, SteppedDemand), "only a stepped demand is set by hand"
+        return self.load.demand
+
+    def _metrics(self, fleet: str, pod: str, elapsed: float) -> tuple[int, str]:
+        return 200, exposition(self.plans[fleet], self.load.reading(fleet, pod, elapsed))
 
     def up(self, fleet: str) -> int:
         with self._lock:
@@ -106,22 +143,22 @@ class StandIns:
                 time.sleep(0.5)
                 continue
             changed = False
-            for pod, name in running.items():
-                if pod not in self.servers:
-                    server = MetricsServer(
-                        {"/metrics": lambda t, f=name: (200, exposition(self.plans[f], self.state(f), t))}
-                    ).__enter__()
-                    with self._lock:
-                        self.servers[pod] = (name, server)
-                        self.started.append(pod)
-                    changed = True
             for pod in [p for p in self.servers if p not in running]:
                 with self._lock:
                     _, server = self.servers.pop(pod)
                     self.stopped.append(pod)
                 server.__exit__(None, None, None)
                 changed = True
+            for pod, name in running.items():
+                if pod not in self.servers:
+                    server = MetricsServer({"/metrics": lambda t, f=name, p=pod: self._metrics(f, p, t)})
+                    with self._lock:
+                        self.servers[pod] = (name, server.__enter__())
+                        self.started.append(pod)
+                    changed = True
             if changed:
+                for name in self.plans:
+                    self.load.follow(name, [p for p, (f, _) in self.servers.items() if f == name])
                 self._write()
             self._stop.wait(0.5)
 
