@@ -1,7 +1,9 @@
 """Real-Prometheus test helpers: engine-format metrics served over HTTP, and a Prometheus process.
 
-The server renders each engine's exposition text from an `EngineState` at the current wall time
-(counters grow at the state's rates), so Prometheus scrapes what a real engine would expose.
+Each engine's exposition text is rendered from a `Reading` (gauges, cumulative counters and histograms at one
+moment): an `EngineState`'s steady rates times the seconds since the server started (`vllm_text` & co.), or a
+replica's counters in the simulator's engine model (tests/cluster/live.py), so Prometheus scrapes what a real
+engine would expose.
 Prometheus always listens on 127.0.0.1 with a temporary data dir and is stopped by PID.
 """
 
