@@ -230,8 +230,9 @@ def test_missing_metrics_hold_without_recording_the_current_count() -> None:
     assert decide(ROUND, state, complete, fleet(8, now=later))[0].desired_replicas == 7
 
 
-def _bursts(config: PolicyConfig, rates: list[float]) -> list[tuple[int, int, str]]:
-    """Replicas after each 15 s tick under a total request rate (50k-token prompts: need = rate)."""
+def _ticks(config: PolicyConfig, rates: list[float]) -> list[tuple[int, int, str, PolicyState]]:
+    """(seconds, replicas, reason, state) after each 15 s tick of a new fleet under a total request rate
+    (50k-token prompts: need = rate), the state round-tripped through its status form."""
     state, current, out = PolicyState(), 1, []
     for i, rate in enumerate(rates):
         now = NOW + 15 * i
@@ -240,8 +241,21 @@ def _bursts(config: PolicyConfig, rates: list[float]) -> list[tuple[int, int, st
         decision, state = decide(config, state, snap, fleet(current, now=now))
         state = PolicyState.from_dict(json.loads(json.dumps(state.to_dict())))
         current = decision.desired_replicas
-        out.append((15 * i, current, decision.reason))
+        out.append((15 * i, current, decision.reason, state))
     return out
+
+
+def _bursts(config: PolicyConfig, rates: list[float]) -> list[tuple[int, int, str]]:
+    """Replicas after each 15 s tick under a total request rate (50k-token prompts: need = rate)."""
+    return [(t, n, reason) for t, n, reason, _ in _ticks(config, rates)]
+
+
+def test_a_new_fleet_warming_up_is_no_burst() -> None:
+    """In a new fleet's first rate window finishes lag arrivals, so the rate seen climbs from near zero: no
+    burst (it would pair with the first real one and misplace it). A jump after a full window is one."""
+    ticks = _ticks(ROUND, [0.1, 0.3, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 3.0])
+    assert all(state.bursts == () for *_, state in ticks[:-1])
+    assert [t for t, _ in ticks[-1][3].bursts] == [NOW + 15 * 8]
 
 
 # Two 2-minute bursts to 3 requests/s, 15 minutes apart, over 0.8/s: shorter than a cold start.

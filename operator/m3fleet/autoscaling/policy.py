@@ -23,8 +23,9 @@ in (fractional) replicas, is the largest of three terms:
   Arrivals come from conservation (requests finishing + growth of those in flight over the rate
   window) times the arrival-side prompt length: prompt tokens per first token on replicas without
   a queue (the router sends new requests there; a queued replica prefills the past), smoothed over
-  two minutes. A doubling of the rate, or resident requests suddenly far longer than anything seen
-  recently, is a burst, taken at once; long prompts no longer arriving are taken at once too, so
+  two minutes. A doubling of the rate (once a whole rate window has been seen: a new fleet's rate
+  climbs from near zero as its first finishes lag), or resident requests suddenly far longer than
+  anything seen recently, is a burst, taken at once; long prompts no longer arriving are taken at once too, so
   the estimate adds no lag of its own to a scale-down.
 
 Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
@@ -715,9 +716,11 @@ def _prefill_term(
     in_flight = _window(state.in_flight, fleet.now, load.running + load.waiting, window)
     leaving = [r.finished_rate if r.finished_rate is not None else r.first_token_rate for r in fresh]
     if any(v is not None for v in leaving):
-        rate, burst = _rate_estimate(
-            state.request_rate, _request_rate(_sum(leaving), in_flight), elapsed, rising and config.fast_rise
-        )
+        observed = _request_rate(_sum(leaving), in_flight)
+        if _warming_up(state.in_flight, fleet.now, window):
+            rate, burst = observed, False  # a rate window not yet seen: rising from nothing is no burst
+        else:
+            rate, burst = _rate_estimate(state.request_rate, observed, elapsed, rising and config.fast_rise)
     else:  # no rate yet (a replica's first scrape): keep what we had, do not learn "zero"
         rate, burst = state.request_rate or 0.0, False
     arrivals = rate * prompt_tokens
@@ -920,6 +923,12 @@ def _window(
     while len(entries) > 2 and now - entries[1][0] >= window:
         entries.pop(0)
     return tuple(entries)
+
+
+def _warming_up(in_flight: tuple[tuple[float, float], ...], now: float, window: float) -> bool:
+    """Whether the previous estimate saw less than a rate window (a new fleet, or after a long gap): its
+    rates are partial and the finishes lag the arrivals, so the first full window looks like a jump."""
+    return not in_flight or now - in_flight[0][0] < window
 
 
 def _request_rate(leaving: float, in_flight: tuple[tuple[float, float], ...]) -> float:
