@@ -103,9 +103,14 @@ def test_engine_pods_are_admitted_at_their_level_and_refused_one_stricter(
     found = eventually(f"PodSecurity refusals in {stricter}", lambda: _violations(chart, stricter), 120)
     assert any(f'"{STRICTER[level]}:' in v for v in found), found
     assert not pods(chart, case, stricter)
-    body = chart.get("m3d", case, stricter) or {}
-    ready = [c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
-    assert ready and ready[0]["status"] != "True", ready
+
+    def ready() -> list[dict[str, Any]]:
+        body = chart.get("m3d", case, stricter) or {}
+        return [c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
+
+    # The ReplicaSet controller may report the refusals before the operator has written its status.
+    [condition] = eventually(f"a Ready condition on {case} in {stricter}", ready, 60)
+    assert condition["status"] != "True", condition
     delete(chart, case, stricter, wait=False)
 
 
