@@ -258,6 +258,20 @@ def test_a_new_fleet_warming_up_is_no_burst() -> None:
     assert [t for t, _ in ticks[-1][3].bursts] == [NOW + 15 * 8]
 
 
+def test_a_rate_seen_after_a_long_gap_is_no_burst() -> None:
+    """After more than a rate window without a tick (the operator down) the old estimate is of another time:
+    a higher rate then is taken as it is, not as a burst; the same rise on the next tick is one."""
+    then = NOW - 600
+    state = PolicyState(last_time=then, request_rate=0.5, prompt_tokens=50_000, in_flight=((then - 60, 4), (then, 4)))
+    load = replicas(1, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=3.0)
+    _, after = decide(ROUND, state, snapshot(*load), fleet(1))
+    assert after.bursts == () and after.request_rate == pytest.approx(3.0)
+    _, ticked = decide(
+        ROUND, replace(state, last_time=NOW - 15, in_flight=((NOW - 75, 4), (NOW - 15, 4))), snapshot(*load), fleet(1)
+    )
+    assert [t for t, _ in ticked.bursts] == [NOW]
+
+
 # Two 2-minute bursts to 3 requests/s, 15 minutes apart, over 0.8/s: shorter than a cold start.
 BURSTS = [0.8] * 10 + [3.0] * 8 + [0.8] * 52 + [3.0] * 8 + [0.8] * 200
 

@@ -926,9 +926,10 @@ def _window(
 
 
 def _warming_up(in_flight: tuple[tuple[float, float], ...], now: float, window: float) -> bool:
-    """Whether the previous estimate saw less than a rate window (a new fleet, or after a long gap): its
-    rates are partial and the finishes lag the arrivals, so the first full window looks like a jump."""
-    return not in_flight or now - in_flight[0][0] < window
+    """Whether there is no current estimate to jump from: a new fleet has seen less than a rate window (its
+    rates are partial and the finishes lag the arrivals, so the first full window looks like a jump), and
+    after a gap longer than a window (the operator down, say) the estimate is of another time."""
+    return not in_flight or now - in_flight[0][0] < window or now - in_flight[-1][0] > window
 
 
 def _request_rate(leaving: float, in_flight: tuple[tuple[float, float], ...]) -> float:
