@@ -172,10 +172,6 @@ class EngineState:
     def reading(self, elapsed: float, prompt_bounds: tuple[float, ...]) -> Reading:
         """What the replica exports after `elapsed` seconds at this load (counters grow at the rates)."""
         requests_ = self.request_rate * elapsed
-
-        def buckets(bounds: tuple[float, ...], value: float) -> tuple[float, ...]:
-            return tuple(requests_ if value <= bound else 0.0 for bound in (*bounds, math.inf))
-
         return Reading(
             running=self.running,
             waiting=self.waiting,
@@ -186,11 +182,16 @@ class EngineState:
             finished=requests_,
             preemptions=self.preemption_rate * elapsed,
             prompt_bounds=prompt_bounds,
-            prompt_buckets=buckets(prompt_bounds, self.prompt_tokens),
+            prompt_buckets=_all_at(prompt_bounds, self.prompt_tokens, requests_),
             prompt_sum=self.prompt_tokens * requests_,
-            ttft_buckets=buckets(TTFT_BUCKETS, self.ttft_seconds),
+            ttft_buckets=_all_at(TTFT_BUCKETS, self.ttft_seconds, requests_),
             ttft_sum=self.ttft_seconds * requests_,
         )
+
+
+def _all_at(bounds: tuple[float, ...], value: float, count: float) -> tuple[float, ...]:
+    """Cumulative bucket counts (+Inf last) of `count` observations, every one equal to `value`."""
+    return tuple(count if value <= bound else 0.0 for bound in (*bounds, math.inf))
 
 
 def _histogram(
@@ -311,7 +312,7 @@ def sglang_exposition(reading: Reading, tp: int = 8, dp: int = 1, all_schedulers
     ttft = reading.ttft_buckets, reading.ttft_sum
     lines += _histogram("sglang:time_to_first_token_seconds", model, TTFT_BUCKETS, *ttft)
     # End-to-end latency: only its count (requests finished) is read; every request is put at 10 s.
-    e2e = tuple(finished if bound >= 10.0 else 0.0 for bound in (*TTFT_BUCKETS, math.inf))
+    e2e = _all_at(TTFT_BUCKETS, 10.0, finished)
     lines += _histogram("sglang:e2e_request_latency_seconds", model, TTFT_BUCKETS, e2e, 10.0 * finished)
     lines += _histogram(
         "sglang:prompt_tokens_histogram", model, reading.prompt_bounds, reading.prompt_buckets, reading.prompt_sum

@@ -45,7 +45,7 @@ class ScenarioLoad:
     """One fleet's stand-in load: `requests` served by the plan's engine model on the pods that run."""
 
     def __init__(self, fleet: str, plan: Plan, requests: list[Request]) -> None:
-        self.fleet, self.plan = fleet, plan
+        self.fleet = fleet
         duration = max((r.arrival for r in requests), default=0.0)
         self.sim = Simulation(
             plan,

@@ -25,8 +25,8 @@ in (fractional) replicas, is the largest of three terms:
   a queue (the router sends new requests there; a queued replica prefills the past), smoothed over
   two minutes. A doubling of the rate (once a whole rate window has been seen: a new fleet's rate
   climbs from near zero as its first finishes lag), or resident requests suddenly far longer than
-  anything seen recently, is a burst, taken at once; long prompts no longer arriving are taken at once too, so
-  the estimate adds no lag of its own to a scale-down.
+  anything seen recently, is a burst, taken at once; long prompts no longer arriving are taken at
+  once too, so the estimate adds no lag of its own to a scale-down.
 
 Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
 scale-down window wins; the window forgets a burst once its long prompts stopped arriving), at most
