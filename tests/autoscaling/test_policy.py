@@ -213,6 +213,21 @@ def test_no_scale_down_inside_the_window_then_one_replica_per_step() -> None:
     assert current == 1
 
 
+def test_a_scale_down_prices_each_replica_by_its_resident_kv() -> None:
+    # Three idle-ish replicas past the window: one is removed, and the costs say which (the least KV first).
+    loads = {"r-0": 0.30, "r-1": 0.02, "r-2": 0.10}
+    idle = snapshot(
+        *(replica(n, running=1, kv_usage=u, prompt_tokens=2_000, request_rate=0.01) for n, u in loads.items())
+    )
+    decision, _ = decide(ROUND, PolicyState(history=((NOW - 400, 3),)), idle, fleet(3))
+    assert decision.action == Action.SCALE_DOWN
+    assert decision.removal_costs == {n: round(u * MILLION) for n, u in loads.items()}
+    assert min(decision.removal_costs, key=decision.removal_costs.__getitem__) == "r-1"
+    # A hold or a scale-up removes nothing, so it prices nothing.
+    held, _ = decide(ROUND, PolicyState(), idle, fleet(3))
+    assert held.action == Action.HOLD and held.removal_costs == {}
+
+
 def test_first_tick_without_history_never_scales_down() -> None:
     idle = snapshot(*replicas(4))
     decision, _ = decide(ROUND, PolicyState(), idle, fleet(4))

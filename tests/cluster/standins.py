@@ -74,24 +74,30 @@ class Load(Protocol):
 
 
 class SteppedDemand:
-    """A fleet-wide demand, in replicas' worth of KV at the 0.8 target, shared equally by the pods up; the test
-    steps it (`demand[fleet] = ...`). Requests in flight and the arrival rate per pod stay the same, so the KV
-    term decides (and the counters grow steadily: no resets when the demand changes)."""
+    """A fleet-wide demand, in replicas' worth of KV at the 0.8 target, shared by the pods up; the test steps it
+    (`demand[fleet] = ...`). Each pod started later holds a quarter more than the one before it, so the pod a
+    ReplicaSet deletes by default (the newest) is the busiest. Requests in flight and the arrival rate per pod stay
+    the same, so the KV term decides (and the counters grow steadily: no resets when the demand changes)."""
 
     def __init__(self, plans: dict[str, Plan]) -> None:
         self.plans = plans
         self.demand: dict[str, float] = {}
-        self.up: dict[str, int] = {}
+        self.order: dict[str, list[str]] = {}  # the fleet's pods up, oldest stand-in first
 
     def follow(self, fleet: str, pods: Collection[str]) -> None:
-        self.up[fleet] = len(pods)
+        self.order[fleet] = list(pods)
+
+    def share(self, fleet: str, pod: str) -> float:
+        order = self.order.get(fleet) or [pod]
+        weights = [1 + 0.25 * i for i in range(len(order))]
+        return weights[order.index(pod)] / sum(weights) if pod in order else 1 / len(order)
 
     def reading(self, fleet: str, pod: str, elapsed: float) -> Reading:
-        plan, up = self.plans[fleet], max(1, self.up.get(fleet, 1))
+        plan, up = self.plans[fleet], max(1, len(self.order.get(fleet) or ()))
         state = EngineState(
             running=IN_FLIGHT / up,
             waiting=0,
-            kv_usage=min(0.95, 0.8 * self.demand.get(fleet, QUIET) / up),
+            kv_usage=min(0.95, 0.8 * self.demand.get(fleet, QUIET) * self.share(fleet, pod)),
             capacity_tokens=float(plan.kv_cache_tokens_per_replica),
             prompt_tokens_rate=REQUEST_RATE * PROMPT,
             generation_tokens_rate=REQUEST_RATE * 256,

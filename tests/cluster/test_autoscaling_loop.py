@@ -6,14 +6,15 @@
   when the pod goes, its stand-in stops. Prometheus finds them through file-based service discovery (the test
   writes the target list as Kubernetes service discovery would), each target labelled as the chart's PodMonitor
   labels engine series: `namespace`, `m3fleet_dev_name` (the fleet) and `pod` (the replica the adapter groups by).
-* The load is a fleet-wide demand, in replicas' worth of KV at the 0.8 target, shared by the pods up: it
-  rises (the KV term asks for more replicas), then falls (it asks for fewer). The number of requests in
-  flight stays the same, so the KV term, not the arrival estimate, decides.
-* Checks: the act fleet's Deployment scales up, then down; decisions and reasons in `status.autoscaling`;
-  `Scaled` Events; the advisory fleet under the same load gets `ScaleRecommended` and its Deployment is
-  never changed; Prometheus down -> the policy holds the last replicas and says why (and scales down once
-  Prometheus is back); the resources' `spec.replicas` is never written (only the user's field manager owns
-  any of `spec`, and `metadata.generation` never moves).
+* The load is a fleet-wide demand, in replicas' worth of KV at the 0.8 target, shared by the pods up (each later
+  pod a little busier): it rises (the KV term asks for more replicas), then falls (it asks for fewer). The number of
+  requests in flight stays the same, so the KV term, not the arrival estimate, decides.
+* Checks: the act fleet's Deployment scales up, then down, keeping the busiest pod (the operator prices each pod by
+  its resident KV through pod-deletion-cost; left alone, the ReplicaSet deletes the newest); decisions and reasons
+  in `status.autoscaling`; `Scaled` Events; the advisory fleet under the same load gets `ScaleRecommended` and its
+  Deployment and pods are never changed; Prometheus down -> the policy holds the last replicas and says why (and
+  scales down once Prometheus is back); the resources' `spec.replicas` is never written (only the user's field
+  manager owns any of `spec`, and `metadata.generation` never moves).
 
 A LeaderWorkerSet fleet (two H200 nodes a replica) grows by a group and shrinks by a group the same way: its
 leader's stand-in is the replica's metrics, and a whole group's pods come and go. An SGLang TP8 fleet (its gauges
@@ -56,6 +57,7 @@ from tests.cluster.standins import (
 )
 
 from m3fleet.api import parse_resource
+from m3fleet.autoscaling.policy import POD_DELETION_COST
 from m3fleet.planner import plan as make_plan
 
 
@@ -100,6 +102,9 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
                 what_now=lambda: autoscaling(chart, ACT),
             )
             assert replicas(chart, ACT) == 3
+            # The stand-ins load each later pod more, so the newest (the ReplicaSet's default victim) is the busiest.
+            by_age = [p for p in standins.started if p.startswith(f"{ACT}-")]
+            assert len(by_age) == 3, standins.started
             up_events = events(chart, ACT, "Scaled")
             assert any("scale-up 1 -> " in m and "KV demand" in m for m in up_events), up_events
             decided = autoscaling(chart, ACT)
@@ -149,6 +154,15 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
                 what_now=lambda: autoscaling(chart, ACT),
             )
             eventually("the stand-ins of the removed pods stopped", lambda: standins.up(ACT) == 1, 60)
+            # The operator priced each pod by its resident KV (pod-deletion-cost), so the ReplicaSet removed the least
+            # loaded first and kept the busiest, not its own default choice (the newest ready pod).
+            kept = pods(chart, ACT, NAMESPACE)
+            assert [p["metadata"]["name"] for p in kept] == by_age[-1:], (by_age, kept)
+            assert int(kept[0]["metadata"]["annotations"][POD_DELETION_COST]) > 0, kept[0]["metadata"]
+            assert all(
+                POD_DELETION_COST not in (p["metadata"].get("annotations") or {})
+                for p in pods(chart, ADVISORY, NAMESPACE)
+            )  # advisory changes nothing
             down = [m for m in events(chart, ACT, "Scaled") if "scale-down" in m]
             assert any("scale-down 3 -> 2" in m for m in down) and any("scale-down 2 -> 1" in m for m in down), down
             assert len(standins.started) >= 4 and len(standins.stopped) >= 2

@@ -295,6 +295,9 @@ class Decision:
     # Warnings for Events: (reason, message), e.g. ("KVCapacityMismatch", ...). The operator emits each
     # when it first appears (compare with the previous status's `warnings`).
     warnings: tuple[tuple[str, str], ...] = ()
+    # On a scale-down: each measured replica's cost of removal (its resident KV tokens), so the replicas holding
+    # the least work go first; the operator hands it to a Deployment's ReplicaSet as POD_DELETION_COST.
+    removal_costs: dict[str, int] = field(default_factory=dict)
 
     @property
     def applied(self) -> bool:
@@ -1040,6 +1043,7 @@ def decide(
         prefill=terms.prefill,
         time_to_ready=ttr,
         warnings=warnings,
+        removal_costs=removal_costs(health.fresh, terms.capacity.replica) if desired < current else {},
     )
     new_state = PolicyState(
         history=history,
@@ -1166,6 +1170,24 @@ def _burst_floor(bursts: tuple[tuple[float, int], ...], now: float, window: floa
         return 0
     (t0, n0), (t1, n1) = bursts
     return min(n0, n1) if t1 - t0 <= window and now - t1 <= window else 0
+
+
+# Read by the ReplicaSet controller when it picks the pods a scale-down deletes: the lowest cost goes first
+# (an integer in a string; an unannotated pod counts 0). Not-ready pods go before any ready one whatever it says.
+POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+INT32_MAX = 2**31 - 1
+
+
+def removal_costs(fresh: Sequence[ReplicaSignals], plan_capacity: float) -> dict[str, int]:
+    """What removing each measured replica costs: the KV tokens resident on it, i.e. the work a drain must finish
+    or cut short. The replica holding the least goes first, as the simulator drains; left to itself the ReplicaSet
+    deletes the newest ready pod, whatever it holds."""
+    costs: dict[str, int] = {}
+    for replica in fresh:
+        resident = replica.used_tokens(replica.kv_capacity_tokens or plan_capacity)
+        if resident is not None:
+            costs[replica.replica] = min(INT32_MAX, max(0, round(resident)))
+    return costs
 
 
 def replicas_to_apply(spec: MiniMaxM3DeploymentSpec, status: Mapping[str, Any]) -> int:

@@ -14,7 +14,8 @@ stays event-driven, so an hour of traffic runs in well under a second:
   scan grows with context); a prompt token costs linear + quadratic-in-length (the MSA indexer).
 * **Fleet**: replicas start after a seeded cold start of several minutes and are billed from
   creation (loading included); scale-down cancels starting replicas first, then drains the ready
-  replica with the least resident KV (unroutable, queued requests re-routed, billed until empty).
+  replica with the least resident KV (unroutable, queued requests re-routed, billed until empty) —
+  the order the operator gives a Deployment's ReplicaSet through pod-deletion-cost.
   The router sends each request to the engine with the most free KV net of its queue; with no
   ready replica, requests wait at the gateway.
 * **Signals**: every 15 s the simulator "scrapes" each ready replica into the same counters and

@@ -34,11 +34,19 @@ from m3fleet.api.models import PrometheusSpec
 from m3fleet.autoscaling import readiness
 from m3fleet.autoscaling.forecast import DemandRecord, bucket_seconds, record_demand
 from m3fleet.autoscaling.metrics import PrometheusAdapter, Tls
-from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide, worth_recording
+from m3fleet.autoscaling.policy import (
+    POD_DELETION_COST,
+    Action,
+    Decision,
+    PolicyConfig,
+    PolicyState,
+    decide,
+    worth_recording,
+)
 from m3fleet.autoscaling.signals import MetricsSnapshot
 from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events
-from m3fleet.controller.kube import KubeApi
+from m3fleet.controller.kube import ApiError, KubeApi
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import labels
@@ -160,6 +168,31 @@ class Autoscaler:
         self._sources.pop((namespace, name), None)
         self._demand.pop((namespace, name), None)
 
+    async def _mark_removal_order(
+        self, body: Mapping[str, Any], pods: list[dict[str, Any]], costs: Mapping[str, int]
+    ) -> None:
+        """Annotate the Deployment's pods with their removal cost (pod-deletion-cost), so its ReplicaSet deletes
+        the ones holding the least KV. Only on a scale-down, and only pods whose cost changed: the annotation is
+        not rewritten every tick. Best effort: when a pod cannot be marked the ReplicaSet's own order stands."""
+        namespace = body["metadata"]["namespace"]
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            cost = costs.get(name)
+            if cost is None or (pod["metadata"].get("annotations") or {}).get(POD_DELETION_COST) == str(cost):
+                continue
+            patch = {"metadata": {"annotations": {POD_DELETION_COST: str(cost)}}}
+            try:
+                await self.api.merge_patch(kube.POD, namespace, name, patch)
+            except ApiError as exc:
+                message = (
+                    f"could not mark pod {name} with {POD_DELETION_COST} ({exc}): the scale-down removes the "
+                    "ReplicaSet's own choice (the newest ready pod), not the one holding the least KV; "
+                    "grant the operator patch on pods (the chart's RBAC does)"
+                )
+                self.events.warn(body, "RemovalOrderNotSet", message)
+                log.warning("%s/%s: %s", namespace, body["metadata"]["name"], message)
+                return
+
     async def tick(self, body: Mapping[str, Any]) -> Tick:
         """One decision for one resource, as the watch last delivered it."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -199,6 +232,9 @@ class Autoscaler:
         if config.forecast:
             demand = record_demand(demand, fleet.now, decision.terms.get("demandReplicas"), period, look_ahead)
             self._demand[key] = demand
+        if decision.applied and decision.action is Action.SCALE_DOWN and workload_kind is kube.DEPLOYMENT:
+            # Before the new count is written: the ReplicaSet must find the marks when it picks whom to delete.
+            await self._mark_removal_order(body, pods, decision.removal_costs)
         sampled = demand.worth_saving(previous.get("demand"))
         record = decision.to_status()
         metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decision.desired_replicas)

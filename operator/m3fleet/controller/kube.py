@@ -94,7 +94,9 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # spec.autoscaling.prometheus.caSecretRef. No list or watch: the operator never enumerates Secrets.
     ("", "secrets", ("get", "create", "delete")),
     ("", "events", ("create", "list")),
-    ("", "pods", ("list", "watch")),
+    # Pods: their ages and phases (time-to-ready), and on a Deployment's scale-down the pod-deletion-cost annotation
+    # that makes the ReplicaSet remove the replicas holding the least KV.
+    ("", "pods", ("list", "watch", "patch")),
     # The model cache: its resource (patch: the cleanup finalizer), status, and the owner-reference check.
     ("m3fleet.dev", "minimaxm3modelcaches", ("get", "list", "watch", "patch")),
     ("m3fleet.dev", "minimaxm3modelcaches/status", ("patch",)),
