@@ -52,6 +52,7 @@ from m3fleet.autoscaling.signals import (
     one_two_five_buckets,
     quantile,
 )
+from m3fleet.render.pod import TERMINATION_GRACE_SECONDS
 
 # Relative speed per accelerator vs H200 (UNVERIFIED assumptions, not calibrated on hardware):
 # prefill scales with dense FLOPs, the decode step with HBM bandwidth.
@@ -433,7 +434,8 @@ class SimSettings:
     scrape_seconds: float = 15.0
     tick_offset_seconds: float = 5.0  # a tick reads the scrape taken this long before it
     tail_seconds: float = 900.0  # after the last arrival, time for in-flight requests to finish
-    drain_deadline_seconds: float = 1800.0
+    # A draining replica is cut off where Kubernetes kills the engine pod (its terminationGracePeriodSeconds).
+    drain_deadline_seconds: float = float(TERMINATION_GRACE_SECONDS)
 
     def describe(self) -> dict[str, Any]:
         return {
