@@ -184,10 +184,10 @@ class Autoscaler:
             try:
                 await self.api.merge_patch(kube.POD, namespace, name, patch)
             except ApiError as exc:
+                fix = "; grant the operator patch on pods (the chart's RBAC does)" if exc.status == 403 else ""
                 message = (
                     f"could not mark pod {name} with {POD_DELETION_COST} ({exc}): the scale-down removes the "
-                    "ReplicaSet's own choice (the newest ready pod), not the one holding the least KV; "
-                    "grant the operator patch on pods (the chart's RBAC does)"
+                    f"ReplicaSet's own choice (the newest ready pod), not the one holding the least KV{fix}"
                 )
                 self.events.warn(body, "RemovalOrderNotSet", message)
                 log.warning("%s/%s: %s", namespace, body["metadata"]["name"], message)
