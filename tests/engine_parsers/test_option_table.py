@@ -32,6 +32,7 @@ VALUES: dict[str, str] = {
     "max_model_len": "4096",
     "kv_cache_dtype": "fp8",
     "gpu_memory_utilization": "0.5",
+    "shutdown_timeout": "30",
     "tool_call_parser": "minimax_m3",
     "reasoning_parser": "minimax_m3",
     "hf_overrides": '{"a":1}',

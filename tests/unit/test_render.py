@@ -212,7 +212,7 @@ VLLM_FLAGS = {
     "--language-model-only": 0, "--mm-encoder-tp-mode": 1, "--mm-encoder-attn-backend": 1,
     "--mm-processor-cache-type": 1, "--skip-mm-profiling": 0, "--hf-overrides": 1, "--tool-call-parser": 1,
     "--reasoning-parser": 1, "--enable-auto-tool-choice": 0, "--trust-remote-code": 0, "--nnodes": 1,
-    "--node-rank": 1, "--master-addr": 1, "--headless": 0,
+    "--node-rank": 1, "--master-addr": 1, "--headless": 0, "--shutdown-timeout": 1,
 }  # fmt: skip
 SGLANG_FLAGS = {
     "--model-path": 1, "--served-model-name": 1, "--host": 1, "--port": 1, "--tp-size": 1, "--pp-size": 1,
@@ -413,6 +413,24 @@ def test_multi_node_ranks_add_up_to_world_size() -> None:
     assert leader[leader.index("--master-addr") + 1] == "$(LWS_LEADER_ADDRESS)"
     worker_pod = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
     assert "readinessProbe" not in worker_pod and "startupProbe" not in worker_pod and "ports" in worker_pod
+
+
+def test_vllm_drains_in_flight_requests_before_the_kubelet_kills_the_pod() -> None:
+    # vLLM aborts what it has in flight on SIGTERM unless --shutdown-timeout lets it drain; the drain must end
+    # (with time to free the GPUs) before terminationGracePeriodSeconds, which starts with the preStop sleep.
+    doc = resource_for("vllm", "h200", "bf16", "tp", "bf16", 524288, False, "auto", 1, False)
+    doc["spec"]["context"]["minSequencesAtMaxLen"] = 2
+    result = rendered_or_none(doc)
+    assert result is not None
+    lws = next(o for o in result[2] if o["kind"] == "LeaderWorkerSet")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    for role in ("leaderTemplate", "workerTemplate"):
+        pod = template[role]["spec"]
+        container = pod["containers"][0]
+        argv = container["args"]
+        drain = int(argv[argv.index("--shutdown-timeout") + 1])
+        pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+        assert drain >= 300 and pre_stop + drain + 15 <= pod["terminationGracePeriodSeconds"], (role, drain)
 
 
 @pytest.mark.parametrize(

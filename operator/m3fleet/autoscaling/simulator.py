@@ -52,7 +52,7 @@ from m3fleet.autoscaling.signals import (
     one_two_five_buckets,
     quantile,
 )
-from m3fleet.render.pod import TERMINATION_GRACE_SECONDS
+from m3fleet.engines.base import IN_FLIGHT_DEADLINE_SECONDS
 
 # Relative speed per accelerator vs H200 (UNVERIFIED assumptions, not calibrated on hardware):
 # prefill scales with dense FLOPs, the decode step with HBM bandwidth.
@@ -434,8 +434,8 @@ class SimSettings:
     scrape_seconds: float = 15.0
     tick_offset_seconds: float = 5.0  # a tick reads the scrape taken this long before it
     tail_seconds: float = 900.0  # after the last arrival, time for in-flight requests to finish
-    # A draining replica is cut off where Kubernetes kills the engine pod (its terminationGracePeriodSeconds).
-    drain_deadline_seconds: float = float(TERMINATION_GRACE_SECONDS)
+    # A draining replica's work in flight is cut off where the engine pod stops draining (vLLM's --shutdown-timeout).
+    drain_deadline_seconds: float = float(IN_FLIGHT_DEADLINE_SECONDS)
 
     def describe(self) -> dict[str, Any]:
         return {

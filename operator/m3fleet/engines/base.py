@@ -37,6 +37,16 @@ BASH = ("/bin/bash", "--noprofile", "--norc", "-p")
 # The name of the serving container port in every engine pod (the Service and the PodMonitor address it by name).
 SERVING_PORT = "http"
 
+# How an engine pod stops (a scale-down, a rollout, a drained node): during the preStop sleep the endpoints stop
+# routing to it; then SIGTERM. SGLang then finishes what it has in flight; vLLM aborts it unless --shutdown-timeout
+# gives it time to drain. The kubelet kills the pod at the grace period, so vLLM's drain ends early enough to free
+# its GPUs before that.
+TERMINATION_GRACE_SECONDS = 600  # let in-flight long-context requests finish (a 1M-token decode takes minutes)
+DRAIN_SECONDS = 15  # endpoints stop routing before the engine gets SIGTERM
+TEARDOWN_SECONDS = 30  # after the drain, for the engine to release its GPUs before the kill
+SHUTDOWN_TIMEOUT_SECONDS = TERMINATION_GRACE_SECONDS - DRAIN_SECONDS - TEARDOWN_SECONDS  # vLLM --shutdown-timeout
+IN_FLIGHT_DEADLINE_SECONDS = DRAIN_SECONDS + SHUTDOWN_TIMEOUT_SECONDS  # from deletion until what runs is cut off
+
 
 class Role(StrEnum):
     SINGLE = "single"  # the whole replica in one pod (Deployment)

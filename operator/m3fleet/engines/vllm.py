@@ -12,6 +12,7 @@ from m3fleet.engines import flags
 from m3fleet.engines.base import (
     LWS_GROUP_SIZE,
     LWS_LEADER_ADDRESS,
+    SHUTDOWN_TIMEOUT_SECONDS,
     Context,
     EngineLaunch,
     compact_json,
@@ -48,6 +49,7 @@ OWNED = (
     OwnedFlag("--served-model-name", "set spec.model.checkpoint instead"),
     OwnedFlag("--api-key", API_KEY),
     OwnedFlag("--config", CONFIG_FILE),
+    OwnedFlag("--shutdown-timeout", "nothing: m3fleet fits vLLM's drain into the pod's termination grace period"),
 )
 
 # --skip-mm-profiling is never rendered. The AMD recipe needed it above ~32k context because the dummy video grew
@@ -123,6 +125,9 @@ def serve_args(ctx: Context) -> list[str]:
         ctx.engine.reasoning_parser,
         "--enable-auto-tool-choice",
         "--trust-remote-code",
+        # On SIGTERM (scale-down, rollout) finish the requests in flight instead of aborting them (vLLM's default).
+        "--shutdown-timeout",
+        str(SHUTDOWN_TIMEOUT_SECONDS),
     ]
     return args
 

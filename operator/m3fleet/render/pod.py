@@ -10,12 +10,14 @@ from m3fleet.catalog.facts import POD_SHM_GIB
 from m3fleet.engines.base import (
     CACHE_MOUNT,
     CONFIG_MOUNT,
+    DRAIN_SECONDS,
     HF_CACHE_MOUNT,
     HOME_MOUNT,
     MODEL_LINK,
     MODEL_LINK_DIR,
     MODEL_MOUNT,
     SSH_MOUNT,
+    TERMINATION_GRACE_SECONDS,
     Container,
     Context,
     Probe,
@@ -29,8 +31,6 @@ SHM_SIZE = f"{POD_SHM_GIB}Gi"  # the AMD verified run used 32g; vLLM/SGLang pass
 # The label LeaderWorkerSet puts on every pod of one group (LWS-API GroupUniqueHashLabelKey; the leader gets it from
 # the LWS pod webhook, workers from their StatefulSet template, both before the apiserver reads matchLabelKeys).
 LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
-TERMINATION_GRACE_SECONDS = 600  # let in-flight long-context requests finish (a 1M-token decode takes minutes)
-DRAIN_SECONDS = 15  # endpoints stop routing before the engine gets SIGTERM
 COMPUTE_DOMAIN_CLAIM = "compute-domain-channel"
 NON_ROOT_UID = 1000  # engine pods that need no root run as this UID/GID (Pod Security restricted)
 
