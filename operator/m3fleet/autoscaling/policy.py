@@ -36,7 +36,8 @@ scale-down window wins; the window forgets a burst once its long prompts stopped
 already on its way. Missing, stale or unreachable metrics hold; partial metrics can scale up but
 never down. A cold-start-aware hold (`burst_hold`) keeps the capacity of bursts that recur within
 max(scale-down window, 3 x time-to-ready) of each other: shorter than a cold start, such bursts are
-served only by replicas already there.
+served only by replicas already there. A scale-down prices each measured replica by its resident KV
+(`removal_costs`), so the operator can have the replicas holding the least work removed first.
 """
 
 from __future__ import annotations
