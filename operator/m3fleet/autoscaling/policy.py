@@ -585,7 +585,7 @@ class _Load:
     @classmethod
     def of(cls, fresh: Sequence[ReplicaSignals], plan_capacity: float) -> _Load:
         return cls(
-            resident=_sum([r.used_tokens(r.kv_capacity_tokens or plan_capacity) for r in fresh]),
+            resident=_sum([r.used_tokens(plan_capacity) for r in fresh]),
             running=_sum([r.running for r in fresh]),
             waiting=_sum([r.waiting for r in fresh]),
             prompt_rate=_sum([r.prompt_tokens_rate for r in fresh]),
@@ -1185,7 +1185,7 @@ def removal_costs(fresh: Sequence[ReplicaSignals], plan_capacity: float) -> dict
     deletes the newest ready pod, whatever it holds."""
     costs: dict[str, int] = {}
     for replica in fresh:
-        resident = replica.used_tokens(replica.kv_capacity_tokens or plan_capacity)
+        resident = replica.used_tokens(plan_capacity)
         if resident is not None:
             costs[replica.replica] = min(INT32_MAX, max(0, round(resident)))
     return costs

@@ -138,12 +138,12 @@ class ReplicaSignals:
     ttft_seconds: Histogram | None = None
     queue_seconds: Histogram | None = None  # time requests waited before being scheduled (their TTFT's queue part)
 
-    def used_tokens(self, capacity: float) -> float | None:
-        """Resident KV tokens: the engine's own count, else usage x capacity."""
+    def used_tokens(self, plan_capacity: float) -> float | None:
+        """Resident KV tokens: the engine's own count, else usage x the capacity it reports (the plan's if none)."""
         if self.kv_used_tokens is not None:
             return self.kv_used_tokens
         if self.kv_usage is not None:
-            return self.kv_usage * capacity
+            return self.kv_usage * (self.kv_capacity_tokens or plan_capacity)
         return None
 
     def has_load_gauges(self) -> bool:
