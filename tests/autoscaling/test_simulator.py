@@ -72,6 +72,20 @@ def test_gpu_hours_bill_from_creation_including_the_cold_start() -> None:
     assert result.scale_events == 1
 
 
+def test_a_scale_up_never_takes_back_a_draining_replica() -> None:
+    # Two replicas decoding long answers; 2 -> 1 at t=60 s drains one, 1 -> 2 at t=90 s wants one back.
+    # Kubernetes cannot revive a terminating pod: a new replica starts cold while the old one drains on.
+    model = PerfModel.from_plan(sample_plan())
+    requests = [Request(i, 1.0 + i, 50_000, 8_000) for i in range(2)]
+    sim = run(131072, model, requests, [2] * 4 + [1] * 2 + [2] * 100, initial=2)
+    drained = [r for r in sim.replicas if r.draining]
+    assert len(sim.replicas) == 3 and len(drained) == 1
+    assert drained[0].drain_started == pytest.approx(65.0) and drained[0].created == 0.0
+    newcomer = max(sim.replicas, key=lambda r: r.created)
+    assert newcomer.created == pytest.approx(95.0) and not newcomer.draining
+    assert sim.result().unfinished == 0
+
+
 def test_policies_see_only_adapter_signals() -> None:
     seen: list[MetricsSnapshot] = []
 

@@ -15,7 +15,8 @@ stays event-driven, so an hour of traffic runs in well under a second:
 * **Fleet**: replicas start after a seeded cold start of several minutes and are billed from
   creation (loading included); scale-down cancels starting replicas first, then drains the ready
   replica with the least resident KV (unroutable, queued requests re-routed, billed until empty) —
-  the order the operator gives a Deployment's ReplicaSet through pod-deletion-cost.
+  the order the operator gives a Deployment's ReplicaSet through pod-deletion-cost. A draining
+  replica is never taken back: a scale-up starts new ones, as for a terminating pod.
   The router sends each request to the engine with the most free KV net of its queue; with no
   ready replica, requests wait at the gateway.
 * **Signals**: every 15 s the simulator "scrapes" each ready replica into the same counters and
@@ -660,11 +661,9 @@ class Simulation:
             return
         self.scale_events += 1
         if desired > current:
-            add = desired - current
-            for replica in [r for r in self.replicas if r.draining and r.deleted is None][:add]:
-                replica.draining = False  # warm and still billed: cheaper than a new one
-                add -= 1
-            for _ in range(add):
+            # A draining replica is a terminating pod: Kubernetes cannot take it back, so every replica added
+            # is a new one with a full cold start while the draining ones finish (and are billed) beside it.
+            for _ in range(desired - current):
                 replica = self._new_replica(self.now)
                 self._push(self.now + self.cold_starts[replica.serial % len(self.cold_starts)], self.READY, replica)
             return
