@@ -2,8 +2,9 @@
 # Build the real control plane the cluster test tier (tests/cluster/) runs, from Go modules:
 # kube-apiserver, kube-controller-manager and kube-scheduler, the etcd that Kubernetes release pins,
 # kwok (fake nodes), the LeaderWorkerSet controller and helm. Idempotent and cached by version outside
-# the repo: $M3FLEET_CLUSTER_CACHE (default ~/.cache/m3fleet/cluster)/<versions>/bin. A cold build takes
-# 25-40 min on 2 cores; a warm run takes a second. Fails loudly (never skips) when it cannot build.
+# the repo: $M3FLEET_CLUSTER_CACHE (default ~/.cache/m3fleet/cluster)/<versions>/bin. A cold build (empty Go
+# module and build caches) took 6.4 min on 2 cores, kube-apiserver 2.5 of them; a warm run takes a second.
+# Fails loudly (never skips) when it cannot build.
 #
 # stdout carries exactly one line, the bin directory; progress goes to stderr.
 # Usage: bash .ci/control-plane.sh
@@ -77,7 +78,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
   [[ -x $BIN/$cmd ]] && { step "$cmd: already built"; continue; }
-  step "building $cmd $KUBERNETES_VERSION (the longest step: ~8-15 min each on 2 cores)"
+  step "building $cmd $KUBERNETES_VERSION (the longest steps: up to a few minutes each on 2 cores)"
   go build -trimpath -ldflags "-s -w $VERSION_LDFLAGS" -o "$BIN/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd" || die "go build $cmd"
   mv "$BIN/$cmd.tmp" "$BIN/$cmd"
 done
