@@ -159,6 +159,26 @@ def test_forecast_floor_raises_the_decision_and_says_why() -> None:
     )
 
 
+@pytest.mark.parametrize(("ended", "expected"), [(True, 5), (False, 6)], ids=["burst-ended", "no-burst-end"])
+def test_a_falling_forecast_floor_is_held_again_only_until_todays_burst_ended(ended: bool, expected: int) -> None:
+    # The floor held 6 replicas for the earlier days' burst; a tick later it falls. Once today's burst has ended
+    # (long prompts stopped arriving) the scale-down window does not hold the floor a second time; before that it
+    # does, a margin for a measured need that may be wrong.
+    state = PolicyState(history=((NOW - 400, 1),), burst_ended=NOW - 120 if ended else None)
+
+    def quiet(now: float, days: tuple[float, float]) -> MetricsSnapshot:
+        load = replicas(6, running=1, kv_usage=0.05, prompt_tokens=3000, request_rate=0.2, sample_time=now)
+        return replace(snapshot(*load, time=now), demand_history=DemandHistory(86400, 600, days))
+
+    held, state = decide(ROUND, state, quiet(NOW, (6.0, 7.0)), fleet(6))
+    assert held.desired_replicas == 6 and "forecast floor 6" in held.reason
+    assert state.burst_ended == (NOW - 120 if ended else None)  # kept until the next burst
+    later = NOW + 15
+    fell, _ = decide(ROUND, state, quiet(later, (0.5, 0.5)), fleet(6, now=later))
+    assert fell.desired_replicas == expected
+    assert ("stabilization window" in fell.reason) == (not ended), fell.reason
+
+
 def test_schedule_windows_set_the_bounds_while_active() -> None:
     peak = ScheduleWindow("peak", start_minute=7 * 60 + 30, end_minute=9 * 60, min_replicas=4, days=(4,))
     night = ScheduleWindow("night", start_minute=23 * 60, end_minute=6 * 60, max_replicas=2)

@@ -474,7 +474,7 @@ def test_state_round_trips_through_a_small_dict() -> None:
             time=now,
         )
         _, state = decide(ROUND, state, load, fleet(4, now=now))
-    state = replace(state, bursts=((NOW - 900, 3), (NOW - 60, 4)))
+    state = replace(state, bursts=((NOW - 900, 3), (NOW - 60, 4)), burst_ended=NOW - 30)
     data = json.loads(json.dumps(state.to_dict()))
     assert PolicyState.from_dict(data) == state
     assert len(json.dumps(data)) < 1000  # fits an annotation; history keeps only entries a window can use

@@ -29,7 +29,8 @@ in (fractional) replicas, is the largest of three terms:
   once too, so the estimate adds no lag of its own to a scale-down.
 
 Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
-scale-down window wins; the window forgets a burst once its long prompts stopped arriving), at most
+scale-down window wins; the window forgets a burst once its long prompts stopped arriving, and until
+the next burst does not hold the forecast floor a second time), at most
 `maxReplicasPerStep` removed per step, scale-up limited to max(+4, +100%) per step except in panic
 (need >= panicThreshold x ready: jump, and no scale-down until the panic has been quiet for
 `panic_hold_seconds`). Replicas still starting count as supply, so a tick never re-orders what is
@@ -228,6 +229,7 @@ class PolicyState:
     bursts: tuple[tuple[float, int], ...] = ()  # (start, replicas it needed) of the last two bursts
     prefill_rate: float | None = None  # learned prompt tokens/s one replica prefills (saturated)
     prefill_samples: int = 0  # saturated observations behind it
+    burst_ended: float | None = None  # when long prompts last stopped arriving (None once a burst came since)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -240,6 +242,7 @@ class PolicyState:
             "bursts": [[t, n] for t, n in self.bursts],
             "prefillRate": self.prefill_rate,
             "prefillSamples": self.prefill_samples,
+            "burstEnded": self.burst_ended,
         }
 
     @classmethod
@@ -260,6 +263,7 @@ class PolicyState:
                 bursts=bursts,
                 prefill_rate=_opt_float(data.get("prefillRate")),
                 prefill_samples=int(data.get("prefillSamples") or 0),
+                burst_ended=_opt_float(data.get("burstEnded")),
             )
         except (TypeError, ValueError):
             return cls()
@@ -1056,6 +1060,7 @@ def decide(
         bursts=floors.bursts,
         prefill_rate=terms.prefill_rate,
         prefill_samples=terms.prefill_samples,
+        burst_ended=now if _forgets_burst(config, terms) else None if terms.burst else state.burst_ended,
     )
     return decision, new_state
 
@@ -1141,9 +1146,15 @@ def _stabilized(
         # What the stabilization window remembers: the recommendation without the replicas kept busy
         # by backlogs. A backlog is drained by the replicas it is queued on within a horizon, so the
         # extra replicas ordered for it must not hold for a whole scale-down window after it is gone;
-        # the panic hold covers the backlog's own life.
+        # the panic hold covers the backlog's own life. Nor, once today's burst has ended, the forecast
+        # floor: it still holds while the earlier days' burst lasted, but the window must not hold it a
+        # second time after it falls. Until then the window keeps it, a margin when the measured need is
+        # wrong (a prior off by 2x): forgetting it during a burst cost the priors check 5 development and 9
+        # held-out seeds.
         steady = config.clamp(recommend(terms.values["demandReplicas"], current, config.tolerance))
         forecast = floors.forecast.replicas if floors.forecast is not None else 0
+        if _forgets_burst(config, terms) or (state.burst_ended is not None and not terms.burst):
+            forecast = 0
         steady = max(steady, forecast, floors.burst_floor, floors.bounds.min_replicas)
         history = (*history[:-1], (now, min(recommendation, max(steady, 1))))
     return desired, history
