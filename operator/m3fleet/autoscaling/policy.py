@@ -1060,7 +1060,7 @@ def decide(
         bursts=floors.bursts,
         prefill_rate=terms.prefill_rate,
         prefill_samples=terms.prefill_samples,
-        burst_ended=now if _forgets_burst(config, terms) else None if terms.burst else state.burst_ended,
+        burst_ended=_burst_ended(config, state, terms, now),
     )
     return decision, new_state
 
@@ -1115,6 +1115,13 @@ def _forgets_burst(config: PolicyConfig, terms: _Terms) -> bool:
     return terms.long_prompts_ended and config.release_ended_bursts
 
 
+def _burst_ended(config: PolicyConfig, state: PolicyState, terms: _Terms, now: float) -> float | None:
+    """When today's last burst ended (its long prompts stopped arriving); None once a new burst came since."""
+    if _forgets_burst(config, terms):
+        return now
+    return None if terms.burst else state.burst_ended
+
+
 def _stabilized(
     config: PolicyConfig,
     state: PolicyState,
@@ -1153,7 +1160,7 @@ def _stabilized(
         # held-out seeds.
         steady = config.clamp(recommend(terms.values["demandReplicas"], current, config.tolerance))
         forecast = floors.forecast.replicas if floors.forecast is not None else 0
-        if _forgets_burst(config, terms) or (state.burst_ended is not None and not terms.burst):
+        if _burst_ended(config, state, terms, now) is not None:
             forecast = 0
         steady = max(steady, forecast, floors.burst_floor, floors.bounds.min_replicas)
         history = (*history[:-1], (now, min(recommendation, max(steady, 1))))
