@@ -143,6 +143,30 @@ def test_a_rise_just_after_a_burst_is_taken_at_once_only_on_enough_prefills(
 
 
 @pytest.mark.parametrize(
+    ("since_burst", "waiting", "expected"),
+    [(120, 0, 1.5), (300, 0, 1.0 + 15 / 120 * (1.5 - 1.0)), (300, 2, 1.5)],
+    ids=["two-windows-in", "five-windows-in", "five-windows-in-still-queued"],
+)
+def test_rate_rises_after_a_burst_are_taken_at_once_for_four_rate_windows_then_only_while_queued(
+    since_burst: float, waiting: float, expected: float
+) -> None:
+    # A burst started `since_burst` ago, well within ROUND's horizon (time-to-ready 585 s); the rate estimate
+    # says 1.0/s and the last minute 1.5/s (no jump). Two windows in, the new level is still being measured:
+    # taken at once. Five windows in, the windows have seen only the new level: the rise is smoothed, unless
+    # requests still queue (the fleet is behind the burst and what it reports lags).
+    state = PolicyState(
+        last_time=NOW - 15,
+        request_rate=1.0,
+        prompt_tokens=50_000,
+        in_flight=((NOW - 75, 4 + waiting), (NOW - 15, 4 + waiting)),
+        bursts=((NOW - since_burst, 3),),
+    )
+    load = replicas(1, running=4, waiting=waiting, kv_usage=0.1, prompt_tokens=50_000, request_rate=1.5)
+    _, after = decide(ROUND, state, snapshot(*load), fleet(1))
+    assert after.request_rate == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
     ("running", "recent", "shifted"),
     [(3, 5_000, True), (2, 5_000, False), (3, 300_000, False)],
     ids=["shift", "too-few-requests", "seen-recently"],

@@ -69,6 +69,7 @@ SHIFT_EVIDENCE: Final = 3  # running requests needed before their resident token
 # burst: the mean of fewer heavy-tailed long prompts is noise (one 1M-token prompt among three doubles it), and
 # taking every noisy rise at once ratchets the estimate up to its largest sample.
 RISE_EVIDENCE: Final = 5
+RISE_WINDOWS: Final = 4  # rate windows after a burst's start in which rises are taken at once, queue or not
 LEARNING_SECONDS: Final = 3600.0  # the learned throughput bound decays to nothing over this long
 LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
 LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prior x 4]
@@ -781,9 +782,14 @@ def _terms(
     elapsed = now - state.last_time if state.last_time is not None and now > state.last_time else None
     since_burst = now - state.bursts[-1][0] if state.bursts else None
     # Within one horizon of a burst's start the new level is still being measured: rises are taken at
-    # once (the replicas ordered now arrive one time-to-ready later, too late for a slow estimate).
-    rising = since_burst is not None and since_burst < horizon
+    # once (the replicas ordered now arrive one time-to-ready later, too late for a slow estimate). After
+    # RISE_WINDOWS rate windows, only while requests queue: the fleet is still behind the burst and what
+    # its replicas report still lags it. Without a queue the windows have seen only the new level, and a
+    # rise taken at once is the noise of a steady one, ratcheted up and then held by the scale-down window.
     window = snapshot.window_seconds
+    rising = (
+        since_burst is not None and since_burst < horizon and (since_burst < RISE_WINDOWS * window or load.waiting > 0)
+    )
     isl, prompt_shift = _arriving_prompt_length(config, state, load, fresh, since_burst, window, elapsed, rising)
     output = _ratio(load.generation_rate, load.finished_rate) or config.default_output_tokens
 
