@@ -1029,7 +1029,10 @@ def decide(
     if terms.need >= config.panic_threshold * max(1, fleet.ready_replicas):
         panic_until = now + config.panic_hold_seconds
     panic = panic_until is not None
-    desired, history = _stabilized(config, state, fleet, floors, terms, panic or health.missing > 0, not panic)
+    burst_ended = _burst_ended(config, state, terms, now)
+    desired, history = _stabilized(
+        config, state, fleet, floors, terms, burst_ended, panic or health.missing > 0, not panic
+    )
     desired = clamp(desired)  # the bounds are hard, whatever the step limits say
 
     if panic:
@@ -1066,7 +1069,7 @@ def decide(
         bursts=floors.bursts,
         prefill_rate=terms.prefill_rate,
         prefill_samples=terms.prefill_samples,
-        burst_ended=_burst_ended(config, state, terms, now),
+        burst_ended=burst_ended,
     )
     return decision, new_state
 
@@ -1134,6 +1137,7 @@ def _stabilized(
     fleet: FleetState,
     floors: _Floors,
     terms: _Terms,
+    burst_ended: float | None,
     hold_down: bool,
     limit_scale_up: bool,
 ) -> tuple[int, tuple[tuple[float, int], ...]]:
@@ -1166,7 +1170,7 @@ def _stabilized(
         # held-out seeds.
         steady = config.clamp(recommend(terms.values["demandReplicas"], current, config.tolerance))
         forecast = floors.forecast.replicas if floors.forecast is not None else 0
-        if _burst_ended(config, state, terms, now) is not None:
+        if burst_ended is not None:
             forecast = 0
         steady = max(steady, forecast, floors.burst_floor, floors.bounds.min_replicas)
         history = (*history[:-1], (now, min(recommendation, max(steady, 1))))
