@@ -71,14 +71,21 @@ def learn(snapshots: list[MetricsSnapshot], config: PolicyConfig = ROUND) -> lis
     return out
 
 
-def test_an_optimistic_prefill_prior_is_capped_by_what_the_engines_show() -> None:
-    # The prior says 100k tokens/s; the replica is busy at 40k/s and a request's prefill (TTFT less its
-    # queue wait) takes 2 s for 50k tokens: an idle bound of 25k/s. Plan with max(40k, 2 x 25k) = 50k.
-    decisions = learn([long_prompts(NOW + 15 * i, rate=40_000, ttft=2.5, queued=0.5) for i in range(5)])
+@pytest.mark.parametrize(
+    ("busy", "planned"),
+    [
+        (20_000, 31_250),  # lightly loaded: 1.25 x the idle bound
+        (40_000, 40_000),  # loaded: the busy bound
+    ],
+)
+def test_an_optimistic_prefill_prior_is_capped_by_what_the_engines_show(busy: float, planned: float) -> None:
+    # The prior says 100k tokens/s; a request's prefill (TTFT less its queue wait) takes 2 s for 50k tokens:
+    # an idle bound of 25k/s. Plan with max(busy bound, 1.25 x idle bound), never below the learned 25k+.
+    decisions = learn([long_prompts(NOW + 15 * i, rate=busy, ttft=2.5, queued=0.5) for i in range(5)])
     assert [d.prefill["source"] for d in decisions[:2]] == ["prior", "prior"]  # not before 3 observations
     assert decisions[-1].prefill["source"] == "learned"
-    assert decisions[-1].terms["prefillTokensPerSecondPerReplica"] == pytest.approx(50_000)
-    assert decisions[-1].prefill["learnedTokensPerSecond"] == 40_000
+    assert decisions[-1].terms["prefillTokensPerSecondPerReplica"] == pytest.approx(planned)
+    assert decisions[-1].prefill["learnedTokensPerSecond"] == max(busy, 25_000)
 
 
 def test_a_pessimistic_prefill_prior_is_lifted_to_the_bound() -> None:

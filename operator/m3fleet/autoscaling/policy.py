@@ -144,7 +144,11 @@ class PolicyConfig:
     transient_release: bool = True  # the scale-down window remembers the need without backlogs
     release_ended_bursts: bool = True  # the window forgets a burst once its long prompts stopped arriving
     learn_min_prompt_tokens: float = 20_000.0  # shorter prompts teach nothing (TTFT is mostly not prefill)
-    learn_slack: float = 2.0  # an optimistic prior is capped at this multiple of the idle-replica bound
+    # An optimistic prior is capped at this multiple of the idle-replica bound (or at the busy bound). The
+    # idle bound understates a replica sharing its prefill by about 1 - utilisation; the busy bound is
+    # tight when it is loaded, and the best bound seen (the learned floor) keeps a right prior from being
+    # cut. At 2.0 a prior 2x too fast still planned at ~1.7x the truth and lost up to 6 points.
+    learn_slack: float = 1.25
     forecast: bool = True
     # The forecast looks this much further than time-to-ready + one tick: a daily peak does not come back
     # at the same second, and replicas ready a little early cost less than a cold start of misses.
