@@ -96,6 +96,19 @@ def test_a_pessimistic_prefill_prior_is_lifted_to_the_bound() -> None:
     assert off[-1].terms["prefillTokensPerSecondPerReplica"] == ROUND.prefill_tokens_per_second
 
 
+def test_a_learned_prefill_bound_is_forgotten_as_time_passes_seen_or_not() -> None:
+    # Learned at 250k/s (the prior says 100k); then only chat arrives, which teaches nothing.
+    learned = [long_prompts(NOW + 15 * i, rate=20_000, ttft=0.3, queued=0.1) for i in range(4)]
+    chat = {"rate": 4_000, "ttft": 0.5, "prompt": 3_000}
+    soon = learn([*learned, long_prompts(NOW + 60, **chat)])[-1]
+    assert soon.prefill["source"] == "learned"
+    assert soon.terms["prefillTokensPerSecondPerReplica"] == pytest.approx(250_000 * (1 - 15 / 3600))
+    # The state kept in status overnight: yesterday's bound does not plan today's first burst.
+    next_day = learn([*learned, long_prompts(NOW + 45 + 86_400, **chat)])[-1]
+    assert next_day.prefill["source"] == "prior" and next_day.prefill["learnedTokensPerSecond"] is None
+    assert next_day.prefill["samples"] == 0  # the prior stands until LEARNED_AFTER new observations
+
+
 def test_chat_prompts_and_unexplained_waits_teach_nothing() -> None:
     chat = learn([long_prompts(NOW + 15 * i, rate=4_000, ttft=0.5, prompt=3_000) for i in range(4)])
     assert chat[-1].prefill["samples"] == 0 and chat[-1].prefill["source"] == "prior"

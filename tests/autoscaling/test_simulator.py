@@ -225,6 +225,9 @@ def test_the_forecast_reads_what_the_earlier_days_recorded() -> None:
     assert policy.demand is not None and policy.demand.samples and policy.demand.bucket == 60
     assert all(t < setup.clock_offset for t, _ in policy.demand.samples)
     assert max(n for _, n in policy.demand.samples) >= 3  # the earlier days' bursts needed several replicas
+    # So is the policy's state, kept in status overnight: yesterday's last tick and what it learned.
+    assert policy.state.last_time is not None and setup.clock_offset - 86400 < policy.state.last_time
+    assert policy.state.last_time < setup.clock_offset and policy.state.prefill_samples > 0
 
 
 def test_long_context_burst_default_resource_serves_one_million_tokens() -> None:

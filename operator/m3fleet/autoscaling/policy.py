@@ -70,7 +70,7 @@ SHIFT_EVIDENCE: Final = 3  # running requests needed before their resident token
 # taking every noisy rise at once ratchets the estimate up to its largest sample.
 RISE_EVIDENCE: Final = 5
 RISE_WINDOWS: Final = 4  # rate windows after a burst's start in which rises are taken at once, queue or not
-LEARNING_SECONDS: Final = 3600.0  # the learned throughput bound decays to nothing over this long
+LEARNING_SECONDS: Final = 3600.0  # each tick forgets elapsed/this of the learned bound; a longer gap all of it
 LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
 LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prior x 4]
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -523,10 +523,12 @@ def _learned_prefill(
     throughput: the prompt tokens it prefilled per second (it cannot go faster; tight when it is busy),
     and mean prompt / mean (TTFT - queue time) (a request's prefill alone is at least its prompt over
     the throughput; processor sharing only slows it, so this is tight when it is not busy). Their best
-    over replicas is kept (decaying linearly to nothing over LEARNING_SECONDS unless seen again) and
-    lifts a pessimistic prior. It also caps an optimistic one: the prior is used at most up to the
-    busy bound, or `learn_slack` x the idle bound (a loaded replica's TTFT understates its speed).
-    Clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP]; nothing changes before LEARNED_AFTER
+    over replicas is kept and lifts a pessimistic prior. It is forgotten as time passes, whether or not
+    long prompts arrive (a new image or shape may be slower): each tick keeps 1 - elapsed/LEARNING_SECONDS
+    of it, so yesterday's bound, kept in status overnight, is gone at today's first tick and the prior
+    stands again until LEARNED_AFTER new observations. It also caps an optimistic prior: that is used at
+    most up to the busy bound, or `learn_slack` x the idle bound (a loaded replica's TTFT understates its
+    speed). Clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP]; nothing changes before LEARNED_AFTER
     observations."""
     prior = config.prefill_tokens_per_second
     learned, samples = state.prefill_rate, state.prefill_samples
@@ -535,6 +537,10 @@ def _learned_prefill(
     def clamp(value: float) -> float:
         return min(LEARN_CLAMP * prior, max(prior / LEARN_CLAMP, value))
 
+    if learned is not None and elapsed is not None:
+        learned *= 1.0 - min(1.0, elapsed / LEARNING_SECONDS)
+        if learned <= 0.0:
+            learned, samples = None, 0
     if config.learn_prefill:
         floors, caps = [], []
         for r in fresh:
@@ -554,10 +560,7 @@ def _learned_prefill(
             caps.append(max(config.learn_slack * idle, busy))
         if floors:
             observed = clamp(max(floors))
-            if learned is None or elapsed is None:
-                learned = observed
-            else:  # the best bound seen, slowly forgotten (a new image or shape may be slower)
-                learned = max(observed, learned * (1.0 - min(1.0, elapsed / LEARNING_SECONDS)))
+            learned = observed if learned is None else max(observed, learned)
             cap = clamp(max(caps))
             samples += 1
     used = prior

@@ -4,7 +4,8 @@
 cold starts; `run_context_aware(setup)` runs the context-aware policy (with the resource's own
 autoscaling settings) on them and returns what it achieved. A recurring scenario first replays its
 earlier days with the same policy and records its need per tick, the history the forecast floor
-reads on the measured day, as the operator would have recorded it.
+reads on the measured day, as the operator would have recorded it; the policy's state (learned
+throughput, recent bursts) carries from day to day as the operator's does in status.
 
 Pure: no I/O, no clock. Comparisons with other autoscalers live in the project's benchmark
 (tests/bench/autoscaling), not here.
@@ -225,14 +226,16 @@ def policy_config(setup: Setup, **overrides: Any) -> PolicyConfig:
 
 
 def context_aware(setup: Setup, **overrides: Any) -> ContextAware:
-    """The policy for the measured window, with the demand it recorded on the earlier days (if any)."""
+    """The policy for the measured window, with the state and the demand it kept on the earlier days (if
+    any): the operator keeps both in status from one day to the next."""
     config = policy_config(setup, **overrides)
     demand: DemandRecord | None = None
+    state = PolicyState()
     for day in setup.earlier_days:
-        earlier = ContextAware(config, demand=demand)
+        earlier = ContextAware(config, state=state, demand=demand)
         simulate(setup, earlier, day.requests, day.clock_offset)
-        demand = earlier.demand
-    return ContextAware(config, demand=demand)
+        demand, state = earlier.demand, earlier.state
+    return ContextAware(config, state=state, demand=demand)
 
 
 def run_context_aware(setup: Setup, **overrides: Any) -> PolicyResult:
