@@ -109,6 +109,18 @@ def test_a_learned_prefill_bound_is_forgotten_as_time_passes_seen_or_not() -> No
     assert next_day.prefill["samples"] == 0  # the prior stands until LEARNED_AFTER new observations
 
 
+def test_a_bursts_long_requests_finishing_after_it_teach_nothing() -> None:
+    # After a burst: the prompt histogram (observed as requests finish) still holds its 50k-token requests while
+    # the first tokens, and so the TTFTs, are chat's (3k tokens in 0.2 s). 50k / 0.2 s would claim 250k/s.
+    after = [long_prompts(NOW + 15 * i, rate=20_000, ttft=0.2) for i in range(4)]
+    skewed = [snapshot(replace(s.replicas[0], prompt_tokens_rate=3_000.0), time=s.time) for s in after]
+    decisions = learn(skewed)
+    assert decisions[-1].prefill["samples"] == 0 and decisions[-1].prefill["learnedTokensPerSecond"] is None
+    assert decisions[-1].terms["prefillTokensPerSecondPerReplica"] == ROUND.prefill_tokens_per_second
+    # The same histograms with first tokens as long as the finished requests do teach (the control).
+    assert learn(after)[-1].prefill["learnedTokensPerSecond"] == pytest.approx(250_000)
+
+
 def test_chat_prompts_and_unexplained_waits_teach_nothing() -> None:
     chat = learn([long_prompts(NOW + 15 * i, rate=4_000, ttft=0.5, prompt=3_000) for i in range(4)])
     assert chat[-1].prefill["samples"] == 0 and chat[-1].prefill["source"] == "prior"

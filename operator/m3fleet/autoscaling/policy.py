@@ -73,6 +73,11 @@ RISE_WINDOWS: Final = 4  # rate windows after a burst's start in which rises are
 LEARNING_SECONDS: Final = 3600.0  # each tick forgets elapsed/this of the learned bound; a longer gap all of it
 LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
 LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prior x 4]
+# The engines observe a request's prompt length when it finishes, its TTFT at its first token: once a burst of long
+# prompts ends, the prompt histogram still fills with its long requests finishing while the TTFTs are chat's.
+# A finished mean this many times the mean prompt of the requests that reached a first token (the prompt-token
+# and first-token counters) says the two histograms saw different requests: the replica teaches nothing then.
+FINISHED_PROMPT_SKEW: Final = 2.0
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 # The reason's note on a tick whose scale-down window forgot a burst (so it may scale down inside the window).
 WINDOW_RELEASED: Final = "long prompts stopped arriving: the scale-down window forgets the burst"
@@ -522,8 +527,9 @@ def _learned_prefill(
     the first decode step and scheduling dominate TTFT). Two lower bounds of a replica's prefill
     throughput: the prompt tokens it prefilled per second (it cannot go faster; tight when it is busy),
     and mean prompt / mean (TTFT - queue time) (a request's prefill alone is at least its prompt over
-    the throughput; processor sharing only slows it, so this is tight when it is not busy). Their best
-    over replicas is kept and lifts a pessimistic prior. It is forgotten as time passes, whether or not
+    the throughput; processor sharing only slows it, so this is tight when it is not busy; a replica whose
+    finished requests are far longer than those reaching a first token is skipped, FINISHED_PROMPT_SKEW). Their
+    best over replicas is kept and lifts a pessimistic prior. It is forgotten as time passes, whether or not
     long prompts arrive (a new image or shape may be slower): each tick keeps 1 - elapsed/LEARNING_SECONDS
     of it, so yesterday's bound, kept in status overnight, is gone at today's first tick and the prior
     stands again until LEARNED_AFTER new observations. It also caps an optimistic prior: that is used at
@@ -547,15 +553,19 @@ def _learned_prefill(
             p, t, q = r.prompt_tokens, r.ttft_seconds, r.queue_seconds
             if p is None or t is None or p.count < 3 or t.count < 3:
                 continue
-            if p.total / p.count < config.learn_min_prompt_tokens:
+            mean_prompt = p.total / p.count
+            if mean_prompt < config.learn_min_prompt_tokens:
                 continue
+            first_token_prompt = _ratio(r.prompt_tokens_rate or 0.0, r.first_token_rate or 0.0)
+            if first_token_prompt is not None and mean_prompt > FINISHED_PROMPT_SKEW * first_token_prompt:
+                continue  # long requests finishing after a burst, divided by chat's TTFTs, would overstate the speed
             if q is None and (r.waiting or 0.0) > 0:
                 continue  # no queue-time histogram and a queue now: the window holds the backlog's waits
             waited = q.total / q.count if q is not None and q.count > 0 else 0.0
             prefill = t.total / t.count - waited
             if prefill <= 0:
                 continue
-            idle, busy = (p.total / p.count) / prefill, r.prompt_tokens_rate or 0.0
+            idle, busy = mean_prompt / prefill, r.prompt_tokens_rate or 0.0
             floors.append(max(idle, busy))
             caps.append(max(config.learn_slack * idle, busy))
         if floors:
