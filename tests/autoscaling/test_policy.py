@@ -20,7 +20,7 @@ from m3fleet.autoscaling.policy import (
     stabilize,
 )
 from m3fleet.autoscaling.readiness import Record, fleet_from, record
-from m3fleet.autoscaling.signals import MetricsSnapshot
+from m3fleet.autoscaling.signals import DemandHistory, MetricsSnapshot
 
 from . import test_readiness as tr
 from .plans import sample_plan
@@ -327,6 +327,26 @@ def test_recurring_bursts_are_held_a_single_burst_is_not() -> None:
     assert at[1050 + 1755 + 300 + 60] == 1  # a hold window without a burst, then the stabilization window
     unheld = dict((t, n) for t, n, _ in _bursts(replace(ROUND, burst_hold=False), BURSTS))
     assert unheld[second_end + 600] < 4 and unheld[1800] == 1
+
+
+def test_a_burst_is_held_at_what_it_needed_not_at_the_forecast_floor_under_it() -> None:
+    """A chat blip (the request rate doubles) while the forecast floor holds 6 replicas, 15 minutes after a burst
+    that needed 7: the blip is recorded at what it needed, so the pair holds that, not the floor's 6 for a whole
+    hold window after the floor has fallen."""
+    state = PolicyState(
+        last_time=NOW - 15,
+        request_rate=1.5,
+        prompt_tokens=4_000,
+        in_flight=((NOW - 75, 24), (NOW - 15, 24)),
+        bursts=((NOW - 900, 7),),
+    )
+    chat = replicas(6, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0)
+    earlier_days = DemandHistory(period_seconds=86_400, look_ahead_seconds=600, windows=(6.5, 6.5))
+    decision, after = decide(ROUND, state, replace(snapshot(*chat), demand_history=earlier_days), fleet(6))
+    assert decision.forecast is not None and decision.forecast[0] == 6  # the floor itself still holds
+    ((_, first), (blip_at, blip)) = after.bursts
+    assert (first, blip_at) == (7, NOW) and blip <= 2, after.bursts
+    assert decision.terms["burstHoldReplicas"] == blip
 
 
 def test_panic_jumps_past_the_step_limit_and_holds_scale_down() -> None:

@@ -1120,6 +1120,9 @@ def _floors(
         return max(bounds.min_replicas, min(bounds.max_replicas, n))
 
     recommendation = clamp(recommend(terms.need, current, config.tolerance))
+    # A burst is recorded with what it needed, not with the forecast floor under it: a chat blip at a floor of 6
+    # paired with the burst that followed would hold 6 replicas a whole hold window after the floor fell.
+    needed = recommendation
     forecast = forecast_floor(snapshot.demand_history, config.tolerance) if config.forecast else None
     if forecast is not None:
         terms.values["forecastReplicas"] = float(forecast.replicas)
@@ -1127,7 +1130,7 @@ def _floors(
             recommendation = clamp(forecast.replicas)
             notes.append(f"forecast floor {recommendation}: {forecast.reason}")
     hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
-    bursts = _record_burst(state.bursts, now, terms.burst, recommendation, horizon, hold_window)
+    bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, hold_window)
     floor = _burst_floor(bursts, now, hold_window) if config.burst_hold else 0
     terms.values["burstHoldReplicas"] = float(floor)
     if floor > recommendation:
@@ -1195,16 +1198,16 @@ def _stabilized(
 
 
 def _record_burst(
-    bursts: tuple[tuple[float, int], ...], now: float, burst: bool, recommendation: int, horizon: float, window: float
+    bursts: tuple[tuple[float, int], ...], now: float, burst: bool, needed: int, horizon: float, window: float
 ) -> tuple[tuple[float, int], ...]:
-    """The last two bursts as (start, replicas recommended within one horizon of it); a burst
+    """The last two bursts as (start, replicas the need recommended within one horizon of it); a burst
     detected within the horizon of the previous one is the same burst. Dropped once two windows old
     (too old to pair with a new one)."""
     kept = [(t, n) for t, n in bursts if now - t <= 2 * window]
     if kept and now - kept[-1][0] <= horizon:
-        kept[-1] = (kept[-1][0], max(kept[-1][1], recommendation))
+        kept[-1] = (kept[-1][0], max(kept[-1][1], needed))
     elif burst:
-        kept.append((now, recommendation))
+        kept.append((now, needed))
     return tuple(kept[-2:])
 
 
