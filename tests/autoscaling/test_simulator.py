@@ -46,6 +46,24 @@ def test_one_request_alone_meets_its_unloaded_times() -> None:
     assert sim.met == 1
 
 
+def test_prompts_are_prefilled_one_at_a_time_first_come_first_served() -> None:
+    # Two 100k prompts, then a short one, at once on one replica: as in vLLM (a long prompt takes the step's
+    # whole token budget) and SGLang (the chunked request first), the second waits for the first's prefill
+    # and the short prompt for both; shared prefill would give both long prompts their first token at about
+    # twice the unloaded time and the short one within a second.
+    model = PerfModel.from_plan(sample_plan())
+    requests = [Request(0, 10.0, 100_000, 50), Request(1, 10.001, 100_000, 50), Request(2, 10.002, 2_000, 50)]
+    sim = run(131072, model, requests, [1] * 100)
+    first, second, short = sorted(sim.finished, key=lambda r: r.spec.rid)
+    alone = model.unloaded_prefill_seconds(100_000)
+    assert first.first_token is not None and second.first_token is not None and short.first_token is not None
+    assert first.first_token - 10.0 == pytest.approx(alone, rel=0.01)
+    assert second.admitted == pytest.approx(first.first_token)  # it waited (not running) until then
+    assert second.first_token - 10.0 == pytest.approx(2 * alone, rel=0.01)
+    assert short.admitted == pytest.approx(second.first_token)
+    assert short.first_token - second.first_token == pytest.approx(model.unloaded_prefill_seconds(2_000), rel=0.05)
+
+
 def test_full_kv_preempts_the_newest_request_and_everything_still_finishes() -> None:
     # A 40k-token pool, four 9k prompts that each grow by 4k while decoding: 52k does not fit at once.
     model = replace(PerfModel.from_plan(sample_plan()), capacity_tokens=40_960)

@@ -112,7 +112,8 @@ class PolicyConfig:
     interval_seconds: float = 15.0
     kv_target: float = 0.8
     # Prefill utilisation to plan for. None derives it from the TTFT objective (slack + factor x the
-    # unloaded prefill time t): processor-sharing prefill gives TTFT ~ t/(1-u), so u <= 1 - t/(slack +
+    # unloaded prefill time t): prompts queueing for one prefill at a time (as the engines run them) wait
+    # on average about t/(1-u) in all (M/M/1; less if they are all one length), so u <= 1 - t/(slack +
     # factor t), times a safety margin for the tail, capped. Long prompts land near 1/3, chat near the cap.
     prefill_target: float | None = None
     ttft_slack_seconds: float = 2.0
@@ -523,19 +524,18 @@ def _learned_prefill(
 ) -> tuple[float, float | None, int, dict[str, Any]]:
     """(throughput to plan with, learned value to keep, samples, status).
 
-    Learned from the engines' own counters and histograms, on replicas serving long prompts (for chat,
-    the first decode step and scheduling dominate TTFT). Two lower bounds of a replica's prefill
-    throughput: the prompt tokens it prefilled per second (it cannot go faster; tight when it is busy),
-    and mean prompt / mean (TTFT - queue time) (a request's prefill alone is at least its prompt over
-    the throughput; processor sharing only slows it, so this is tight when it is not busy; a replica whose
-    finished requests are far longer than those reaching a first token is skipped, FINISHED_PROMPT_SKEW). Their
-    best over replicas is kept and lifts a pessimistic prior. It is forgotten as time passes, whether or not
-    long prompts arrive (a new image or shape may be slower): each tick keeps 1 - elapsed/LEARNING_SECONDS
-    of it, so yesterday's bound, kept in status overnight, is gone at today's first tick and the prior
-    stands again until LEARNED_AFTER new observations. It also caps an optimistic prior: that is used at
-    most up to the busy bound, or `learn_slack` x the idle bound (a loaded replica's TTFT understates its
-    speed). Clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP]; nothing changes before LEARNED_AFTER
-    observations."""
+    Learned from the engines' own counters and histograms, on replicas serving long prompts (for chat, the first
+    decode step and scheduling dominate TTFT). Two lower bounds of a replica's prefill throughput: the prompt tokens
+    it prefilled per second (it cannot go faster; tight when it is busy), and mean prompt / mean (TTFT - queue time)
+    (a request's prefill alone is at least its prompt over the throughput; the engines prefill one prompt at a time,
+    after its queue time, so only decode steps sharing its iterations slow it; a replica whose finished requests are
+    far longer than those reaching a first token is skipped, FINISHED_PROMPT_SKEW). Their best over replicas is kept
+    and lifts a pessimistic prior. It is forgotten as time passes, whether or not long prompts arrive (a new image
+    or shape may be slower): each tick keeps 1 - elapsed/LEARNING_SECONDS of it, so yesterday's bound, kept in
+    status overnight, is gone at today's first tick and the prior stands again until LEARNED_AFTER new observations.
+    It also caps an optimistic prior: that is used at most up to the busy bound, or `learn_slack` x the idle bound
+    (a loaded replica's TTFT understates its speed). Clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP]; nothing
+    changes before LEARNED_AFTER observations."""
     prior = config.prefill_tokens_per_second
     learned, samples = state.prefill_rate, state.prefill_samples
     cap: float | None = None

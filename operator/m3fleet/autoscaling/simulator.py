@@ -8,9 +8,12 @@ stays event-driven, so an hour of traffic runs in well under a second:
   watermark; decoding grows the KV one token per step; when it is full the newest request is
   preempted and recomputed later (vLLM's recompute preemption).
 * **Time**: each iteration runs one decode step for every decoding request and a chunk of at most
-  `token_budget` prompt tokens shared equally by the requests in prefill (processor sharing).
-  A mixed iteration costs max(decode step, prefill chunk) — decodes piggyback on compute-bound
-  prefill chunks (Sarathi-style). Decode step = a + b x sequences + c x context tokens (MSA's index
+  `token_budget` prompt tokens of one prompt at a time, first come, first served: vLLM gives the
+  step's budget to the running requests in order (a long prompt takes all of it until it is
+  prefilled; `--long-prefill-token-threshold` is unset), SGLang to its one chunked request first,
+  so the requests behind it wait (and hold no KV) until it is done. A mixed iteration costs
+  max(decode step, prefill chunk) — decodes piggyback on compute-bound prefill chunks
+  (Sarathi-style). Decode step = a + b x sequences + c x context tokens (MSA's index
   scan grows with context); a prompt token costs linear + quadratic-in-length (the MSA indexer).
 * **Fleet**: replicas start after a seeded cold start of several minutes and are billed from
   creation (loading included); scale-down cancels starting replicas first, then drains the ready
@@ -195,16 +198,15 @@ class Engine:
         self.waiting: deque[SimRequest] = deque()
         self.queued_tokens = 0.0
         self.running: dict[int, SimRequest] = {}  # admission order: the newest is preempted first
-        self.pf_heap: list[tuple[float, int, SimRequest]] = []
-        self.k = 0
-        self.cost_sum = 0.0
+        self.prefilling: SimRequest | None = None  # the one prompt being prefilled
+        self.prefilled_at = 0.0  # the value of P at which its prefill is done
         self.dec_heap: list[tuple[float, int, SimRequest]] = []
         self.n_dec = 0
         self.dstart_sum = 0.0
         self.reserved_dec = 0.0
         self.reserved = 0.0
         self.D = 0.0  # decode steps done (every decoding request advanced this many tokens)
-        self.V = 0.0  # prompt tokens each prefilling request received (processor sharing)
+        self.P = 0.0  # prompt tokens prefilled so far
         self.t = sim.now
         self.version = 0
         self.c = Counters(prompt_hist=[0] * (len(sim.prompt_bounds) + 1), ttft_hist=[0] * (len(TTFT_BUCKETS) + 1))
@@ -222,8 +224,8 @@ class Engine:
         if self.n_dec:
             context = self.reserved_dec + self.n_dec * self.D - self.dstart_sum
             step += m.decode_per_sequence * self.n_dec + m.decode_per_context_token * context
-        if self.k:
-            chunk = m.token_budget * self.cost_sum / self.k
+        if self.prefilling is not None:
+            chunk = m.token_budget * self.prefilling.cost
             return chunk if chunk > step else step
         return step
 
@@ -231,12 +233,12 @@ class Engine:
         dt = now - self.t
         if dt <= 0:
             return
-        if self.k or self.n_dec:
+        if self.prefilling is not None or self.n_dec:
             iterations = dt / self._iteration()
             if self.n_dec:
                 self.D += iterations
-            if self.k:
-                self.V += iterations * self.m.token_budget / self.k
+            if self.prefilling is not None:
+                self.P += iterations * self.m.token_budget
         self.t = now
 
     @staticmethod
@@ -251,10 +253,8 @@ class Engine:
     def next_time(self, now: float) -> float | None:
         best = math.inf
         iteration = self._iteration()
-        if self.k:
-            top = self._top(self.pf_heap, PREFILL)
-            if top is not None:
-                best = (top[0] - self.V) * self.k / self.m.token_budget * iteration
+        if self.prefilling is not None:
+            best = (self.prefilled_at - self.P) / self.m.token_budget * iteration
         if self.n_dec:
             top = self._top(self.dec_heap, DECODE)
             if top is not None:
@@ -276,12 +276,9 @@ class Engine:
 
     def process(self, now: float) -> None:
         self.advance(now)
-        while self.k:
-            top = self._top(self.pf_heap, PREFILL)
-            if top is None or top[0] - self.V > 1e-9 * top[0] + 1e-6:
-                break
-            heapq.heappop(self.pf_heap)
-            self._start_decode(top[2], now)
+        end = self.prefilled_at
+        if self.prefilling is not None and end - self.P <= 1e-9 * end + 1e-6:
+            self._start_decode(self.prefilling, now)
         while self.n_dec:
             top = self._top(self.dec_heap, DECODE)
             if top is None or top[0] - self.D > 1e-9 * top[0] + 1e-6:
@@ -294,26 +291,24 @@ class Engine:
 
     def _admit(self) -> None:
         limit = self.cap * (1.0 - self.m.watermark)
-        while self.waiting and len(self.running) < self.m.max_num_seqs:
-            r = self.waiting[0]
-            if self.running and self.used() + r.need > limit:
-                break  # FCFS: the head blocks the queue until its prompt fits
-            self.waiting.popleft()
-            self.queued_tokens -= r.need
-            if r.admitted is None:
-                r.admitted = self.t
-            r.phase = PREFILL
-            r.stint = next(self.sim.seq)
-            r.cost = self.m.token_cost(r.need)
-            heapq.heappush(self.pf_heap, (self.V + r.need, r.stint, r))
-            self.k += 1
-            self.cost_sum += r.cost
-            self.reserved += r.need
-            self.running[r.spec.rid] = r
+        if self.prefilling is not None or not self.waiting or len(self.running) >= self.m.max_num_seqs:
+            return
+        r = self.waiting[0]
+        if self.running and self.used() + r.need > limit:
+            return  # FCFS: the head blocks the queue until its prompt fits
+        self.waiting.popleft()
+        self.queued_tokens -= r.need
+        if r.admitted is None:
+            r.admitted = self.t
+        r.phase = PREFILL
+        r.cost = self.m.token_cost(r.need)
+        self.prefilling = r
+        self.prefilled_at = self.P + r.need
+        self.reserved += r.need
+        self.running[r.spec.rid] = r
 
-    def _leave_prefill(self, r: SimRequest) -> None:
-        self.k -= 1
-        self.cost_sum = self.cost_sum - r.cost if self.k else 0.0
+    def _leave_prefill(self) -> None:
+        self.prefilling = None
 
     def _leave_decode(self, r: SimRequest) -> float:
         """Remove a decoding request from the batch; returns the tokens it produced in this stint."""
@@ -325,7 +320,7 @@ class Engine:
         return produced
 
     def _start_decode(self, r: SimRequest, now: float) -> None:
-        self._leave_prefill(r)
+        self._leave_prefill()
         if r.first_token is None:  # the prefill's last step emits the first token
             r.first_token = now
             r.produced = 1
@@ -364,7 +359,7 @@ class Engine:
         rid = next(reversed(self.running))
         r = self.running.pop(rid)
         if r.phase == PREFILL:
-            self._leave_prefill(r)
+            self._leave_prefill()
         else:
             r.produced += int(self._leave_decode(r))
         self.reserved = self.reserved - r.need if self.running else 0.0
