@@ -122,6 +122,10 @@ class PerfModel:
             "maxNumSeqs": self.max_num_seqs,
             "kvTokensPerEngine": self.capacity_tokens,
             "admissionWatermark": self.watermark,
+            "prefillOrder": (
+                "one prompt at a time, first come, first served, in chunks of tokenBudget per step (vLLM and "
+                "SGLang with a long prompt); the requests behind it wait, holding no KV"
+            ),
             "unloadedPrefillSeconds": {
                 f"{n // 1000}k": round(self.unloaded_prefill_seconds(n), 2) for n in (4000, 100_000, 500_000, 1_000_000)
             },
