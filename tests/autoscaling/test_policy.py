@@ -62,7 +62,7 @@ def test_prefill_target_from_the_ttft_objective() -> None:
     config = replace(ROUND, prefill_target=None)
     chat, long = config.prefill_utilisation(2_000), config.prefill_utilisation(1_000_000)
     assert chat == config.prefill_target_cap  # 20 ms prefill: the 2 s slack dominates, the cap applies
-    # 10 s prefill: TTFT <= 2 + 1.5 x 10 = 17 s; processor sharing gives t/(1-u) -> u <= 1 - 10/17.
+    # 10 s prefill: TTFT <= 2 + 1.5 x 10 = 17 s; one prefill at a time waits t/(1-u) (M/M/1) -> u <= 1 - 10/17.
     assert long == pytest.approx(config.prefill_safety * (1 - 10 / 17))
 
 
@@ -76,6 +76,26 @@ def test_an_engine_queue_keeps_only_its_own_replica_busy() -> None:
     r = replica(running=4, kv_usage=0.4, prompt_tokens=100_000, request_rate=0.01)
     t = decide(ROUND, PolicyState(), snapshot(r, queued=(100_000,) * 1000), fleet(1))[0].terms
     assert t["prefillBacklogReplicas"] == pytest.approx(100e6 / 60e6)
+
+
+def test_a_queue_of_long_prompts_longer_than_the_ttft_objective_takes_its_whole_replica() -> None:
+    # One prefill at a time: chat sent to r-0 waits behind its whole queue. Ten 100k prompts are 10 s of
+    # prefill, more than a 2k chat prompt's objective (2 s + 1.5 x 0.02 s); only 1/60 of the horizon, but
+    # r-0 serves no new arrival in time, so it counts whole.
+    chat = replica("r-1", running=4, kv_usage=0.1, prompt_tokens=2_000, request_rate=1.0)
+    long_queue = replica(running=4, waiting=10, kv_usage=0.4, prompt_tokens=100_000, request_rate=0.01)
+    t = decide(ROUND, PolicyState(), snapshot(long_queue, chat), fleet(2))[0].terms
+    assert t["queuedPromptTokens"] == pytest.approx(10 * 100_000)
+    assert t["prefillBacklogReplicas"] == pytest.approx(1)
+    # One long prompt waiting (1 s of prefill) is within the objective: its share of the horizon, as before.
+    short_wait = replace(long_queue, waiting=1)
+    t = decide(ROUND, PolicyState(), snapshot(short_wait, chat), fleet(2))[0].terms
+    assert t["prefillBacklogReplicas"] == pytest.approx(100_000 / 60e6)
+    # A chat queue of the same 1M tokens turns over request by request: its share too.
+    chat_queue = replica(running=4, waiting=500, kv_usage=0.4, prompt_tokens=2_000, request_rate=1.0)
+    t = decide(ROUND, PolicyState(), snapshot(chat_queue, chat), fleet(2))[0].terms
+    assert t["queuedPromptTokens"] == pytest.approx(500 * 2_000)
+    assert t["prefillBacklogReplicas"] == pytest.approx(1e6 / 60e6)
 
 
 def test_arriving_prompt_length_comes_from_replicas_without_a_queue() -> None:

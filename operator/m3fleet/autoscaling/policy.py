@@ -720,6 +720,13 @@ class _PrefillTerm:
     in_flight: tuple[tuple[float, float], ...]
 
 
+def _blocks_new_arrivals(config: PolicyConfig, queued_tokens: float, waiting: float, objective_tokens: float) -> bool:
+    """Whether an engine's queue is of long prompts (at least `learn_min_prompt_tokens` each on average)
+    and holds more prompt tokens than it prefills within the arriving prompt's TTFT objective."""
+    long_prompts = waiting > 0 and queued_tokens / waiting >= config.learn_min_prompt_tokens
+    return long_prompts and queued_tokens > objective_tokens
+
+
 def _prefill_term(
     config: PolicyConfig,
     state: PolicyState,
@@ -765,7 +772,17 @@ def _prefill_term(
     if config.gateway_holds_requests:
         at_gateway += excess
         excess = 0.0
-    busy = sum(min(1.0, (tokens + excess / len(fresh)) / drain) for tokens in local) if fresh else 0.0
+    # With one prefill at a time, a new request sent to an engine waits behind its whole queue. A queue of
+    # long prompts that takes longer than the arriving prompt's TTFT objective to prefill makes its replica
+    # useless to new arrivals, whatever share of the horizon it takes: it counts as a whole replica. A
+    # queue of chat requests turns over in seconds and counts by its share, as before.
+    objective = config.ttft_slack_seconds + config.ttft_factor * prompt_tokens / per_replica
+    busy = sum(
+        1.0
+        if _blocks_new_arrivals(config, tokens, replica.waiting or 0.0, objective * per_replica)
+        else min(1.0, (tokens + excess / len(fresh)) / drain)
+        for tokens, replica in zip(local, fresh, strict=True)
+    )
     utilisation = config.prefill_utilisation(prompt_tokens, per_replica)
     arrival_replicas = arrivals / (utilisation * per_replica)
     return _PrefillTerm(
