@@ -24,6 +24,7 @@ def test_json_report_is_the_contracts_list(capsys: pytest.CaptureFixture[str]) -
     assert (report["scenario"], report["seed"], report["coldStartSeconds"]) == ("steady-chat", 7, None)
     assert report["plan"]["tensorParallelSize"] == 8 and report["parameters"]["durationMinutes"] == 3
     assert "one prompt at a time" in report["parameters"]["perfModel"]["prefillOrder"]  # the engine's scheduling
+    assert "its queue included" in report["parameters"]["simulator"]["drain"]  # what a terminating engine serves
     assert set(report["policies"]) == {"context-aware"}  # the product simulates its own autoscaler only
     assert {"sloAttainment", "gpuHours", "preemptions", "rejected", "scaleEvents"} <= set(
         report["policies"]["context-aware"]

@@ -35,6 +35,23 @@ def run(plan_len: int, model: PerfModel, requests: list[Request], counts: list[i
     return sim
 
 
+def outside_fleet(requests: list[Request]) -> Simulation:
+    """A started simulation with no autoscaler: its replicas are the names given to `follow`, ready at once."""
+    plan = sample_plan()
+    live = Simulation(
+        plan,
+        PerfModel.from_plan(plan),
+        requests,
+        None,
+        duration=60.0,
+        initial_replicas=0,
+        cold_starts=(0.0,),
+        measured_cold_starts=(),
+    )
+    live.begin()
+    return live
+
+
 def test_one_request_alone_meets_its_unloaded_times() -> None:
     model = PerfModel.from_plan(sample_plan())
     sim = run(131072, model, [Request(0, 10.0, 100_000, 500)], [1] * 100)
@@ -145,19 +162,7 @@ def test_advancing_in_steps_is_the_same_run() -> None:
 def test_an_outside_fleet_is_followed_by_name() -> None:
     """Without an autoscaler the replicas are the ones named: a new name is ready at once and takes requests,
     a name gone drains (its requests still finish) and takes no more."""
-    plan = sample_plan()
-    requests = [Request(i, 1.0 + i, 20_000, 50) for i in range(40)]
-    live = Simulation(
-        plan,
-        PerfModel.from_plan(plan),
-        requests,
-        None,
-        duration=60.0,
-        initial_replicas=0,
-        cold_starts=(0.0,),
-        measured_cold_starts=(),
-    )
-    live.begin()
+    live = outside_fleet([Request(i, 1.0 + i, 20_000, 50) for i in range(40)])
     live.follow(["pod-a"])
     live.advance(10.0)
     live.follow(["pod-a", "pod-b"])
@@ -174,6 +179,23 @@ def test_an_outside_fleet_is_followed_by_name() -> None:
     assert sum(e.c.prompt_tokens for e in b.engines) > 0
     result = live.result()
     assert result.unfinished == 0 and result.name == "outside"
+
+
+def test_a_draining_replica_serves_its_own_queue() -> None:
+    """vLLM with --shutdown-timeout and SGLang finish every request they hold when their pod terminates,
+    the queued ones too: a scale-down hands nothing back to the router."""
+    live = outside_fleet([Request(i, 1.0 + i * 0.001, 100_000, 20) for i in range(8)])
+    live.follow(["pod-a", "pod-b"])
+    live.advance(2.0)
+    a, b = live.replica("pod-a"), live.replica("pod-b")
+    assert a is not None and b is not None
+    assert [len(e.waiting) for e in a.engines] == [3] and [len(e.waiting) for e in b.engines] == [3]
+    live.follow(["pod-b"])
+    assert a.draining and a.deleted is None  # it still has work
+    live.advance(120.0)
+    assert [e.c.prompt_tokens for e in a.engines] == [400_000]  # its three queued prompts stayed with it
+    assert [e.c.prompt_tokens for e in b.engines] == [400_000]
+    assert a.deleted is not None and live.result().unfinished == 0
 
 
 @pytest.mark.parametrize("name", sorted(SLICES))

@@ -17,9 +17,9 @@ stays event-driven, so an hour of traffic runs in well under a second:
   scan grows with context); a prompt token costs linear + quadratic-in-length (the MSA indexer).
 * **Fleet**: replicas start after a seeded cold start of several minutes and are billed from
   creation (loading included); scale-down cancels starting replicas first, then drains the ready
-  replica with the least resident KV (unroutable, queued requests re-routed, billed until empty) —
-  the order the operator gives a Deployment's ReplicaSet through pod-deletion-cost. A draining
-  replica is never taken back: a scale-up starts new ones, as for a terminating pod.
+  replica with the least resident KV — the order the operator gives a Deployment's ReplicaSet
+  through pod-deletion-cost: unroutable, it serves what it holds, its queue included, billed until
+  empty. A draining replica is never taken back: a scale-up starts new ones, as for a terminating pod.
   The router sends each request to the engine with the most free KV net of its queue; with no
   ready replica, requests wait at the gateway.
 * **Signals**: every 15 s the simulator "scrapes" each ready replica into the same counters and
@@ -272,12 +272,6 @@ class Engine:
         self.waiting.append(request)
         self.queued_tokens += request.need
 
-    def take_waiting(self) -> list[SimRequest]:
-        taken = list(self.waiting)
-        self.waiting.clear()
-        self.queued_tokens = 0.0
-        return taken
-
     def process(self, now: float) -> None:
         self.advance(now)
         end = self.prefilled_at
@@ -446,6 +440,10 @@ class SimSettings:
             "histogramWindowSeconds": HISTOGRAM_WINDOW_SECONDS,
             "tailSeconds": self.tail_seconds,
             "drainDeadlineSeconds": self.drain_deadline_seconds,
+            "drain": (
+                "a replica scaled down takes no new requests and serves what it holds, its queue included "
+                "(vLLM with --shutdown-timeout, SGLang), until drainDeadlineSeconds"
+            ),
         }
 
 
@@ -674,14 +672,13 @@ class Simulation:
             self._drain(replica)
 
     def _drain(self, replica: Replica) -> None:
+        """Stop routing to the replica; it serves what it holds, queued requests included, as a terminating
+        engine does (vLLM with --shutdown-timeout and SGLang finish every request they were sent, the
+        waiting ones too; nothing hands a queued request back to the gateway)."""
         replica.draining = True
         replica.drain_started = self.now
-        for engine in replica.engines:
-            engine.advance(self.now)
-            moved = engine.take_waiting()
-            self._reschedule(engine)
-            for request in moved:
-                self._route(request)
+        if replica.idle():
+            replica.deleted = self.now
 
     def _kill_overdue_drains(self) -> None:
         for replica in self.replicas:
