@@ -257,6 +257,19 @@ def test_no_scale_down_inside_the_window_then_one_replica_per_step() -> None:
     assert current == 1
 
 
+def test_the_window_keeps_what_the_recorded_need_does_not_supersede() -> None:
+    # Eight busy replicas, two of them with long queues: the recommendation is 10 (8 for arrivals, 2 busy
+    # with backlogs) and the window records 8, the need without backlogs. The 9 recorded a tick ago is
+    # higher than what is recorded now, so the window must keep it for its 300 s, although this tick's
+    # recommendation of 10 would supersede it.
+    busy = replicas(8, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=1.0)
+    queued = tuple(replace(r, waiting=10.0) for r in busy[:2])
+    decision, state = decide(ROUND, PolicyState(history=((NOW - 15, 9),)), snapshot(*queued, *busy[2:]), fleet(8))
+    t = decision.terms
+    assert (t["needReplicas"], t["demandReplicas"], decision.desired_replicas) == pytest.approx((10, 8, 10))
+    assert state.history == ((NOW - 15, 9), (NOW, 8))
+
+
 def test_a_scale_down_prices_each_replica_by_its_resident_kv() -> None:
     # Three idle-ish replicas past the window: one is removed, and the costs say which (the least KV first).
     loads = {"r-0": 0.30, "r-1": 0.02, "r-2": 0.10}

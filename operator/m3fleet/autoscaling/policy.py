@@ -1210,7 +1210,12 @@ def _stabilized(
         if burst_ended is not None:
             forecast = 0
         steady = max(steady, forecast, floors.burst_floor, floors.bounds.min_replicas)
-        history = (*history[:-1], (now, min(recommendation, max(steady, 1))))
+        # Pruned with the value recorded, not the recommendation: a higher recommendation would supersede
+        # (and drop) earlier entries that the lower value recorded does not.
+        recorded = (now, min(recommendation, max(steady, 1)))
+        history = prune_history(
+            (*history_in, recorded), now, behavior.scale_up_window_seconds, behavior.scale_down_window_seconds
+        )
     return desired, history
 
 
