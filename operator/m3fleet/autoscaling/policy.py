@@ -220,8 +220,12 @@ class PolicyConfig:
         if self.prefill_target is not None:
             return self.prefill_target
         t = prompt_tokens / (per_replica or self.prefill_tokens_per_second)
-        allowed = 1.0 - t / (self.ttft_slack_seconds + self.ttft_factor * t)
+        allowed = 1.0 - t / self.ttft_objective_seconds(t)
         return max(0.05, min(self.prefill_target_cap, self.prefill_safety * allowed))
+
+    def ttft_objective_seconds(self, unloaded_prefill_seconds: float) -> float:
+        """The TTFT a prompt is planned to meet: slack + factor x its unloaded prefill time."""
+        return self.ttft_slack_seconds + self.ttft_factor * unloaded_prefill_seconds
 
 
 # --- state that survives between ticks --------------------------------------------------------
@@ -776,10 +780,10 @@ def _prefill_term(
     # long prompts that takes longer than the arriving prompt's TTFT objective to prefill makes its replica
     # useless to new arrivals, whatever share of the horizon it takes: it counts as a whole replica. A
     # queue of chat requests turns over in seconds and counts by its share, as before.
-    objective = config.ttft_slack_seconds + config.ttft_factor * prompt_tokens / per_replica
+    objective_tokens = config.ttft_objective_seconds(prompt_tokens / per_replica) * per_replica
     busy = sum(
         1.0
-        if _blocks_new_arrivals(config, tokens, replica.waiting or 0.0, objective * per_replica)
+        if _blocks_new_arrivals(config, tokens, replica.waiting or 0.0, objective_tokens)
         else min(1.0, (tokens + excess / len(fresh)) / drain)
         for tokens, replica in zip(local, fresh, strict=True)
     )
