@@ -9,5 +9,8 @@ def tokens(count: float) -> str:
         if abs(count) >= size:
             value = count / size
             digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
-            return f"{value:.{digits}f}".rstrip("0").rstrip(".") + unit
+            text = f"{value:.{digits}f}"
+            if "." in text:  # only a fraction's trailing zeros go: 100k stays 100k
+                text = text.rstrip("0").rstrip(".")
+            return text + unit
     return f"{count:.0f}"
