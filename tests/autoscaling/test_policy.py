@@ -400,6 +400,32 @@ def test_panic_jumps_past_the_step_limit_and_holds_scale_down() -> None:
     assert not decision.panic and decision.desired_replicas == 15
 
 
+@pytest.mark.parametrize(
+    ("prompt_tokens", "kv_usage", "expected"),
+    [(100_000, 0.5, 7), (5_000, 0.02, 16)],
+    ids=["long-prompts-release-starting", "chat-keeps-starting"],
+)
+def test_starting_replicas_the_revised_need_does_not_want_are_released_while_long_prompts_arrive(
+    prompt_tokens: float, kv_usage: float, expected: int
+) -> None:
+    # 1M prompt tokens/s on one ready replica orders 16 in panic. 30 s later, 15 still starting, the estimate
+    # is revised to 300k/s (7 replicas). Long prompts: the 9 starting replicas the need no longer wants serve
+    # nothing yet and go at once; the panic hold keeps the ready one. Chat: the panic hold keeps all 16.
+    def load(rate: float, at: float) -> MetricsSnapshot:
+        signals = replica(running=4, kv_usage=kv_usage, prompt_tokens=prompt_tokens, request_rate=rate, sample_time=at)
+        return snapshot(signals, time=at)
+
+    first, state = decide(ROUND, PolicyState(), load(1e6 / prompt_tokens, NOW), fleet(1))
+    assert first.panic and first.desired_replicas == 16
+    later = NOW + 30
+    revised, _ = decide(
+        ROUND, state, load(3e5 / prompt_tokens, later), fleet(16, ready=1, starting=(30.0,) * 15, now=later)
+    )
+    assert revised.panic and revised.recommended_replicas == 7
+    assert revised.desired_replicas == expected, revised.reason
+    assert ("9 starting replicas released" in revised.reason) == (expected == 7), revised.reason
+
+
 def test_without_panic_scale_up_is_limited_per_step() -> None:
     calm = replace(ROUND, panic_threshold=100.0)
     burst = snapshot(replica(running=4, kv_usage=0.5, prompt_tokens=100_000, request_rate=10.0))

@@ -34,11 +34,13 @@ the next burst does not hold the forecast floor a second time), at most
 `maxReplicasPerStep` removed per step, scale-up limited to max(+4, +100%) per step except in panic
 (need >= panicThreshold x ready: jump, and no scale-down until the panic has been quiet for
 `panic_hold_seconds`). Replicas still starting count as supply, so a tick never re-orders what is
-already on its way. Missing, stale or unreachable metrics hold; partial metrics can scale up but
-never down. A cold-start-aware hold (`burst_hold`) keeps the capacity of bursts that recur within
-max(scale-down window, 3 x time-to-ready) of each other: shorter than a cold start, such bursts are
-served only by replicas already there. A scale-down prices each measured replica by its resident KV
-(`removal_costs`), so the operator can have the replicas holding the least work removed first.
+already on its way; while long prompts arrive, those the need was revised below are released at once
+(the windows keep ready replicas, not a first estimate's order). Missing, stale or unreachable metrics
+hold; partial metrics can scale up but never down. A cold-start-aware hold (`burst_hold`) keeps the
+capacity of bursts that recur within max(scale-down window, 3 x time-to-ready) of each other: shorter
+than a cold start, such bursts are served only by replicas already there. A scale-down prices each
+measured replica by its resident KV (`removal_costs`), so the operator can have the replicas holding
+the least work removed first.
 """
 
 from __future__ import annotations
@@ -149,7 +151,9 @@ class PolicyConfig:
     fast_rise: bool = True  # just after a burst's start, rises in the estimates are taken at once
     transient_release: bool = True  # the scale-down window remembers the need without backlogs
     release_ended_bursts: bool = True  # the window forgets a burst once its long prompts stopped arriving
-    learn_min_prompt_tokens: float = 20_000.0  # shorter prompts teach nothing (TTFT is mostly not prefill)
+    # A long prompt: its TTFT is mostly prefill (shorter ones teach the throughput nothing), a queue of them
+    # outlasts a chat prompt's TTFT objective, and while they arrive a burst's size is still being measured.
+    long_prompt_tokens: float = 20_000.0
     # An optimistic prior is capped at this multiple of the idle-replica bound (or at the busy bound). The
     # idle bound understates a replica sharing its prefill by about 1 - utilisation; the busy bound is
     # tight when it is loaded, and the best bound seen (the learned floor) keeps a right prior from being
@@ -558,7 +562,7 @@ def _learned_prefill(
             if p is None or t is None or p.count < 3 or t.count < 3:
                 continue
             mean_prompt = p.total / p.count
-            if mean_prompt < config.learn_min_prompt_tokens:
+            if mean_prompt < config.long_prompt_tokens:
                 continue
             first_token_prompt = _ratio(r.prompt_tokens_rate or 0.0, r.first_token_rate or 0.0)
             if first_token_prompt is not None and mean_prompt > FINISHED_PROMPT_SKEW * first_token_prompt:
@@ -725,9 +729,9 @@ class _PrefillTerm:
 
 
 def _blocks_new_arrivals(config: PolicyConfig, queued_tokens: float, waiting: float, objective_tokens: float) -> bool:
-    """Whether an engine's queue is of long prompts (at least `learn_min_prompt_tokens` each on average)
+    """Whether an engine's queue is of long prompts (at least `long_prompt_tokens` each on average)
     and holds more prompt tokens than it prefills within the arriving prompt's TTFT objective."""
-    long_prompts = waiting > 0 and queued_tokens / waiting >= config.learn_min_prompt_tokens
+    long_prompts = waiting > 0 and queued_tokens / waiting >= config.long_prompt_tokens
     return long_prompts and queued_tokens > objective_tokens
 
 
@@ -1071,6 +1075,10 @@ def decide(
     desired, history = _stabilized(
         config, state, fleet, floors, terms, burst_ended, panic or health.missing > 0, not panic
     )
+    released = _unneeded_starting(config, fleet, terms, desired, recommendation, health.missing)
+    if released:
+        desired -= released
+        notes.append(f"{released} starting replicas released: long prompts arriving, the need was revised down")
     desired = clamp(desired)  # the bounds are hard, whatever the step limits say
 
     if panic:
@@ -1221,6 +1229,21 @@ def _stabilized(
             (*history_in, recorded), now, behavior.scale_up_window_seconds, behavior.scale_down_window_seconds
         )
     return desired, history
+
+
+def _unneeded_starting(
+    config: PolicyConfig, fleet: FleetState, terms: _Terms, desired: int, recommendation: int, missing: int
+) -> int:
+    """Replicas still starting that the windows (or the panic hold) keep but the recommendation no longer wants,
+    released at once while long prompts arrive. A long-context burst is first ordered on its first minute of
+    prompt lengths and, until a replica has been measured, the prior throughput; both are revised within a few
+    ticks, and a replica ordered on the first estimate would serve nothing until ready and then hold GPUs for a
+    whole window. Ready replicas keep the windows' protection. Chat bursts keep it for starting replicas too:
+    shorter than a cold start, they recur, and the replica still starting serves the next one (releasing them
+    cost `bursty` up to 22 points a seed)."""
+    if missing or terms.prompt_tokens < config.long_prompt_tokens:
+        return 0
+    return max(0, desired - max(recommendation, fleet.ready_replicas))
 
 
 def _record_burst(
