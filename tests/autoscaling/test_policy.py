@@ -12,6 +12,7 @@ from m3fleet.autoscaling.policy import (
     WINDOW_RELEASED,
     Action,
     Behavior,
+    Decision,
     PolicyConfig,
     PolicyState,
     decide,
@@ -405,25 +406,27 @@ def test_panic_jumps_past_the_step_limit_and_holds_scale_down() -> None:
     [(100_000, 0.5, 7), (5_000, 0.02, 16)],
     ids=["long-prompts-release-starting", "chat-keeps-starting"],
 )
-def test_starting_replicas_the_revised_need_does_not_want_are_released_while_long_prompts_arrive(
+def test_starting_replicas_the_need_has_not_wanted_for_a_minute_are_released_while_long_prompts_arrive(
     prompt_tokens: float, kv_usage: float, expected: int
 ) -> None:
-    # 1M prompt tokens/s on one ready replica orders 16 in panic. 30 s later, 15 still starting, the estimate
-    # is revised to 300k/s (7 replicas). Long prompts: the 9 starting replicas the need no longer wants serve
-    # nothing yet and go at once; the panic hold keeps the ready one. Chat: the panic hold keeps all 16.
-    def load(rate: float, at: float) -> MetricsSnapshot:
+    # 1M prompt tokens/s on one ready replica orders 16 in panic; then the estimate is revised to 300k/s (7
+    # replicas) with 15 still starting. 30 s later the 16 is still within the last minute: all held. 75 s later
+    # the need has been 7 for a minute: with long prompts the 9 starting replicas it does not want go (the panic
+    # hold keeps the ready one); with chat the panic hold keeps all 16.
+    def tick(rate: float, after: float, state: PolicyState) -> tuple[Decision, PolicyState]:
+        at = NOW + after
         signals = replica(running=4, kv_usage=kv_usage, prompt_tokens=prompt_tokens, request_rate=rate, sample_time=at)
-        return snapshot(signals, time=at)
+        starting = fleet(16, ready=1, starting=(after,) * 15, now=at) if after else fleet(1)
+        return decide(ROUND, state, snapshot(signals, time=at), starting)
 
-    first, state = decide(ROUND, PolicyState(), load(1e6 / prompt_tokens, NOW), fleet(1))
+    first, state = tick(1e6 / prompt_tokens, 0, PolicyState())
     assert first.panic and first.desired_replicas == 16
-    later = NOW + 30
-    revised, _ = decide(
-        ROUND, state, load(3e5 / prompt_tokens, later), fleet(16, ready=1, starting=(30.0,) * 15, now=later)
-    )
-    assert revised.panic and revised.recommended_replicas == 7
-    assert revised.desired_replicas == expected, revised.reason
-    assert ("9 starting replicas released" in revised.reason) == (expected == 7), revised.reason
+    soon, state = tick(3e5 / prompt_tokens, 30, state)
+    assert soon.panic and soon.recommended_replicas == 7 and soon.desired_replicas == 16, soon.reason
+    later, _ = tick(3e5 / prompt_tokens, 75, state)
+    assert later.panic and later.recommended_replicas == 7
+    assert later.desired_replicas == expected, later.reason
+    assert ("9 starting replicas released" in later.reason) == (expected == 7), later.reason
 
 
 def test_without_panic_scale_up_is_limited_per_step() -> None:

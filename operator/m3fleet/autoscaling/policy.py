@@ -80,6 +80,9 @@ LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prio
 # A finished mean this many times the mean prompt of the requests that reached a first token (the prompt-token
 # and first-token counters) says the two histograms saw different requests: the replica teaches nothing then.
 FINISHED_PROMPT_SKEW: Final = 2.0
+# A replica still starting is released only below the highest need the window recorded this long ago: tick to tick
+# the estimates are noisy, and a replica released and ordered again a tick later starts its cold start over.
+RELEASE_STARTING_AFTER_SECONDS: Final = 60.0
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 # The reason's note on a tick whose scale-down window forgot a burst (so it may scale down inside the window).
 WINDOW_RELEASED: Final = "long prompts stopped arriving: the scale-down window forgets the burst"
@@ -1075,10 +1078,12 @@ def decide(
     desired, history = _stabilized(
         config, state, fleet, floors, terms, burst_ended, panic or health.missing > 0, not panic
     )
-    released = _unneeded_starting(config, fleet, terms, desired, recommendation, health.missing)
+    released = _unneeded_starting(config, state, fleet, terms, (desired, recommendation), health.missing)
     if released:
         desired -= released
-        notes.append(f"{released} starting replicas released: long prompts arriving, the need was revised down")
+        notes.append(
+            f"{released} starting replicas released: long prompts arriving, the need revised down for a minute"
+        )
     desired = clamp(desired)  # the bounds are hard, whatever the step limits say
 
     if panic:
@@ -1232,18 +1237,25 @@ def _stabilized(
 
 
 def _unneeded_starting(
-    config: PolicyConfig, fleet: FleetState, terms: _Terms, desired: int, recommendation: int, missing: int
+    config: PolicyConfig,
+    state: PolicyState,
+    fleet: FleetState,
+    terms: _Terms,
+    desired_and_recommended: tuple[int, int],
+    missing: int,
 ) -> int:
-    """Replicas still starting that the windows (or the panic hold) keep but the recommendation no longer wants,
-    released at once while long prompts arrive. A long-context burst is first ordered on its first minute of
-    prompt lengths and, until a replica has been measured, the prior throughput; both are revised within a few
-    ticks, and a replica ordered on the first estimate would serve nothing until ready and then hold GPUs for a
-    whole window. Ready replicas keep the windows' protection. Chat bursts keep it for starting replicas too:
-    shorter than a cold start, they recur, and the replica still starting serves the next one (releasing them
-    cost `bursty` up to 22 points a seed)."""
+    """Replicas still starting that the windows (or the panic hold) keep but the need has not wanted for a minute
+    (`RELEASE_STARTING_AFTER_SECONDS`), released while long prompts arrive. A long-context burst is first ordered
+    on its first minute of prompt lengths and, until a replica has been measured, the prior throughput; both are
+    revised within a few ticks, and a replica ordered on the first estimate would serve nothing until ready and
+    then hold GPUs for a whole window. Ready replicas keep the windows' protection. Chat bursts keep it for
+    starting replicas too: shorter than a cold start, they recur, and the replica still starting serves the next
+    one (releasing them cost `bursty` up to 22 points a seed)."""
     if missing or terms.prompt_tokens < config.long_prompt_tokens:
         return 0
-    return max(0, desired - max(recommendation, fleet.ready_replicas))
+    desired, recommendation = desired_and_recommended
+    recent = [n for t, n in state.history if fleet.now - t <= RELEASE_STARTING_AFTER_SECONDS]
+    return max(0, desired - max(recommendation, *recent, fleet.ready_replicas))
 
 
 def _record_burst(
