@@ -427,6 +427,11 @@ def test_starting_replicas_the_need_has_not_wanted_for_a_minute_are_released_whi
     assert later.panic and later.recommended_replicas == 7
     assert later.desired_replicas == expected, later.reason
     assert ("9 starting replicas released" in later.reason) == (expected == 7), later.reason
+    # Had the window just forgotten a burst (its long prompts seemed to stop 15 s ago), it holds no minute of
+    # needs to release against: nothing starting goes, whatever the prompts.
+    forgot = replace(state, burst_ended=NOW + 60)
+    held, _ = tick(3e5 / prompt_tokens, 75, forgot)
+    assert held.desired_replicas == 16 and "released" not in held.reason, held.reason
 
 
 def test_without_panic_scale_up_is_limited_per_step() -> None:

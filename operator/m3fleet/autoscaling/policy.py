@@ -1253,6 +1253,8 @@ def _unneeded_starting(
     one (releasing them cost `bursty` up to 22 points a seed)."""
     if missing or terms.prompt_tokens < config.long_prompt_tokens:
         return 0
+    if state.burst_ended is not None and fleet.now - state.burst_ended < RELEASE_STARTING_AFTER_SECONDS:
+        return 0  # the window just forgot a burst: it holds no minute of needs to release against
     desired, recommendation = desired_and_recommended
     recent = [n for t, n in state.history if fleet.now - t <= RELEASE_STARTING_AFTER_SECONDS]
     return max(0, desired - max(recommendation, *recent, fleet.ready_replicas))
