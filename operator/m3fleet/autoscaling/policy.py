@@ -1078,7 +1078,7 @@ def decide(
     desired, history = _stabilized(
         config, state, fleet, floors, terms, burst_ended, panic or health.missing > 0, not panic
     )
-    released = _unneeded_starting(config, state, fleet, terms, (desired, recommendation), health.missing)
+    released = _unneeded_starting(config, state, fleet, terms, desired, recommendation, health.missing)
     if released:
         desired -= released
         notes.append(
@@ -1241,7 +1241,8 @@ def _unneeded_starting(
     state: PolicyState,
     fleet: FleetState,
     terms: _Terms,
-    desired_and_recommended: tuple[int, int],
+    desired: int,
+    recommendation: int,
     missing: int,
 ) -> int:
     """Replicas still starting that the windows (or the panic hold) keep but the need has not wanted for a minute
@@ -1255,7 +1256,6 @@ def _unneeded_starting(
         return 0
     if state.burst_ended is not None and fleet.now - state.burst_ended < RELEASE_STARTING_AFTER_SECONDS:
         return 0  # the window just forgot a burst: it holds no minute of needs to release against
-    desired, recommendation = desired_and_recommended
     recent = [n for t, n in state.history if fleet.now - t <= RELEASE_STARTING_AFTER_SECONDS]
     return max(0, desired - max(recommendation, *recent, fleet.ready_replicas))
 
