@@ -27,7 +27,7 @@ from m3fleet.autoscaling.simulate import Setup, run_context_aware, simulate
 from m3fleet.autoscaling.simulator import Autoscaler, PolicyResult
 
 from .baselines import Fixed, kv_utilization, queue_length, request_count
-from .oracle import run_oracle, work_lower_bound
+from .oracle import run_late_oracle, run_oracle, work_lower_bound
 
 SWEEPS: Final[dict[str, tuple[str, tuple[float, ...]]]] = {
     "request-count": ("targetInFlightPerReplica", (1, 1.5, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64)),
@@ -41,6 +41,7 @@ ORACLE_RATIO = 1.25
 LEAD_POINTS, LEAD_SAVED = 5.0, 0.20
 COLD_START_90: Final = {"long-context-burst": 0.95, "recurring-burst": 0.97}
 PRIOR_LOSS_POINTS = 3.0
+LATE_TICKS: Final = (1, 2)  # the late oracle knows the burst from its first, then its second tick
 
 
 def baseline(setup: Setup, family: str, setting: float) -> tuple[Autoscaler, int | None]:
@@ -206,6 +207,7 @@ def seed_report(setup: Setup, with_sweep: bool = True, prior_scales: Sequence[fl
     if setup.cold_start == 90 and setup.scenario.name in COLD_START_90:
         goal = COLD_START_90[setup.scenario.name]
         checks["coldStart90"] = {"goal": goal, "met": ours.slo_attainment >= goal}
+        report["lateOracle"] = late_oracle_report(setup, goal, oracle.result.gpu_hours)
     if prior_scales:
         runs = {}
         for scale in prior_scales:
@@ -223,6 +225,28 @@ def seed_report(setup: Setup, with_sweep: bool = True, prior_scales: Sequence[fl
         checks["priorsOff"] = {"met": worst <= PRIOR_LOSS_POINTS, "byScale": runs}
     report["checks"] = checks
     return report
+
+
+def late_oracle_report(setup: Setup, goal: float, oracle_gpu_hours: float) -> list[dict[str, Any]]:
+    """The cheapest way to meet `goal` for a fleet that knows the burst only from its first or second tick."""
+    out = []
+    for tick in LATE_TICKS:
+        run = run_late_oracle(setup, goal, tick)
+        if run is None:
+            continue
+        out.append(
+            {
+                "knowsBurstFromTick": tick,
+                "goal": goal,
+                "metGoal": run.met_goal,
+                "standingReplicas": run.standing,
+                "headroom": run.headroom,
+                "sloAttainment": round(run.result.slo_attainment, 4),
+                "gpuHours": round(run.result.gpu_hours, 2),
+                "overOracle": round(run.result.gpu_hours / oracle_gpu_hours, 3) if oracle_gpu_hours else None,
+            }
+        )
+    return out
 
 
 def _prior(setup: Setup) -> float:
@@ -259,7 +283,24 @@ def summarize(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
         },
         "oracleRatio": _spread([r["checks"]["oracleRatio"]["value"] for r in reports]),
         "checks": checks,
+        **({"lateOracle": _late_summary(reports)} if any(r.get("lateOracle") for r in reports) else {}),
     }
+
+
+def _late_summary(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per tick: the seeds where the late oracle meets the goal, and its GPU-hours over the oracle's."""
+    out: dict[str, Any] = {}
+    for tick in LATE_TICKS:
+        runs = [
+            (r["seed"], run) for r in reports for run in r.get("lateOracle", ()) if run["knowsBurstFromTick"] == tick
+        ]
+        out[str(tick)] = {
+            "metGoalOnSeeds": sum(run["metGoal"] for _, run in runs),
+            "of": len(runs),
+            "notMetOn": [seed for seed, run in runs if not run["metGoal"]],
+            "overOracle": _spread([run["overOracle"] for _, run in runs if run["metGoal"]]),
+        }
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -296,6 +337,26 @@ def format_text(reports: Sequence[dict[str, Any]], summary: dict[str, Any]) -> s
         lines.append(
             f"  {name}: {c['metOnSeeds']} of {c['of']}" + (f"; not met on {c['notMetOn']}" if c["notMetOn"] else "")
         )
+    late = summary.get("lateOracle")
+    if late:
+        lines += ["", "late oracle (knows the burst only from its first / second tick; cheapest run meeting the goal):"]
+        for r in reports:
+            cells = [
+                f"tick {run['knowsBurstFromTick']}: {_pct(run['sloAttainment'])}/{run['gpuHours']:.1f} "
+                f"({run['overOracle']:.2f}x the oracle, {run['standingReplicas']} standing"
+                + ("" if run["metGoal"] else f", goal {_pct(run['goal'])} not met")
+                + ")"
+                for run in r.get("lateOracle", ())
+            ]
+            lines.append(f"  {r['seed']:>4}  " + ";  ".join(cells))
+        for tick, t in late.items():
+            ratio = t["overOracle"]
+            spread = f"{ratio['min']:.2f} / {ratio['mean']:.2f} / {ratio['max']:.2f}" if ratio else ""
+            lines.append(
+                f"  tick {tick}: goal met on {t['metGoalOnSeeds']} of {t['of']}"
+                + (f", GPU-hours / oracle's {spread}" if ratio else "")
+                + (f"; not met on {t['notMetOn']}" if t["notMetOn"] else "")
+            )
     return "\n".join(lines) + "\n"
 
 
