@@ -12,8 +12,8 @@ replicas run throughout — so replica-seconds >= max(prefill seconds, KV token-
 minReplicas x duration) (cold starts, queueing and the SLO are left out, which only lowers it).
 
 `run_late_oracle(setup, goal, tick)` asks what foresight the oracle has that no autoscaler can: it
-knows nothing of a burst until the `tick`-th autoscaler tick after the burst starts (then it knows
-all of it and plans as the oracle does). Before that it runs a standing fleet (minReplicas to
+knows nothing of a burst until the `tick`-th autoscaler tick whose scrape follows the burst's start
+(then it knows all of it and plans as the oracle does). Before that it runs a standing fleet (minReplicas to
 minReplicas + 2) that cannot look past the burst's start. The cheapest such run meeting `goal` says
 what the goal asks of an autoscaler that must first see a burst to react to it.
 """
@@ -34,7 +34,7 @@ from .baselines import Schedule
 
 ORACLE_GOAL = 0.99
 HEADROOM_LOW, HEADROOM_HIGH, HEADROOM_STEP = 1.0, 8.0, 0.01
-LATE_STANDING_EXTRA = 2
+LATE_STANDING_EXTRA = 2  # the late oracle's standing fleets: minReplicas .. minReplicas + 2
 
 
 def oracle_need(
@@ -165,7 +165,7 @@ def run_oracle(setup: Setup) -> OracleRun:
 
 @dataclass(frozen=True)
 class LateOracleRun:
-    tick: int  # knows the burst from this tick after it starts (1: the first)
+    tick: int  # knows the burst from this tick whose scrape follows its start (1: the first)
     goal: float
     standing: int  # replicas before it knows
     headroom: float
