@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from m3fleet.autoscaling import simulate as sim
-from m3fleet.autoscaling.scenarios import Request
+from m3fleet.autoscaling.scenarios import Mixture, Request
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
 from m3fleet.autoscaling.simulator import PerfModel, Simulation
 from tests.bench.autoscaling import oracle as bench_oracle
@@ -17,7 +17,13 @@ from tests.bench.autoscaling.baselines import Schedule
 
 from .plans import sample_plan
 
-SLICES = {"steady-chat": 10.0, "bursty": 20.0, "long-context-burst": 40.0, "recurring-burst": 50.0}  # minutes
+SLICES = {  # minutes
+    "steady-chat": 10.0,
+    "bursty": 20.0,
+    "long-context-burst": 40.0,
+    "recurring-burst": 50.0,
+    "sporadic-long-prompts": 30.0,
+}
 
 
 def run(plan_len: int, model: PerfModel, requests: list[Request], counts: list[int], initial: int = 1) -> Simulation:
@@ -291,6 +297,24 @@ def test_seeds_draw_the_burst() -> None:
     days = [recurring.scenario.phases(2, d)[1].start for d in range(3)]
     assert len(set(days)) == 3 and max(days) - min(days) <= 8 * 60  # the same habit, a few minutes apart
     assert recurring.earlier_days[1].clock_offset == recurring.clock_offset - 86400
+
+
+def test_sporadic_long_prompts_come_one_at_a_time_at_the_drawn_gap() -> None:
+    # Long prompts (the burst scenarios' mix, all above any chat prompt) at a mean gap of 3-12 minutes drawn
+    # from the seed, Poisson: over 30 seeds their count is what the drawn gaps expect, and no seed has a run
+    # of them like a burst's (a burst brings hundreds within minutes).
+    counts, expected = [], []
+    for seed in range(1, 31):
+        setup = sim.prepare("sporadic-long-prompts", seed=seed)
+        arrivals = [r.arrival for r in setup.requests if r.prompt > 100_000]
+        assert max(sum(1 for t in arrivals if start <= t < start + 300) for start in arrivals) <= 6
+        (phase,) = setup.scenario.phases(seed)
+        assert isinstance(phase.prompt, Mixture)
+        share, _ = phase.prompt.parts[1]
+        counts.append(len(arrivals))
+        expected.append(phase.rate * (phase.end - phase.start) * share)
+    assert all(60 / 12 <= e <= 60 / 3 for e in expected)  # an hour at a mean gap of 3-12 minutes
+    assert abs(sum(counts) - sum(expected)) <= 3 * sum(expected) ** 0.5
 
 
 def test_cold_start_override_replaces_every_start() -> None:

@@ -16,7 +16,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 MINUTE = 60.0
 
@@ -185,6 +185,17 @@ def _long_context_burst(rng: random.Random, day: random.Random) -> list[Phase]:
     ]
 
 
+def _sporadic_long_prompts(rng: random.Random, day: random.Random) -> list[Phase]:
+    """Chat at a seeded rate all hour, with a long prompt from the long-context mix every few minutes on
+    average (Poisson, a seeded mean gap): single long requests, never a burst. What a reactive policy pays
+    here for taking one long prompt for the start of a burst, the burst scenarios cannot show."""
+    rate = rng.uniform(0.35, 0.6)
+    gap = rng.uniform(3, 12) * MINUTE
+    share = 1.0 / (rate * gap)
+    prompts = Mixture(((1.0 - share, CHAT_PROMPT), (share, _long_mix(rng))))
+    return [Phase(0, 60 * MINUTE, rate, prompts, CHAT_OUTPUT, "chat with sporadic long prompts")]
+
+
 def _recurring_window(rng: random.Random) -> float:
     """The daily window opens between 07:00 and 17:00 UTC (whole minutes)."""
     return float(rng.randint(7 * 60, 17 * 60) * 60)
@@ -226,6 +237,14 @@ def _bursty(rng: random.Random, day: random.Random) -> list[Phase]:
     return phases
 
 
+# The long-context scenarios' resource: one replica to start, room for a burst, the whole 1M-token context.
+LONG_CONTEXT_FLEET: Final[dict[str, Any]] = {
+    "min_replicas": 1,
+    "max_replicas": 24,
+    "initial_replicas": 1,
+    "max_model_len": 1_048_576,
+}
+
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in (
@@ -246,11 +265,18 @@ SCENARIOS: dict[str, Scenario] = {
                 "to 100k-1M tokens at 0.8-1.4x the rate (time, length, rate and mix drawn from the seed)"
             ),
             duration=60 * MINUTE,
-            min_replicas=1,
-            max_replicas=24,
-            initial_replicas=1,
-            max_model_len=1_048_576,
+            **LONG_CONTEXT_FLEET,
             build_phases=_long_context_burst,
+        ),
+        Scenario(
+            name="sporadic-long-prompts",
+            description=(
+                "chat at 0.35-0.6 requests/s for an hour with one 100k-1M-token prompt every 3-12 minutes on "
+                "average (rate, mean gap and mix drawn from the seed): long prompts that are no burst"
+            ),
+            duration=60 * MINUTE,
+            **LONG_CONTEXT_FLEET,
+            build_phases=_sporadic_long_prompts,
         ),
         Scenario(
             name="recurring-burst",
@@ -260,10 +286,7 @@ SCENARIOS: dict[str, Scenario] = {
                 "up to 15% from day to day; two earlier days are simulated first, the third is measured"
             ),
             duration=90 * MINUTE,
-            min_replicas=1,
-            max_replicas=24,
-            initial_replicas=1,
-            max_model_len=1_048_576,
+            **LONG_CONTEXT_FLEET,
             build_phases=_recurring_burst,
             days=3,
             window_start=_recurring_window,
