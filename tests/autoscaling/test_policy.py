@@ -363,17 +363,22 @@ def test_recurring_bursts_are_held_a_single_burst_is_not() -> None:
     assert unheld[second_end + 600] < 4 and unheld[1800] == 1
 
 
+def steady_state(request_rate: float, prompt_tokens: float, bursts: tuple[tuple[float, int], ...]) -> PolicyState:
+    """The state a tick after the last, with 24 requests in flight over the whole rate window and these bursts."""
+    return PolicyState(
+        last_time=NOW - 15,
+        request_rate=request_rate,
+        prompt_tokens=prompt_tokens,
+        in_flight=((NOW - 75, 24), (NOW - 15, 24)),
+        bursts=bursts,
+    )
+
+
 def test_a_burst_is_held_at_what_it_needed_not_at_the_forecast_floor_under_it() -> None:
     """A chat blip (the request rate doubles) while the forecast floor holds 6 replicas, 15 minutes after a burst
     that needed 7: the blip is recorded at what it needed, so the pair holds that, not the floor's 6 for a whole
     hold window after the floor has fallen."""
-    state = PolicyState(
-        last_time=NOW - 15,
-        request_rate=1.5,
-        prompt_tokens=4_000,
-        in_flight=((NOW - 75, 24), (NOW - 15, 24)),
-        bursts=((NOW - 900, 7),),
-    )
+    state = steady_state(request_rate=1.5, prompt_tokens=4_000, bursts=((NOW - 900, 7),))
     chat = replicas(6, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0)
     earlier_days = DemandHistory(period_seconds=86_400, look_ahead_seconds=600, windows=(6.5, 6.5))
     decision, after = decide(ROUND, state, replace(snapshot(*chat), demand_history=earlier_days), fleet(6))
@@ -381,6 +386,22 @@ def test_a_burst_is_held_at_what_it_needed_not_at_the_forecast_floor_under_it() 
     ((_, first), (blip_at, blip)) = after.bursts
     assert (first, blip_at) == (7, NOW) and blip <= 2, after.bursts
     assert decision.terms["burstHoldReplicas"] == blip
+
+
+@pytest.mark.parametrize(("seen", "recorded", "held"), [(15, 0, 0), (75, 6, 4)], ids=["a-tick-in", "a-minute-in"])
+def test_a_burst_is_recorded_at_what_it_still_needs_a_rate_window_after_its_start(
+    seen: float, recorded: int, held: int
+) -> None:
+    """Six replicas' worth of need, `seen` seconds after a burst was seen and 15 minutes after one that needed 4.
+    A tick in, a lone long prompt looks like a burst's start and is served within a rate window: nothing is
+    recorded, so the pair holds nothing. A rate window in, the need is the burst's: recorded, and the pair holds
+    what the smaller of the two needed."""
+    state = steady_state(request_rate=6.0, prompt_tokens=50_000, bursts=((NOW - 900, 4), (NOW - seen, 0)))
+    busy = replicas(6, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=1.0)
+    decision, after = decide(ROUND, state, snapshot(*busy), fleet(6))
+    assert decision.terms["needReplicas"] == pytest.approx(6)
+    assert after.bursts == ((NOW - 900, 4), (NOW - seen, recorded))
+    assert decision.terms["burstHoldReplicas"] == held
 
 
 def test_panic_jumps_past_the_step_limit_and_holds_scale_down() -> None:

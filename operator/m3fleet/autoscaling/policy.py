@@ -37,8 +37,9 @@ the next burst does not hold the forecast floor a second time), at most
 already on its way; while long prompts arrive, those the need has not wanted for a minute are released
 (the windows keep ready replicas, not a first estimate's order). Missing, stale or unreachable metrics
 hold; partial metrics can scale up but never down. A cold-start-aware hold (`burst_hold`) keeps the
-capacity of bursts that recur within max(scale-down window, 3 x time-to-ready) of each other: shorter
-than a cold start, such bursts are served only by replicas already there. A scale-down prices each
+capacity of bursts that recur within max(scale-down window, 3 x time-to-ready) of each other, from a
+rate window after each one's start: shorter than a cold start, such bursts are served only by replicas
+already there. A scale-down prices each
 measured replica by its resident KV (`removal_costs`), so the operator can have the replicas holding
 the least work removed first.
 """
@@ -1164,7 +1165,9 @@ def _floors(
             recommendation = clamp(forecast.replicas)
             notes.append(f"forecast floor {recommendation}: {forecast.reason}")
     hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
-    bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, hold_window)
+    # A burst's need is recorded from a rate window after its start (within the horizon, which can be short).
+    lasting = min(snapshot.window_seconds, horizon / 2)
+    bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, hold_window, lasting)
     floor = _burst_floor(bursts, now, hold_window) if config.burst_hold else 0
     terms.values["burstHoldReplicas"] = float(floor)
     if floor > recommendation:
@@ -1261,16 +1264,26 @@ def _unneeded_starting(
 
 
 def _record_burst(
-    bursts: tuple[tuple[float, int], ...], now: float, burst: bool, needed: int, horizon: float, window: float
+    bursts: tuple[tuple[float, int], ...],
+    now: float,
+    burst: bool,
+    needed: int,
+    horizon: float,
+    window: float,
+    lasting: float,
 ) -> tuple[tuple[float, int], ...]:
-    """The last two bursts as (start, replicas the need recommended within one horizon of it); a burst
-    detected within the horizon of the previous one is the same burst. Dropped once two windows old
-    (too old to pair with a new one)."""
+    """The last two bursts as (start, replicas the need recommended from `lasting` after it until one horizon
+    after it); a burst detected within the horizon of the previous one is the same burst. What a burst needs
+    in its first `lasting` seconds is not recorded: a lone long prompt looks like a burst's start for a tick
+    or two, is served within a rate window and leaves nothing to hold, while a burst still needs its
+    replicas then. Dropped once two windows old (too old to pair with a new one)."""
     kept = [(t, n) for t, n in bursts if now - t <= 2 * window]
     if kept and now - kept[-1][0] <= horizon:
-        kept[-1] = (kept[-1][0], max(kept[-1][1], needed))
+        start, most = kept[-1]
+        if now - start >= lasting:
+            kept[-1] = (start, max(most, needed))
     elif burst:
-        kept.append((now, needed))
+        kept.append((now, 0))
     return tuple(kept[-2:])
 
 
