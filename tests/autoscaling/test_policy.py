@@ -423,12 +423,12 @@ def test_panic_jumps_past_the_step_limit_and_holds_scale_down() -> None:
 
 
 @pytest.mark.parametrize(
-    ("prompt_tokens", "kv_usage", "expected"),
-    [(100_000, 0.5, 7), (5_000, 0.02, 16)],
+    ("prompt_tokens", "kv_usage", "expected", "once_ended"),
+    [(100_000, 0.5, 7, 16), (5_000, 0.02, 16, 7)],
     ids=["long-prompts-release-starting", "chat-keeps-starting"],
 )
 def test_starting_replicas_the_need_has_not_wanted_for_a_minute_are_released_while_long_prompts_arrive(
-    prompt_tokens: float, kv_usage: float, expected: int
+    prompt_tokens: float, kv_usage: float, expected: int, once_ended: int
 ) -> None:
     # 1M prompt tokens/s on one ready replica orders 16 in panic; then the estimate is revised to 300k/s (7
     # replicas) with 15 still starting. 30 s later the 16 is still within the last minute: all held. 75 s later
@@ -448,11 +448,14 @@ def test_starting_replicas_the_need_has_not_wanted_for_a_minute_are_released_whi
     assert later.panic and later.recommended_replicas == 7
     assert later.desired_replicas == expected, later.reason
     assert ("9 starting replicas released" in later.reason) == (expected == 7), later.reason
-    # Had the window just forgotten a burst (its long prompts seemed to stop 15 s ago), it holds no minute of
-    # needs to release against: nothing starting goes, whatever the prompts.
+    # Had the window just forgotten a burst (its long prompts seemed to stop 15 s ago): while long prompts still
+    # arrive, it holds no minute of needs to release against and nothing starting goes; with chat arriving, the
+    # long prompts are gone, and so are the 9 starting replicas the need no longer wants, panic or not.
     forgot = replace(state, burst_ended=NOW + 60)
-    held, _ = tick(3e5 / prompt_tokens, 75, forgot)
-    assert held.desired_replicas == 16 and "released" not in held.reason, held.reason
+    after, _ = tick(3e5 / prompt_tokens, 75, forgot)
+    assert after.desired_replicas == once_ended, after.reason
+    stopped = "9 starting replicas released: long prompts stopped arriving"
+    assert (stopped in after.reason) == (once_ended == 7) and ("released" in after.reason) == (once_ended == 7)
 
 
 def test_without_panic_scale_up_is_limited_per_step() -> None:

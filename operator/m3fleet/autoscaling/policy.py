@@ -34,12 +34,12 @@ the next burst does not hold the forecast floor a second time), at most
 `maxReplicasPerStep` removed per step, scale-up limited to max(+4, +100%) per step except in panic
 (need >= panicThreshold x ready: jump, and no scale-down until the panic has been quiet for
 `panic_hold_seconds`). Replicas still starting count as supply, so a tick never re-orders what is
-already on its way; while long prompts arrive, those the need has not wanted for a minute are released
-(the windows keep ready replicas, not a first estimate's order). Missing, stale or unreachable metrics
-hold; partial metrics can scale up but never down. A cold-start-aware hold (`burst_hold`) keeps the
-capacity of bursts that recur within max(scale-down window, 3 x time-to-ready) of each other, from a
-rate window after each one's start: shorter than a cold start, such bursts are served only by replicas
-already there. A scale-down prices each
+already on its way; while long prompts arrive, and once they stopped arriving, those the need has not
+wanted for a minute are released (the windows keep ready replicas, not a first estimate's order).
+Missing, stale or unreachable metrics hold; partial metrics can scale up but never down. A
+cold-start-aware hold (`burst_hold`) keeps the capacity of bursts that recur within max(scale-down
+window, 3 x time-to-ready) of each other, from a rate window after each one's start: shorter than a
+cold start, such bursts are served only by replicas already there. A scale-down prices each
 measured replica by its resident KV (`removal_costs`), so the operator can have the replicas holding
 the least work removed first.
 """
@@ -1079,12 +1079,10 @@ def decide(
     desired, history = _stabilized(
         config, state, fleet, floors, terms, burst_ended, panic or health.missing > 0, not panic
     )
-    released = _unneeded_starting(config, state, fleet, terms, desired, recommendation, health.missing)
+    released, why = _unneeded_starting(config, state, fleet, terms, desired, recommendation, health.missing)
     if released:
         desired -= released
-        notes.append(
-            f"{released} starting replicas released: long prompts arriving, the need revised down for a minute"
-        )
+        notes.append(f"{released} starting replicas released: {why}")
     desired = clamp(desired)  # the bounds are hard, whatever the step limits say
 
     if panic:
@@ -1247,20 +1245,33 @@ def _unneeded_starting(
     desired: int,
     recommendation: int,
     missing: int,
-) -> int:
-    """Replicas still starting that the windows (or the panic hold) keep but the need has not wanted for a minute
-    (`RELEASE_STARTING_AFTER_SECONDS`), released while long prompts arrive. A long-context burst is first ordered
-    on its first minute of prompt lengths and, until a replica has been measured, the prior throughput; both are
-    revised within a few ticks, and a replica ordered on the first estimate would serve nothing until ready and
-    then hold GPUs for a whole window. Ready replicas keep the windows' protection. Chat bursts keep it for
-    starting replicas too: shorter than a cold start, they recur, and the replica still starting serves the next
-    one (releasing them cost `bursty` up to 22 points a seed)."""
-    if missing or terms.prompt_tokens < config.long_prompt_tokens:
-        return 0
-    if state.burst_ended is not None and fleet.now - state.burst_ended < RELEASE_STARTING_AFTER_SECONDS:
-        return 0  # the window just forgot a burst: it holds no minute of needs to release against
+) -> tuple[int, str]:
+    """(replicas still starting to release, why): those the windows (or the panic hold) keep but the need has not
+    wanted for a minute (`RELEASE_STARTING_AFTER_SECONDS`), while long prompts arrive or once they stopped
+    arriving. A long-context burst is first ordered on its first minute of prompt lengths and, until a replica has
+    been measured, the prior throughput; both are revised within a few ticks, and a replica ordered on the first
+    estimate would serve nothing until ready and then hold GPUs for a whole window. Once long prompts stopped
+    arriving (a tick ago or more, and the estimate still says chat), a replica still starting for them serves
+    nothing: a lone long prompt, taken for a burst's start, is served long before the replicas it ordered are
+    ready, and the panic hold would keep them for its whole length. Ready replicas keep the windows' protection.
+    Chat bursts keep it for starting replicas too: shorter than a cold start, they recur, and the replica still
+    starting serves the next one (releasing them cost `bursty` up to 22 points a seed)."""
+    if missing:
+        return 0, ""
+    long_prompts = terms.prompt_tokens >= config.long_prompt_tokens
+    if not long_prompts and state.burst_ended is None:
+        return 0, ""  # chat, and no long prompts have come and gone since the last burst
+    if (
+        long_prompts
+        and state.burst_ended is not None
+        and fleet.now - state.burst_ended < RELEASE_STARTING_AFTER_SECONDS
+    ):
+        return 0, ""  # the window just forgot a burst: it holds no minute of needs to release against
     recent = [n for t, n in state.history if fleet.now - t <= RELEASE_STARTING_AFTER_SECONDS]
-    return max(0, desired - max(recommendation, *recent, fleet.ready_replicas))
+    why = (
+        "long prompts arriving, the need revised down for a minute" if long_prompts else "long prompts stopped arriving"
+    )
+    return max(0, desired - max(recommendation, *recent, fleet.ready_replicas)), why
 
 
 def _record_burst(
