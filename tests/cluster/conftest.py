@@ -1,9 +1,10 @@
-"""Fixtures of the real control plane tier (see controlplane.py). One control plane per test session;
-the chart is installed once with Helm; each test starts the operator it needs as its own process."""
+"""Fixtures of the real control plane tier (see controlplane.py). One control plane per test session (per xdist
+worker that reaches this tier); the chart is installed once on it with Helm; each test starts the operator it needs
+as its own process."""
 
 from __future__ import annotations
 
-import sys
+import io
 import time
 from collections.abc import Iterator
 
@@ -48,5 +49,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed and "cluster" in getattr(item, "fixturenames", ()):
         cluster = item.funcargs.get("cluster") if hasattr(item, "funcargs") else None  # type: ignore[attr-defined]
         if isinstance(cluster, Cluster):
-            cluster.control_plane.dump_logs(sys.stderr, tail=2000)
+            # In the report itself, not on stderr: an xdist worker's stderr never reaches the terminal.
+            logs = io.StringIO()
+            cluster.control_plane.dump_logs(logs, tail=2000)
+            report.sections.append(("control plane logs (tails)", logs.getvalue()))
     return report
