@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -25,6 +24,7 @@ import pytest
 import requests
 
 from m3fleet.autoscaling.signals import TTFT_BUCKETS, one_two_five_buckets
+from tests.ports import free_port
 
 INSTALL_HINT = "apt-get install prometheus (the Debian package also ships promtool)"
 
@@ -35,13 +35,6 @@ def require_prometheus() -> tuple[str, str]:
     if not prometheus or not promtool:
         pytest.fail(f"the prometheus/promtool binaries are missing: {INSTALL_HINT}", pytrace=False)
     return prometheus, promtool
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:

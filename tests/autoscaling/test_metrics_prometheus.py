@@ -18,9 +18,10 @@ import pytest
 from m3fleet.autoscaling.metrics import PrometheusAdapter, PrometheusHttp
 from m3fleet.autoscaling.policy import Action, Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
+from tests.ports import free_port
 
 from .plans import config
-from .prom import EngineState, MetricsServer, free_port, prometheus, sglang_text, trtllm_text, vllm_text, wait_for
+from .prom import EngineState, MetricsServer, prometheus, sglang_text, trtllm_text, vllm_text, wait_for
 
 pytestmark = pytest.mark.prometheus
 

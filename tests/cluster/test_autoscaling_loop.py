@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.autoscaling.prom import free_port, prometheus
+from tests.autoscaling.prom import prometheus
 from tests.cluster.cluster import Cluster, OperatorProcess
 from tests.cluster.fleet import delete, operated_namespace, pods, wait_ready
 from tests.cluster.live import ScenarioLoad, burst_slice
@@ -55,6 +55,7 @@ from tests.cluster.standins import (
     scrape_config,
     spec_managers,
 )
+from tests.ports import free_port
 
 from m3fleet.api import parse_resource
 from m3fleet.autoscaling.policy import POD_DELETION_COST

@@ -17,8 +17,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.controlplane import free_port
 from tests.cluster.fleet import advisory_fleet, delete, pods, renamed, sample, wait_ready, weight_volumes
+from tests.ports import free_port
 
 from m3fleet.autoscaling.readiness import epoch
 

@@ -16,7 +16,6 @@ import copy
 import os
 import shutil
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from m3fleet.render.labels import NAME
 from tests.conftest import SAMPLES_DIR
 from tests.kube.emulator import ApiServerEmulator
 from tests.kube.waiting import eventually
+from tests.ports import free_port
 
 NS = "llm"
 M3D = "m3fleet.dev/v1alpha1/minimaxm3deployments"
@@ -165,13 +165,6 @@ def is_write(request: kmock_lib.Request) -> bool:
 # ---------------------------------------------------------------------------------------------
 # The operator: `m3fleet run` in a process of its own
 # ---------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def kubeconfig(server: str) -> dict[str, Any]:
