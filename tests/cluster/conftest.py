@@ -49,7 +49,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed and "cluster" in getattr(item, "fixturenames", ()):
         cluster = item.funcargs.get("cluster") if hasattr(item, "funcargs") else None  # type: ignore[attr-defined]
         if isinstance(cluster, Cluster):
-            # In the report itself, not on stderr: an xdist worker's stderr never reaches the terminal.
+            # In the failure's report, not raw on stderr, where two workers' output and the progress dots interleave.
             logs = io.StringIO()
             cluster.control_plane.dump_logs(logs, tail=2000)
             report.sections.append(("control plane logs (tails)", logs.getvalue()))
