@@ -342,6 +342,53 @@ def trtllm_exposition(reading: Reading, tokens_per_block: int = 64, export_block
     return "\n".join(lines) + "\n"
 
 
+# The Gateway API Inference Extension's endpoint picker (pkg/epp/metrics): request sizes in bytes, observed when
+# the request body arrives, per model_name (what the client asked for) and target_model_name (what it was sent to).
+GIE_REQUEST_SIZES = "inference_objective_request_sizes"
+GIE_SIZE_BUCKETS: tuple[float, ...] = tuple(float(2**k) for k in range(6, 31))  # 64 B .. 1 GiB
+
+
+class GatewayLoad:
+    """A gateway's arriving requests per model: counters integrated over time at rates a test can change."""
+
+    def __init__(self, models: dict[str, tuple[float, float]]) -> None:
+        # model -> (requests/s, bytes per request)
+        self._lock = threading.Lock()
+        self._models = dict(models)
+        self._totals = {model: (0.0, 0.0) for model in models}
+        self._last: float | None = None
+
+    def set(self, model: str, requests_per_second: float, bytes_per_request: float) -> None:
+        with self._lock:
+            self._advance(time.monotonic())
+            self._models[model] = (requests_per_second, bytes_per_request)
+
+    def _advance(self, now: float) -> None:
+        dt = 0.0 if self._last is None else now - self._last
+        self._last = now
+        for model, (rate, size) in self._models.items():
+            count, total = self._totals.get(model, (0.0, 0.0))
+            self._totals[model] = (count + rate * dt, total + rate * dt * size)
+
+    def text(self) -> str:
+        """The endpoint picker's /metrics: one histogram series set per model (every request of a model the same
+        size, so its bucket counts are all-or-nothing)."""
+        with self._lock:
+            self._advance(time.monotonic())
+            lines = [f"# HELP {GIE_REQUEST_SIZES} request sizes", f"# TYPE {GIE_REQUEST_SIZES} histogram"]
+            for model, (count, total) in sorted(self._totals.items()):
+                size = self._models[model][1]
+                labels = f'model_name="{model}",target_model_name="{model}"'
+                for bound, n in zip((*GIE_SIZE_BUCKETS, math.inf), _all_at(GIE_SIZE_BUCKETS, size, count), strict=True):
+                    le = "+Inf" if bound == math.inf else f"{bound:g}"
+                    lines.append(f'{GIE_REQUEST_SIZES}_bucket{{{labels},le="{le}"}} {n}')
+                lines += [
+                    f"{GIE_REQUEST_SIZES}_sum{{{labels}}} {total}",
+                    f"{GIE_REQUEST_SIZES}_count{{{labels}}} {count}",
+                ]
+            return "\n".join(lines) + "\n"
+
+
 Route = Callable[[float], tuple[int, str]]  # elapsed seconds -> (HTTP status, body)
 
 

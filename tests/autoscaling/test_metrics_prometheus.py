@@ -6,7 +6,8 @@ The exposition text follows each pinned engine's own metrics code (see prom.py),
 matter for combining per-rank series: vLLM TP8 (one engine) and DP8 (eight engines, one pod),
 SGLang TP8 with every scheduler reporting (eight repeats of one pool) and DP8 with DP attention
 (eight pools), TensorRT-LLM with and without its block size. Plus steady chat, a long-context
-burst, a metrics outage (targets answer 503) and Prometheus itself unreachable.
+burst, a metrics outage (targets answer 503) and Prometheus itself unreachable. And an inference gateway's
+endpoint picker (Gateway API Inference Extension) recording request sizes per model as requests arrive.
 """
 
 from __future__ import annotations
@@ -15,13 +16,23 @@ from collections.abc import Iterator
 
 import pytest
 
-from m3fleet.autoscaling.metrics import PrometheusAdapter, PrometheusHttp
+from m3fleet.autoscaling.metrics import Gateway, PrometheusAdapter, PrometheusHttp
 from m3fleet.autoscaling.policy import Action, Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
 from tests.ports import free_port
 
 from .plans import config
-from .prom import EngineState, MetricsServer, prometheus, sglang_text, trtllm_text, vllm_text, wait_for
+from .prom import (
+    GIE_REQUEST_SIZES,
+    EngineState,
+    GatewayLoad,
+    MetricsServer,
+    prometheus,
+    sglang_text,
+    trtllm_text,
+    vllm_text,
+    wait_for,
+)
 
 pytestmark = pytest.mark.prometheus
 
@@ -69,6 +80,9 @@ TRTLLM = EngineState(
     prompt_tokens=6_000,
 )
 
+M3, OTHER, BURSTING = "MiniMaxAI/MiniMax-M3", "another-model", "MiniMaxAI/MiniMax-M3-burst"
+GATEWAY = GatewayLoad({M3: (0.5, 40_000), OTHER: (3.0, 2_000), BURSTING: (0.5, 20_000)})
+
 # (scenario, pod) -> route; every route is one scrape job.
 TARGETS = {
     ("steady", "steady-0"): lambda t: (200, vllm_text(STEADY, t)),
@@ -81,6 +95,7 @@ TARGETS = {
     ("sglang-dp8", "sglang-dp8-0"): lambda t: (200, sglang_text(POOLED, t, tp=8, dp=8)),
     ("trtllm", "trtllm-0"): lambda t: (200, trtllm_text(TRTLLM, t, tokens_per_block=64)),
     ("trtllm-noblock", "trtllm-noblock-0"): lambda t: (200, trtllm_text(TRTLLM, t, export_block_size=False)),
+    ("gateway", "epp-0"): lambda t: (200, GATEWAY.text()),
 }
 
 
@@ -97,10 +112,14 @@ def _config(port: int) -> str:
     return "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n" + "".join(jobs)
 
 
-def adapter(url: str, engine: str, scenario: str) -> PrometheusAdapter:
+def adapter(url: str, engine: str, scenario: str, gateway: Gateway | None = None) -> PrometheusAdapter:
     return PrometheusAdapter.for_engine(
-        engine, url, selector={"scenario": scenario}, rate_window=WINDOW, histogram_window=WINDOW
+        engine, url, selector={"scenario": scenario}, rate_window=WINDOW, histogram_window=WINDOW, gateway=gateway
     )
+
+
+def gateway_for(model: str) -> Gateway:
+    return Gateway(GIE_REQUEST_SIZES, (("model_name", model),))
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +241,38 @@ def test_no_series_means_no_replicas(prom: str) -> None:
     assert snapshot.error is None and snapshot.replicas == ()
     action, desired, _ = _decide(snapshot, current=2)
     assert (action, desired) == (Action.HOLD, 2)
+
+
+def test_gateway_request_sizes_are_read_for_the_fleets_model_only(prom: str) -> None:
+    snapshot = adapter(prom, "vllm", "steady", gateway_for(M3)).read()
+    g = snapshot.gateway
+    assert g is not None and g.request_rate is not None and g.bytes_rate is not None
+    assert g.request_rate == pytest.approx(0.5, rel=0.2)  # another model's 3 requests/s are not this fleet's
+    assert g.bytes_rate == pytest.approx(0.5 * 40_000, rel=0.2)
+    assert g.recent_bytes_rate == pytest.approx(0.5 * 40_000, rel=0.3)
+    assert adapter(prom, "vllm", "steady").read().gateway is None  # none configured: none read
+    missing = adapter(prom, "vllm", "steady", gateway_for("no-such-model")).read()
+    assert missing.gateway is not None and missing.gateway.request_rate is None  # unknown, not zero
+    # A label value is quoted, never PromQL: one written to close the selector matches nothing.
+    injected = adapter(prom, "vllm", "steady", gateway_for('x"} or vector(7) or {a="')).read()
+    assert injected.error is None and injected.gateway == missing.gateway
+    decision = _decide(snapshot, current=2, policy=config(kv_tokens_per_replica=480_000))[2]
+    assert decision.prefill["gateway"]["source"] == "measured"  # 20k bytes/s over the engines' 32k tokens/s
+
+
+def test_a_burst_at_the_gateway_scales_up_before_any_engine_sees_it(prom: str) -> None:
+    source = adapter(prom, "vllm", "steady", gateway_for(BURSTING))
+    GATEWAY.set(BURSTING, 0.6, 1_200_000)  # 0.6 requests/s of 300k-token prompts (at 4 bytes a token) start now
+
+    def jumped() -> bool:
+        g = source.read().gateway
+        return bool(g and g.recent_bytes_rate and g.bytes_rate and g.recent_bytes_rate >= 2 * g.bytes_rate)
+
+    wait_for(jumped, timeout=15, what="the gateway's last two samples to show the burst")
+    snapshot = source.read()
+    action, desired, decision = _decide(snapshot, current=2, policy=config(kv_tokens_per_replica=480_000))
+    assert decision.prefill["gateway"]["window"] == "last two samples (a jump)"
+    assert action == Action.SCALE_UP and desired > 2, decision.reason
+    # The engines alone still say steady chat: no scale-up.
+    without = _decide(adapter(prom, "vllm", "steady").read(), current=2, policy=config(kv_tokens_per_replica=480_000))
+    assert without[0] == Action.HOLD

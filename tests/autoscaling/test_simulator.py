@@ -9,7 +9,7 @@ import pytest
 
 from m3fleet.autoscaling import simulate as sim
 from m3fleet.autoscaling.scenarios import Mixture, Request
-from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
+from m3fleet.autoscaling.signals import FleetState, GatewaySignals, MetricsSnapshot
 from m3fleet.autoscaling.simulator import PerfModel, Simulation
 from tests.bench.autoscaling import oracle as bench_oracle
 from tests.bench.autoscaling import report as bench_report
@@ -127,7 +127,8 @@ def test_a_scale_up_never_takes_back_a_draining_replica() -> None:
     assert sim.result().unfinished == 0
 
 
-def test_policies_see_only_adapter_signals() -> None:
+def snapshots_seen(setup: sim.Setup) -> list[MetricsSnapshot]:
+    """Every snapshot an autoscaler is given in the run (it keeps the replicas it has)."""
     seen: list[MetricsSnapshot] = []
 
     class Spy:
@@ -137,11 +138,36 @@ def test_policies_see_only_adapter_signals() -> None:
             seen.append(snapshot)
             return fleet.current_replicas
 
-    setup = sim.prepare("long-context-burst", minutes=45)
     sim.simulate(setup, Spy())
+    return seen
+
+
+def test_policies_see_only_adapter_signals() -> None:
+    setup = sim.prepare("long-context-burst", minutes=45)
+    seen = snapshots_seen(setup)
     assert seen and all(s.queued_request_tokens == () and s.error is None for s in seen)
     late = [r for s in seen if s.time - setup.clock_offset > 40 * 60 for r in s.replicas]
     assert late and all(r.prompt_tokens is not None and r.kv_capacity_tokens for r in late)
+
+
+def test_a_gateway_is_modelled_only_when_the_resource_names_one() -> None:
+    assert all(s.gateway is None for s in snapshots_seen(sim.prepare("long-context-burst", minutes=5)))
+    setup = sim.prepare("long-context-burst", seed=3, minutes=45, gateway=True)
+    assert setup.resource.spec.autoscaling.gateway is not None and setup.settings.gateway is not None
+    assert "gateway" in setup.resource_note and sim.parameters(setup)["simulator"]["gateway"]["bytesPerToken"]
+    seen = snapshots_seen(setup)
+    burst = setup.scenario.phases(3)[1]
+    assert seen[0].gateway == GatewaySignals()  # one sample: no rate yet (unknown, not zero)
+    before = [s.gateway for s in seen if 60 < s.time - setup.clock_offset < burst.start - 120]
+    after = [s.gateway for s in seen if burst.start + 90 < s.time - setup.clock_offset < burst.end]
+    assert before and after and all(g is not None and g.bytes_rate is not None for g in before + after)
+    # Request bytes per second over the window, against prompt tokens arriving: the seed's bytes per token (plus
+    # the envelope), the same before the burst as in it; the burst's bytes arrive at many times chat's.
+    mean = lambda gs: sum(g.bytes_rate for g in gs) / len(gs)  # noqa: E731
+    assert mean(after) > 10 * mean(before)
+    low, high = sim.GATEWAY_BYTES_PER_TOKEN
+    prompt_rate = sum(r.prompt for r in setup.requests if r.arrival < burst.start - 120) / (burst.start - 120)
+    assert low * prompt_rate < mean(before) < 1.5 * high * prompt_rate
 
 
 def test_advancing_in_steps_is_the_same_run() -> None:

@@ -192,8 +192,9 @@ class StandIns:
             server.__exit__(None, None, None)
 
 
-def scrape_config(targets: Path) -> str:
-    return (
+def scrape_config(targets: Path, gateway: str | None = None) -> str:
+    """The engines found through the target list; a gateway's endpoint picker (`host:port`) as a static target."""
+    config = (
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         "scrape_configs:\n"
         "  - job_name: engines\n"
@@ -201,6 +202,9 @@ def scrape_config(targets: Path) -> str:
         f"      - files: ['{targets}']\n"
         "        refresh_interval: 1s\n"
     )
+    if gateway is not None:
+        config += f"  - job_name: gateway\n    static_configs:\n      - targets: ['{gateway}']\n"
+    return config
 
 
 def eventually(what: str, check: Callable[[], Any], timeout: float, what_now: Callable[[], Any] | None = None) -> Any:

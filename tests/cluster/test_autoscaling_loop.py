@@ -14,7 +14,10 @@
   in `status.autoscaling`; `Scaled` Events; the advisory fleet under the same load gets `ScaleRecommended` and its
   Deployment and pods are never changed; Prometheus down -> the policy holds the last replicas and says why (and
   scales down once Prometheus is back); the resources' `spec.replicas` is never written (only the user's field
-  manager owns any of `spec`, and `metadata.generation` never moves).
+  manager owns any of `spec`, and `metadata.generation` never moves). The advisory fleet has an inference gateway
+  in `spec.autoscaling.gateway`: a stand-in endpoint picker exports request sizes (the Gateway API Inference
+  Extension's format) for its model and another, and the operator's status shows the bytes per prompt token it
+  measured against what the engines prefilled.
 
 A LeaderWorkerSet fleet (two H200 nodes a replica) grows by a group and shrinks by a group the same way: its
 leader's stand-in is the replica's metrics, and a whole group's pods come and go. An SGLang TP8 fleet (its gauges
@@ -36,7 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.autoscaling.prom import prometheus
+from tests.autoscaling.prom import GatewayLoad, MetricsServer, prometheus
 from tests.cluster.cluster import Cluster, OperatorProcess
 from tests.cluster.fleet import delete, operated_namespace, pods, wait_ready
 from tests.cluster.live import ScenarioLoad, burst_slice
@@ -45,7 +48,9 @@ from tests.cluster.standins import (
     ADVISORY,
     BUSY,
     NAMESPACE,
+    PROMPT,
     QUIET,
+    REQUEST_RATE,
     StandIns,
     autoscaling,
     events,
@@ -61,6 +66,8 @@ from m3fleet.api import parse_resource
 from m3fleet.autoscaling.policy import POD_DELETION_COST
 from m3fleet.planner import plan as make_plan
 
+GATEWAY_MODEL = "MiniMaxAI/MiniMax-M3"
+
 
 @pytest.fixture(scope="module")
 def operator(chart: Cluster) -> Iterator[OperatorProcess]:
@@ -72,15 +79,23 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
     chart: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     documents = {ACT: fleet(ACT, "act"), ADVISORY: fleet(ADVISORY, "advisory")}
+    # The advisory fleet has an inference gateway in front: its endpoint picker records the requests' sizes, 3 bytes
+    # a prompt token (its one pod's requests), which the policy measures against what the engines prefill.
+    documents[ADVISORY]["spec"]["autoscaling"]["gateway"] = {"matchLabels": {"model_name": GATEWAY_MODEL}}
+    gateway = GatewayLoad({GATEWAY_MODEL: (REQUEST_RATE, 3.0 * PROMPT), "another-model": (2.0, 1000.0)})
     plans = {name: make_plan(parse_resource(document).spec) for name, document in documents.items()}
     targets = tmp_path / "targets.json"
     port = free_port()
     workdir = tmp_path / "prom"
     workdir.mkdir()
-    with StandIns(chart, targets, plans) as standins:
+    with (
+        StandIns(chart, targets, plans) as standins,
+        MetricsServer({"/metrics": lambda t: (200, gateway.text())}) as picker,
+    ):
+        config = scrape_config(targets, gateway=f"127.0.0.1:{picker.port}")
         stack = contextlib.ExitStack()
         try:
-            url = stack.enter_context(prometheus(workdir, scrape_config(targets), port=port))
+            url = stack.enter_context(prometheus(workdir, config, port=port))
             for document in documents.values():
                 document["spec"]["autoscaling"]["prometheus"]["url"] = url
                 chart.apply(document)
@@ -131,6 +146,19 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
             assert any("advisory (not applied)" in m for m in recommended)
             assert not events(chart, ADVISORY, "Scaled")
             assert replicas(chart, ADVISORY) == 1 and len(pods(chart, ADVISORY, NAMESPACE)) == 1
+            # The gateway's request sizes reached the policy through the operator's own adapter.
+            measured = eventually(
+                "the advisory fleet measured its gateway's bytes per prompt token",
+                lambda: (
+                    ((autoscaling(chart, ADVISORY).get("prefillThroughput") or {}).get("gateway") or {}).get("source")
+                    == "measured"
+                    and autoscaling(chart, ADVISORY)["prefillThroughput"]["gateway"]
+                ),
+                90,
+                what_now=lambda: autoscaling(chart, ADVISORY),
+            )
+            assert measured["bytesPerToken"] == pytest.approx(3.0, rel=0.15), measured
+            assert "gateway" not in (autoscaling(chart, ACT).get("prefillThroughput") or {})  # none in its spec
 
             # Demand falls while Prometheus is down: the policy holds the 3 replicas and says why.
             standins.demand.update({ACT: QUIET, ADVISORY: QUIET})
@@ -147,7 +175,7 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
             assert replicas(chart, ACT) == 3 and standins.up(ACT) == 3
 
             # Prometheus back at the same URL: the low demand scales the Deployment down, one step at a time.
-            stack.enter_context(prometheus(workdir, scrape_config(targets), tsdb=workdir / "data", port=port))
+            stack.enter_context(prometheus(workdir, config, tsdb=workdir / "data", port=port))
             eventually(
                 "the act fleet scaled down to 1",
                 lambda: replicas(chart, ACT) == 1,

@@ -190,6 +190,11 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
         "uses no TLS",
         PROM_URL,
     ),
+    (
+        with_spec(autoscaling__gateway={"matchLabels": {"model-name": "MiniMaxAI/MiniMax-M3"}}),
+        "not a Prometheus label name",
+        "spec.autoscaling.gateway.matchLabels",
+    ),
     (with_name(LONGEST_NAME + "x"), f"longer than {MAX_NAME_LENGTH}", "metadata.name"),
     (with_name("Chat"), "lowercase", "metadata.name"),
     (with_name("chat.v2"), "no dots", "metadata.name"),

@@ -616,6 +616,40 @@ class ForecastSpec(CamelModel):
     )
 
 
+PROMETHEUS_METRIC_PATTERN = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+PROMETHEUS_LABEL_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+GATEWAY_LABEL_PROBLEM = "has a label name that is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"
+GATEWAY_LABEL_FIX = "use the label names the gateway's series carry, e.g. model_name"
+
+
+class GatewaySpec(CamelModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self.matchLabels.all(k, k.matches('{PROMETHEUS_LABEL_PATTERN}'))",
+                    f"gateway.matchLabels {GATEWAY_LABEL_PROBLEM}; fix: {GATEWAY_LABEL_FIX}",
+                    ".matchLabels",
+                )
+            ]
+        }
+    )
+    request_sizes_metric: str = Field(
+        default="inference_objective_request_sizes",
+        max_length=200,
+        pattern=PROMETHEUS_METRIC_PATTERN,
+        description="Histogram of request sizes in bytes that the gateway records when a request arrives: the "
+        "Gateway API Inference Extension's (llm-d's) endpoint picker exports inference_objective_request_sizes "
+        "(inference_model_request_sizes before v1.0).",
+    )
+    match_labels: dict[str, str] = Field(
+        min_length=1,
+        max_length=8,
+        description="Label values selecting this fleet's requests among the gateway's series, e.g. "
+        "{model_name: MiniMaxAI/MiniMax-M3} (the model name clients send).",
+    )
+
+
 class AutoscalingSpec(CamelModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -685,6 +719,11 @@ class AutoscalingSpec(CamelModel):
     )
     forecast: ForecastSpec = Field(
         default_factory=ForecastSpec, description="A floor from this resource's own need in earlier periods."
+    )
+    gateway: GatewaySpec | None = Field(
+        default=None,
+        description="An inference gateway in front of the fleet whose request sizes, read from the same Prometheus "
+        "when requests arrive, size a burst of long prompts before any engine has prefilled one.",
     )
 
 

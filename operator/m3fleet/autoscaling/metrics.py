@@ -47,6 +47,7 @@ from urllib3.util.retry import Retry
 from m3fleet.autoscaling.signals import (
     HISTOGRAM_WINDOW_SECONDS,
     RATE_WINDOW_SECONDS,
+    GatewaySignals,
     Histogram,
     MetricsSnapshot,
     ReplicaSignals,
@@ -162,6 +163,25 @@ def build_queries(
         rank_label=metrics.rank_label,
         overridden=frozenset(overridden),
     )
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """A gateway's request-size histogram (bytes, observed as each request arrives) and the labels selecting
+    this fleet's requests (spec.autoscaling.gateway)."""
+
+    metric: str
+    selector: tuple[tuple[str, str], ...]
+
+    def queries(self, rate_window: float) -> dict[str, str]:
+        """GatewaySignals field -> PromQL returning one value (summed over the gateway's replicas)."""
+        sel, w = selector_string(dict(self.selector)), f"{int(rate_window)}s"
+        return {
+            "request_rate": f"sum(rate({self.metric}_count{sel}[{w}]))",
+            "bytes_rate": f"sum(rate({self.metric}_sum{sel}[{w}]))",
+            "recent_request_rate": f"sum(irate({self.metric}_count{sel}[{w}]))",
+            "recent_bytes_rate": f"sum(irate({self.metric}_sum{sel}[{w}]))",
+        }
 
 
 class PrometheusError(Exception):
@@ -351,6 +371,7 @@ class PrometheusAdapter:
     rate_window: float = RATE_WINDOW_SECONDS
     histogram_window: float = HISTOGRAM_WINDOW_SECONDS
     overrides: Mapping[str, str] = field(default_factory=dict)
+    gateway: Gateway | None = None
     timeout_seconds: float = 5.0
     tls: Tls = field(default_factory=Tls)
     client: Any = (
@@ -401,6 +422,22 @@ class PrometheusAdapter:
             if replica is not None and value is not None:
                 out.setdefault(replica, {})[str(labels.get(rank, "")) if rank else ""] = value
         return out
+
+    def _value(self, query: str, at: float) -> float | None:
+        """A query answering one series without labels (an aggregate); None when it answers nothing."""
+        series = self._query(query, at)
+        return _number(series[0].get("value", [None, None])[1]) if len(series) == 1 else None
+
+    def _gateway(self, at: float) -> GatewaySignals | None:
+        if self.gateway is None:
+            return None
+        values = {}
+        for name, query in self.gateway.queries(self.rate_window).items():
+            try:
+                values[name] = self._value(query, at)
+            except Exception:
+                values[name] = None  # optional, like every signal but `up`: unknown, not zero
+        return GatewaySignals(**values)
 
     def _histograms(self, queries: tuple[str, str, str], at: float) -> dict[str, Histogram]:
         buckets_q, sum_q, count_q = queries
@@ -507,7 +544,7 @@ class PrometheusAdapter:
                     queue_seconds=histograms.get("queueSeconds", {}).get(name),
                 )
             )
-        return replace(base, replicas=tuple(signals))
+        return replace(base, replicas=tuple(signals), gateway=self._gateway(at))
 
 
 def _opt(value: float | int | None) -> float | None:

@@ -26,7 +26,11 @@ in (fractional) replicas, is the largest of three terms:
   two minutes. A doubling of the rate (once a whole rate window has been seen: a new fleet's rate
   climbs from near zero as its first finishes lag), or resident requests suddenly far longer than
   anything seen recently, is a burst, taken at once; long prompts no longer arriving are taken at
-  once too, so the estimate adds no lag of its own to a scale-down.
+  once too, so the estimate adds no lag of its own to a scale-down. With a gateway in front
+  (spec.autoscaling.gateway), arrivals are what it recorded as requests arrived, their bytes over the
+  bytes per prompt token measured against what the engines prefilled: a burst of long prompts is sized
+  from its first scrape, while the engines have prefilled none of it (they count a prompt at its first
+  token).
 
 Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
 scale-down window wins; the window forgets a burst once its long prompts stopped arriving, and until
@@ -85,6 +89,15 @@ FINISHED_PROMPT_SKEW: Final = 2.0
 # the estimates are noisy, and a replica released and ordered again a tick later starts its cold start over.
 RELEASE_STARTING_AFTER_SECONDS: Final = 60.0
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+# A gateway records request sizes in bytes (spec.autoscaling.gateway). Until the fleet has measured its own ratio
+# (gateway bytes over the prompt tokens the engines prefilled, while nothing queues), about 4 bytes of request per
+# prompt token: English text and the request's JSON (UNVERIFIED prior; code and CJK text run lower).
+BYTES_PER_TOKEN_PRIOR: Final = 4.0
+BYTES_PER_TOKEN_BOUNDS: Final = (1.0, 16.0)
+BYTES_PER_TOKEN_SECONDS: Final = 600.0  # EWMA time constant of the measured ratio
+# The gateway's arrivals over the last two samples this many times those over the rate window: a burst is starting,
+# and the last samples, not the window that still averages in the minute before it, say how large it is.
+GATEWAY_JUMP: Final = 2.0
 # The reason's note on a tick whose scale-down window forgot a burst (so it may scale down inside the window).
 WINDOW_RELEASED: Final = "long prompts stopped arriving: the scale-down window forgets the burst"
 
@@ -138,7 +151,8 @@ class PolicyConfig:
     default_output_tokens: float = 256.0
     # Whether a gateway in front of the engines holds requests until a replica has room (then any
     # replica, a new one included, can take a backlog). Without one, requests are dispatched at
-    # arrival and wait in the engine they were sent to. The CRD has no gateway yet: off.
+    # arrival and wait in the engine they were sent to. spec.autoscaling.gateway says what a gateway
+    # records, not that it holds requests (the Inference Extension's picker dispatches at arrival): off.
     gateway_holds_requests: bool = False
     # Cold-start-aware hold: once demand has come back at once (a burst) within the hold window of an
     # earlier one, keep the capacity the smaller of the two bursts needed until a hold window passes
@@ -253,6 +267,8 @@ class PolicyState:
     prefill_rate: float | None = None  # learned prompt tokens/s one replica prefills (saturated)
     prefill_samples: int = 0  # saturated observations behind it
     burst_ended: float | None = None  # when long prompts last stopped arriving (None once a burst came since)
+    bytes_per_token: float | None = None  # measured gateway request bytes per prompt token (spec.autoscaling.gateway)
+    gateway_jump: float | None = None  # when the gateway's arrivals last jumped (a burst's start)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -266,6 +282,8 @@ class PolicyState:
             "prefillRate": self.prefill_rate,
             "prefillSamples": self.prefill_samples,
             "burstEnded": self.burst_ended,
+            "bytesPerToken": self.bytes_per_token,
+            "gatewayJump": self.gateway_jump,
         }
 
     @classmethod
@@ -287,6 +305,8 @@ class PolicyState:
                 prefill_rate=_opt_float(data.get("prefillRate")),
                 prefill_samples=int(data.get("prefillSamples") or 0),
                 burst_ended=_opt_float(data.get("burstEnded")),
+                bytes_per_token=_opt_float(data.get("bytesPerToken")),
+                gateway_jump=_opt_float(data.get("gatewayJump")),
             )
         except (TypeError, ValueError):
             return cls()
@@ -490,6 +510,8 @@ class _Terms:
     prefill_rate: float | None  # the learned prefill throughput to keep
     prefill_samples: int
     prefill: dict[str, Any]
+    bytes_per_token: float | None  # the measured gateway ratio to keep
+    gateway_jump: float | None
 
 
 @dataclass(frozen=True)
@@ -629,6 +651,71 @@ class _Load:
         )
 
 
+@dataclass(frozen=True)
+class _Arrivals:
+    """What a gateway saw arrive (spec.autoscaling.gateway), in prompt tokens; the fields to keep in the state."""
+
+    requests: float | None = None  # requests/s (None: no gateway, or its series answered nothing)
+    prompt_tokens: float | None = None  # prompt tokens/s
+    recent_prompt: float | None = None  # mean prompt tokens of the requests in the last two samples
+    jumped: bool = False  # the last two samples are GATEWAY_JUMP times the rate window: a burst is starting
+    rising: bool = False  # within RISE_WINDOWS rate windows of a jump: rises are taken at once
+    bytes_per_token: float | None = None  # measured, to keep
+    jump_time: float | None = None  # when the arrivals last jumped, to keep
+    status: dict[str, Any] | None = None
+
+
+def _gateway_arrivals(
+    state: PolicyState,
+    snapshot: MetricsSnapshot,
+    fleet: FleetState,
+    fresh: Sequence[ReplicaSignals],
+    load: _Load,
+    elapsed: float | None,
+) -> _Arrivals:
+    """The gateway's arrivals in prompt tokens: its request bytes over the measured bytes per token. The ratio is
+    measured while every ready replica is fresh and nothing queues (then what arrived in the rate window is what
+    the engines prefilled in it), smoothed over BYTES_PER_TOKEN_SECONDS; the prior stands until then. The last
+    two samples replace the rate window when they are GATEWAY_JUMP times above it: a burst's start."""
+    g = snapshot.gateway
+    measured = state.bytes_per_token
+    if g is None or g.request_rate is None or g.bytes_rate is None:
+        return _Arrivals(bytes_per_token=measured, jump_time=state.gateway_jump)
+    if len(fresh) >= fleet.ready_replicas and load.waiting == 0 and load.prompt_rate > 0 and g.bytes_rate > 0:
+        low, high = BYTES_PER_TOKEN_BOUNDS
+        sample = min(high, max(low, g.bytes_rate / load.prompt_rate))
+        weight = 1.0 if measured is None or elapsed is None else min(1.0, elapsed / BYTES_PER_TOKEN_SECONDS)
+        measured = sample if measured is None else measured + weight * (sample - measured)
+    ratio = measured if measured is not None else BYTES_PER_TOKEN_PRIOR
+    recent_requests, recent_bytes = g.recent_request_rate, g.recent_bytes_rate
+    # A jump is a new level, not a busy quarter-minute of one already there (heavy-tailed prompts arrive in
+    # clumps): SHIFT times what the estimate says arrives, as well as GATEWAY_JUMP times the rate window.
+    estimate = (state.request_rate or 0.0) * (state.prompt_tokens or 0.0) * ratio
+    jumped = (
+        recent_bytes is not None
+        and recent_bytes > 0
+        and recent_bytes >= GATEWAY_JUMP * g.bytes_rate
+        and recent_bytes >= SHIFT * estimate
+    )
+    requests, size = (recent_requests or 0.0, recent_bytes or 0.0) if jumped else (g.request_rate, g.bytes_rate)
+    jump_time = fleet.now if jumped else state.gateway_jump
+    return _Arrivals(
+        requests=requests,
+        prompt_tokens=size / ratio,
+        recent_prompt=recent_bytes / ratio / recent_requests if recent_bytes is not None and recent_requests else None,
+        jumped=jumped,
+        rising=jump_time is not None and fleet.now - jump_time < RISE_WINDOWS * snapshot.window_seconds,
+        bytes_per_token=measured,
+        jump_time=jump_time,
+        status={
+            "bytesPerToken": round(ratio, 2),
+            "source": "measured" if measured is not None else "prior",
+            "arrivingPromptTokensPerSecond": round(size / ratio),
+            "window": "last two samples (a jump)" if jumped else "rate window",
+        },
+    )
+
+
 def _arriving_prompt_length(
     config: PolicyConfig,
     state: PolicyState,
@@ -638,13 +725,35 @@ def _arriving_prompt_length(
     window: float,
     elapsed: float | None,
     rising: bool,
+    arrivals: _Arrivals,
 ) -> tuple[float, Shift]:
-    """(mean prompt tokens of arriving requests, how their mix changed): prompt tokens per first token of
-    recent prefills. The router sends new requests to replicas without a queue, so theirs describe what arrives now; a
-    replica with a queue prefills what arrived before (its ratio describes its own queue, see
-    `_queued_prompt_tokens`). Within a rate window of a burst the ratio still mixes in the old regime.
-    See `_prompt_estimate`."""
+    """(mean prompt tokens of arriving requests, how their mix changed). With a gateway, what it saw arrive: a
+    burst when SHIFT times the estimate, else smoothed as below (rises taken at once just after a jump). Without,
+    prompt tokens per first token of recent prefills. The router sends new requests to replicas without a queue, so
+    theirs describe what arrives now; a replica with a queue prefills what arrived before (its ratio describes its
+    own queue, see `_queued_prompt_tokens`). Within a rate window of a burst the ratio still mixes in the old
+    regime. See `_prompt_estimate`."""
     per_running = _ratio(load.resident, load.running)
+    recent = load.histogram.quantile(0.9) if load.histogram else None
+    if arrivals.requests and arrivals.prompt_tokens is not None:
+        seen, previous = arrivals.prompt_tokens / arrivals.requests, state.prompt_tokens
+        if previous is not None and seen >= SHIFT * previous:
+            return seen, Shift.BURST
+        # A fall is the long prompts' end only when the last two samples show it too: just after a burst starts,
+        # the rate window still averages in the minute before it.
+        ended = arrivals.recent_prompt is not None and (
+            previous is None or LEVEL_JUMP * arrivals.recent_prompt <= previous
+        )
+        return _prompt_estimate(
+            previous,
+            seen,
+            ended,
+            per_running,
+            load.running,
+            recent,
+            elapsed,
+            arrivals.jumped or ((rising or arrivals.rising) and config.fast_rise),
+        )
     unqueued = [r for r in fresh if not r.waiting and r.first_token_rate]
     side = unqueued or fresh
     observed = (
@@ -661,7 +770,7 @@ def _arriving_prompt_length(
         bool(unqueued) and settled,
         per_running,
         load.running,
-        load.histogram.quantile(0.9) if load.histogram else None,
+        recent,
         elapsed,
         rising and config.fast_rise and prefills >= RISE_EVIDENCE,
     )
@@ -753,14 +862,18 @@ def _prefill_term(
     elapsed: float | None,
     rising: bool,
     horizon: float,
+    gateway: _Arrivals,
 ) -> _PrefillTerm:
     """Arriving prompt tokens at the target utilisation, plus the replicas kept busy by backlogs.
     Arrivals: requests finishing plus the growth of those in flight (conservation) times the prompt
     length, smoothed over two minutes (one tick's delta is noise). Not the prefilled rate: a backlog
-    drains faster than requests arrive."""
+    drains faster than requests arrive. With a gateway, the requests it saw arrive."""
     in_flight = _window(state.in_flight, fleet.now, load.running + load.waiting, window)
     leaving = [r.finished_rate if r.finished_rate is not None else r.first_token_rate for r in fresh]
-    if any(v is not None for v in leaving):
+    if gateway.requests is not None:  # measured as requests arrive: a rise just after a jump is taken at once
+        rising_now = gateway.jumped or ((rising or gateway.rising) and config.fast_rise)
+        rate, burst = _rate_estimate(state.request_rate, gateway.requests, elapsed, rising_now)
+    elif any(v is not None for v in leaving):
         observed = _request_rate(_sum(leaving), in_flight)
         if _warming_up(state.in_flight, fleet.now, window):
             rate, burst = observed, False  # a rate window not yet seen: rising from nothing is no burst
@@ -836,7 +949,10 @@ def _terms(
     rising = (
         since_burst is not None and since_burst < horizon and (since_burst < RISE_WINDOWS * window or load.waiting > 0)
     )
-    isl, prompt_shift = _arriving_prompt_length(config, state, load, fresh, since_burst, window, elapsed, rising)
+    arrivals = _gateway_arrivals(state, snapshot, fleet, fresh, load, elapsed)
+    isl, prompt_shift = _arriving_prompt_length(
+        config, state, load, fresh, since_burst, window, elapsed, rising, arrivals
+    )
     output = _ratio(load.generation_rate, load.finished_rate) or config.default_output_tokens
 
     gateway = [float(t) for t in snapshot.queued_request_tokens]
@@ -862,7 +978,10 @@ def _terms(
         elapsed,
         rising,
         horizon,
+        arrivals,
     )
+    if arrivals.status is not None:
+        prefill_status = {**prefill_status, "gateway": arrivals.status}
 
     candidates = {"kv": kv.replicas, "bin": bin_replicas, "prefill": prefill.replicas}
     dominant = max(candidates, key=lambda k: candidates[k])
@@ -910,6 +1029,8 @@ def _terms(
         prefill_rate=learned,
         prefill_samples=samples,
         prefill=prefill_status,
+        bytes_per_token=arrivals.bytes_per_token,
+        gateway_jump=arrivals.jump_time,
     )
 
 
@@ -1120,6 +1241,8 @@ def decide(
         prefill_rate=terms.prefill_rate,
         prefill_samples=terms.prefill_samples,
         burst_ended=burst_ended,
+        bytes_per_token=terms.bytes_per_token,
+        gateway_jump=terms.gateway_jump,
     )
     return decision, new_state
 

@@ -169,6 +169,22 @@ class MetricsSnapshot:
     # The resource's own need in earlier periods (e.g. the same time on previous days), for the
     # forecast floor; None when nothing is recorded yet.
     demand_history: DemandHistory | None = None
+    # What a gateway in front of the fleet records as requests arrive (spec.autoscaling.gateway); None without.
+    gateway: GatewaySignals | None = None
+
+
+@dataclass(frozen=True)
+class GatewaySignals:
+    """Requests arriving at a gateway that records each request's size (bytes) when it arrives, before any
+    engine has seen it: the Gateway API Inference Extension's endpoint picker (`inference_objective_request_sizes`).
+    The engines count a prompt's tokens only at its first token, so this is the one signal that sizes a burst of
+    long prompts while they still wait. Rates in per second; `recent_*` over the last two samples (Prometheus
+    `irate`), the others over the adapter's rate window; None where not exported."""
+
+    request_rate: float | None = None
+    bytes_rate: float | None = None
+    recent_request_rate: float | None = None
+    recent_bytes_rate: float | None = None
 
 
 @dataclass(frozen=True)

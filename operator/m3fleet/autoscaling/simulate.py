@@ -14,6 +14,7 @@ Pure: no I/O, no clock. Comparisons with other autoscalers live in the project's
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -31,6 +32,7 @@ from m3fleet.autoscaling.simulator import (
     SLO_TTFT_FACTOR,
     SLO_TTFT_SLACK,
     Autoscaler,
+    GatewayModel,
     PerfModel,
     PolicyResult,
     SeedStreams,
@@ -58,6 +60,11 @@ DEFAULT_RESOURCE: Final[dict[str, Any]] = {
     },
 }
 DEFAULT_SOURCE: Final = "manifests/samples/vllm-h200-tp8.yaml (built in)"
+# `gateway=True` on the built-in resource: a Gateway API Inference Extension in front of it.
+DEFAULT_GATEWAY: Final[dict[str, Any]] = {"matchLabels": {"model_name": "MiniMaxAI/MiniMax-M3"}}
+# Request bytes per prompt token a simulated gateway records, drawn per seed (English prose runs near 4 with its
+# JSON, code and CJK text lower): the policy has to measure it.
+GATEWAY_BYTES_PER_TOKEN: Final = (2.5, 4.5)
 EPOCH: Final = 1799020800.0  # 2027-01-04T00:00:00Z, a Monday: the simulated calendar's first day
 
 
@@ -104,10 +111,13 @@ def prepare(
     cold_start: float | None = None,
     measured: tuple[BenchResult, str] | None = None,
     cold_start_model: str | None = None,
+    gateway: bool = False,
 ) -> Setup:
     """Resolve the resource and plan, draw the requests and cold starts; with `measured` (an `m3fleet bench`
     result and where it came from), its speeds replace the model's; with `cold_start_model` (cache, pvc, hub)
-    every cold start is built from phases (coldstart.py). Raises KeyError, SpecError(s)."""
+    every cold start is built from phases (coldstart.py); with `gateway` the built-in resource has a gateway
+    (spec.autoscaling.gateway) in front. A resource naming a gateway runs with its request sizes exported.
+    Raises KeyError, SpecError(s)."""
     scenario = SCENARIOS[scenario_name]
     if resource is None:
         body = copy.deepcopy(DEFAULT_RESOURCE)
@@ -123,6 +133,9 @@ def prepare(
                 # deployment serves the MXFP8 checkpoint, whose native window is 1M.
                 body["spec"]["model"]["variant"] = Variant.MXFP8.value
                 note += " and model.variant mxfp8 (native 1M context; vLLM on NVIDIA cannot YaRN-extend bf16)"
+        if gateway:
+            body["spec"]["autoscaling"] = {"gateway": copy.deepcopy(DEFAULT_GATEWAY)}
+            note += ", behind an inference gateway that exports request sizes (spec.autoscaling.gateway)"
         resource = parse_resource(body)
     else:
         note = "the resource given with -f, as written"
@@ -151,6 +164,10 @@ def prepare(
         Day(tuple(scenario.requests(seed, duration, day)), opening - (measured_day - day) * DAY)
         for day in range(measured_day)
     )
+    settings = SimSettings()
+    if resource.spec.autoscaling.gateway is not None:
+        bytes_per_token = random.Random(f"{seed}:gateway").uniform(*GATEWAY_BYTES_PER_TOKEN)
+        settings = SimSettings(gateway=GatewayModel(bytes_per_token, seed))
     return Setup(
         scenario=scenario,
         seed=seed,
@@ -166,6 +183,7 @@ def prepare(
         earlier_days=earlier,
         prior=prior,
         cold_start_model=phases,
+        settings=settings,
     )
 
 

@@ -50,6 +50,7 @@ from m3fleet.autoscaling.signals import (
     RATE_WINDOW_SECONDS,
     TTFT_BUCKETS,
     FleetState,
+    GatewaySignals,
     Histogram,
     MetricsSnapshot,
     ReplicaSignals,
@@ -423,6 +424,26 @@ class Autoscaler(Protocol):
 
 
 @dataclass(frozen=True)
+class GatewayModel:
+    """A gateway in front of the fleet that records each request's size in bytes as it arrives (GIE's endpoint
+    picker): the request's JSON, `bytes_per_token` per prompt token (seeded per run: the text's language and kind)
+    with a per-request spread, plus a fixed envelope."""
+
+    bytes_per_token: float
+    seed: int
+    spread: float = 0.15  # lognormal sigma of one request's bytes per token
+    envelope_bytes: float = 300.0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "records": "request bytes at arrival (inference_objective_request_sizes)",
+            "bytesPerToken": round(self.bytes_per_token, 2),
+            "perRequestSpread": self.spread,
+            "envelopeBytes": self.envelope_bytes,
+        }
+
+
+@dataclass(frozen=True)
 class SimSettings:
     tick_seconds: float = 15.0
     scrape_seconds: float = 15.0
@@ -430,9 +451,11 @@ class SimSettings:
     tail_seconds: float = 900.0  # after the last arrival, time for in-flight requests to finish
     # A draining replica's work in flight is cut off where the engine pod stops draining (vLLM's --shutdown-timeout).
     drain_deadline_seconds: float = float(IN_FLIGHT_DEADLINE_SECONDS)
+    gateway: GatewayModel | None = None  # spec.autoscaling.gateway: the gateway's request sizes are exported
 
     def describe(self) -> dict[str, Any]:
         return {
+            "gateway": self.gateway.describe() if self.gateway else None,
             "tickSeconds": self.tick_seconds,
             "scrapeSeconds": self.scrape_seconds,
             "tickReadsScrapeAgeSeconds": self.tick_offset_seconds,
@@ -522,6 +545,10 @@ class Simulation:
         self.rejected = 0
         self.scale_events = 0
         self.finished: list[SimRequest] = []
+        gateway = settings.gateway
+        self.sizes = random.Random(f"{gateway.seed}:request-bytes") if gateway else None
+        self.arrived_requests, self.arrived_bytes = 0, 0.0
+        self.gateway_scrapes: list[tuple[float, int, float]] = []  # (time, requests, bytes) as the gateway counts
         for _ in range(initial_replicas):
             replica = self._new_replica(0.0)
             self._ready(replica)
@@ -599,6 +626,11 @@ class Simulation:
         spec = self.requests[index]
         if index + 1 < len(self.requests):
             self._push(self.requests[index + 1].arrival, self.ARRIVAL, index + 1)
+        gateway = self.settings.gateway
+        if gateway is not None and self.sizes is not None:  # the gateway sees every request, rejected ones too
+            per_token = gateway.bytes_per_token * self.sizes.lognormvariate(0.0, gateway.spread)
+            self.arrived_requests += 1
+            self.arrived_bytes += gateway.envelope_bytes + spec.prompt * per_token
         if spec.prompt + spec.output > self.limit:
             self.rejected += 1  # the engine answers 400: longer than max_model_len
             return
@@ -694,6 +726,8 @@ class Simulation:
 
     # signals -----------------------------------------------------------------------------------------
     def _scrape(self) -> None:
+        if self.settings.gateway is not None:
+            self.gateway_scrapes.append((self.now, self.arrived_requests, self.arrived_bytes))
         for replica in self._serving():
             engines = replica.engines
             for engine in engines:
@@ -739,6 +773,9 @@ class Simulation:
                 )
             ),
             window_seconds=RATE_WINDOW_SECONDS,
+            gateway=gateway_signals(self.gateway_scrapes, self.settings.scrape_seconds)
+            if self.gateway_scrapes
+            else None,
         )
 
     def fleet(self) -> FleetState:
@@ -827,6 +864,20 @@ def signals_from_scrapes(
         prompt_tokens=hist(prompt_bounds, lambda s: s.prompt_cumulative, lambda s: s.prompt_sum),
         ttft_seconds=hist(TTFT_BUCKETS, lambda s: s.ttft_cumulative, lambda s: s.ttft_sum),
         queue_seconds=hist((), lambda s: (s.first_tokens,), lambda s: s.queue_sum),
+    )
+
+
+def gateway_signals(scrapes: Sequence[tuple[float, int, float]], interval: float) -> GatewaySignals:
+    """What `rate` and `irate` over the rate window read from the gateway's request-size histogram."""
+    if len(scrapes) < 2:
+        return GatewaySignals()
+    (t1, n1, b1), (t0, n0, b0) = scrapes[-1], scrapes[-2]
+    tb, nb, bb = scrapes[max(0, len(scrapes) - 1 - round(RATE_WINDOW_SECONDS / interval))]
+    return GatewaySignals(
+        request_rate=(n1 - nb) / (t1 - tb),
+        bytes_rate=(b1 - bb) / (t1 - tb),
+        recent_request_rate=(n1 - n0) / (t1 - t0),
+        recent_bytes_rate=(b1 - b0) / (t1 - t0),
     )
 
 

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from m3fleet.api import parse_resource
-from m3fleet.api.models import PrometheusSpec
+from m3fleet.api.models import AutoscalingSpec, PrometheusSpec
 from m3fleet.autoscaling import readiness
 from m3fleet.autoscaling.forecast import DemandRecord, bucket_seconds, record_demand
-from m3fleet.autoscaling.metrics import PrometheusAdapter, Tls
+from m3fleet.autoscaling.metrics import Gateway, PrometheusAdapter, Tls
 from m3fleet.autoscaling.policy import (
     POD_DELETION_COST,
     Action,
@@ -62,13 +62,25 @@ class MetricsSource(Protocol):
     def read(self, at: float | None = None) -> MetricsSnapshot: ...
 
 
-AdapterFactory = Callable[[str, str, Mapping[str, str], Mapping[str, str], Tls], MetricsSource]
+AdapterFactory = Callable[[str, str, Mapping[str, str], Mapping[str, str], Tls, Gateway | None], MetricsSource]
 
 
 def prometheus_adapter(
-    engine: str, url: str, selector: Mapping[str, str], overrides: Mapping[str, str], tls: Tls
+    engine: str,
+    url: str,
+    selector: Mapping[str, str],
+    overrides: Mapping[str, str],
+    tls: Tls,
+    gateway: Gateway | None = None,
 ) -> MetricsSource:
-    return PrometheusAdapter.for_engine(engine, url, selector=dict(selector), overrides=dict(overrides), tls=tls)
+    return PrometheusAdapter.for_engine(
+        engine, url, selector=dict(selector), overrides=dict(overrides), tls=tls, gateway=gateway
+    )
+
+
+def gateway_of(scaling: AutoscalingSpec) -> Gateway | None:
+    spec = scaling.gateway
+    return None if spec is None else Gateway(spec.request_sizes_metric, tuple(sorted(spec.match_labels.items())))
 
 
 @dataclass(frozen=True)
@@ -145,18 +157,20 @@ class Autoscaler:
         secret = await self.api.get(kube.SECRET, namespace, ref.name)
         return Tls(ca_pem=ca_from_secret(secret, ref.name, ref.key))
 
-    async def _source(self, body: Mapping[str, Any], engine: str, prometheus: PrometheusSpec) -> MetricsSource:
+    async def _source(self, body: Mapping[str, Any], engine: str, scaling: AutoscalingSpec) -> MetricsSource:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
+        prometheus = scaling.prometheus
         try:
             tls = await self._tls(key[0], prometheus)
         except ValueError as exc:
             return Unreadable(engine, str(exc))
         overrides = prometheus.query_overrides
-        signature = (engine, prometheus.url, tuple(sorted(overrides.items())), tls)
+        gateway = gateway_of(scaling)
+        signature = (engine, prometheus.url, tuple(sorted(overrides.items())), tls, gateway)
         cached = self._sources.get(key)
         if cached is None or cached[0] != signature:
             selector = {"namespace": key[0], FLEET_LABEL: key[1]}
-            cached = (signature, self.adapters(engine, prometheus.url, selector, overrides, tls))
+            cached = (signature, self.adapters(engine, prometheus.url, selector, overrides, tls, gateway))
             self._sources[key] = cached
             if tls.insecure_skip_verify:  # said once per source (and in the log), not every tick
                 self.events.warn(body, "InsecureSkipVerify", INSECURE_MESSAGE)
@@ -213,7 +227,7 @@ class Autoscaler:
             return Tick()  # not applied yet (or blocked): the reconcile owns that
         pods = await self.api.list(kube.POD, namespace, labels.owned_selector(name))
         key = (namespace, name)
-        source = await self._source(body, str(plan.engine), scaling.prometheus)
+        source = await self._source(body, str(plan.engine), scaling)
         snapshot = await asyncio.to_thread(source.read)
         status = body.get("status") or {}
         previous = status.get("autoscaling") or {}

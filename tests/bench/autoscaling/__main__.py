@@ -1,4 +1,4 @@
-"""`python -m tests.bench.autoscaling --scenario NAME [--seeds A-B] [--cold-start S] [-o json|text]`.
+"""`python -m tests.bench.autoscaling --scenario NAME [--seeds A-B] [--cold-start S] [--gateway] [-o json|text]`.
 
 Runs the policy, the swept baselines and the oracle on each seed and prints the per-seed table and the
 summary of per-seed minimums (text), or the JSON list of per-seed objects (`-o json`: the
@@ -6,7 +6,9 @@ summary of per-seed minimums (text), or the JSON list of per-seed objects (`-o j
 `--summary-json FILE` also writes the summary. `--cold-start-model cache|pvc|hub` builds every cold start
 from phases (m3fleet/autoscaling/coldstart.py); `--compare-cold-start-models pvc,cache` runs each seed under
 each model side by side (same requests; the policy, the default baselines and the oracle; no sweep) and
-prints one row per seed and model.
+prints one row per seed and model. `--gateway` puts an inference gateway in front of the built-in resource
+(spec.autoscaling.gateway): the policy also reads the request sizes it records as requests arrive; the baselines
+and the oracle do not change.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, help="only the first N minutes of the scenario")
     parser.add_argument("--no-sweep", action="store_true", help="defaults and the oracle only")
     parser.add_argument("--priors-off", action="store_true", help="also run ours with its priors x0.5 and x2")
+    parser.add_argument("--gateway", action="store_true", help="a gateway exports request sizes (autoscaling.gateway)")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--summary-json", help="also write the summary (per-seed min/mean/max, checks) here")
     args = parser.parse_args(argv)
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             minutes=args.minutes,
             cold_start=args.cold_start,
             cold_start_model=args.cold_start_model,
+            gateway=args.gateway,
         )
         reports.append(
             seed_report(setup, with_sweep=not args.no_sweep, prior_scales=(0.5, 2.0) if args.priors_off else ())
@@ -80,7 +84,9 @@ def compare_models(args: argparse.Namespace, models: list[str]) -> int:
     rows: list[dict[str, Any]] = []
     for seed in parse_seeds(args.seeds):
         for model in models:
-            setup = prepare(args.scenario, seed=seed, minutes=args.minutes, cold_start_model=model)
+            setup = prepare(
+                args.scenario, seed=seed, minutes=args.minutes, cold_start_model=model, gateway=args.gateway
+            )
             report = seed_report(setup, with_sweep=False)
             assert setup.cold_start_model is not None
             low, high = setup.cold_start_model.bounds()
