@@ -19,7 +19,9 @@ How an operator drives it, per resource and tick:
    config.cold_start_seconds, group_size)`; `fleet = FleetState(now, current_replicas, ready_replicas,
    starting_ages=ages, time_to_ready_seconds=record.p90_seconds, starting_remaining=remaining)` — the p90
    of the last 10 replicas to become ready, None (the spec's coldStartSeconds) until one has.
-3. `snapshot = PrometheusAdapter.for_engine(engine, url, selector=...).read(now)`; for the forecast,
+3. `snapshot = PrometheusAdapter.for_engine(engine, url, selector=..., gateway=...).read(now)` (`gateway`:
+   `metrics.Gateway(spec.autoscaling.gateway.request_sizes_metric, match_labels)` when the spec names one,
+   so the snapshot carries what it recorded as requests arrived); for the forecast,
    `snapshot = dataclasses.replace(snapshot, demand_history=record.history(now,
    config.forecast_period_seconds, config.forecast_look_ahead(fleet.time_to_ready_seconds)))` where
    `record` is the resource's `forecast.DemandRecord` (read with `DemandRecord.from_status` from
@@ -30,5 +32,6 @@ How an operator drives it, per resource and tick:
    `decision.to_status()` to `status.autoscaling`; emit a Warning Event for each new entry of
    `decision.warnings` (e.g. `KVCapacityMismatch`); apply `decision.desired_replicas` in act mode.
    The learned prefill throughput lives in the state (`prefillRate`, `prefillSamples`) and shows in
-   `status.autoscaling.prefillThroughput`.
+   `status.autoscaling.prefillThroughput`, as does a gateway's measured bytes per prompt token
+   (`bytesPerToken`, under `gateway`).
 """
