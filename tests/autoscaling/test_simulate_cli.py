@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from m3fleet.cli import main
 from tests.conftest import SAMPLES_DIR
@@ -70,6 +71,20 @@ def test_file_resource(capsys: pytest.CaptureFixture[str]) -> None:
     (report,) = json.loads(out)
     assert code == 0 and report["plan"]["accelerator"] == "mi355x"
     assert report["parameters"]["resource"].startswith("the resource given with -f")
+
+
+def test_a_resource_with_a_gateway_runs_behind_one(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    document = yaml.safe_load((SAMPLES_DIR / "vllm-h200-tp8.yaml").read_text())
+    document["spec"]["autoscaling"] = {"enabled": True, "gateway": {"matchLabels": {"model_name": "MiniMax-M3"}}}
+    resource = tmp_path / "gateway.yaml"
+    resource.write_text(yaml.safe_dump(document))
+    code, out, _ = simulate(capsys, "-f", str(resource), "--scenario", "steady-chat", "--minutes", "2")
+    assert code == 0 and "gateway: request bytes at arrival" in out and "bytes a prompt token" in out
+    code, out, _ = simulate(capsys, "-f", str(resource), "--scenario", "steady-chat", "--minutes", "2", "-o", "json")
+    (report,) = json.loads(out)
+    assert code == 0 and 2.5 <= report["parameters"]["simulator"]["gateway"]["bytesPerToken"] <= 4.5
+    _, out, _ = simulate(capsys, "--scenario", "steady-chat", "--minutes", "2")
+    assert "gateway" not in out  # the built-in resource has none
 
 
 @pytest.mark.parametrize(

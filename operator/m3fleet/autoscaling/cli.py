@@ -159,6 +159,16 @@ def _prior_line(prior: Any) -> str:
     )
 
 
+def _gateway_line(gateway: dict[str, Any] | None) -> list[str]:
+    """spec.autoscaling.gateway: what the simulated gateway records (the bytes per token drawn for the seed shown)."""
+    if not gateway:
+        return []
+    return [
+        f"gateway: {gateway['records']}, about {gateway['bytesPerToken']:g} bytes a prompt token "
+        "(seeded; the policy measures it)"
+    ]
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -178,6 +188,7 @@ def format_text(reports: list[dict[str, Any]]) -> str:
         f"{plan['kvCacheTokensPerReplica']} KV tokens/replica, maxModelLen {plan['maxModelLen']}",
         _prior_line(params.get("throughputPrior")),
         f"cold start {cold_text}; SLO: {params['slo']}",
+        *_gateway_line(params["simulator"].get("gateway")),
         "",
         f"{'SEED':>5}{'REQUESTS':>10}{'SLO MET':>10}{'GPU-H':>9}{'PEAK':>6}{'SCALE-EVENTS':>14}"
         f"{'PREEMPT':>9}{'REJECTED':>10}",
