@@ -390,6 +390,15 @@ def _model_accepts(resource: dict[str, Any]) -> bool:
         ({"autoscaling__target": {"kvCacheUtilization": 0}}, "use a value greater than 0.0 and at most 1.0"),
         ({"autoscaling__schedule": [{"name": "p", "start": "9:00", "end": "11:00", "minReplicas": 2}]}, "HH:MM"),
         ({"autoscaling__schedule": [{"name": "p", "start": "09:00", "end": "24:00", "minReplicas": 2}]}, "HH:MM"),
+        (
+            {"autoscaling__gateway": {"matchLabels": {}}},
+            "spec.autoscaling.gateway.matchLabels: has 0 entries; fix: give at least 1",
+        ),
+        (
+            {"autoscaling__gateway": {"matchLabels": {f"label_{i}": "x" for i in range(9)}}},
+            "spec.autoscaling.gateway.matchLabels: has 9 entries; fix: give at most 8",
+        ),
+        ({"autoscaling__gateway": {"matchLabels": {"a": "b"}, "requestSizesMetric": "sizes-total"}}, "regular"),
     ],
 )
 def test_schema_rejects(changes: dict[str, Any], fragment: str) -> None:

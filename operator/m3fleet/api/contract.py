@@ -383,6 +383,12 @@ def schema_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[
                 described = properties.get(name, {}).get("description", "")
                 what = f" ({described.rstrip('.')})" if described else ""
                 yield Violation(SpecError(_join(path, name), f"is required{what}", f"add {name}"), True)
+        if "minProperties" in schema and len(value) < schema["minProperties"]:
+            yield Violation(SpecError(path, f"has {len(value)} entries", f"give at least {schema['minProperties']}"))
+        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+            yield Violation(
+                SpecError(path, f"has {len(value)} entries", f"give at most {schema['maxProperties']}"), True
+            )
     elif isinstance(value, list):
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             yield Violation(SpecError(path, f"has {len(value)} items", f"give at most {schema['maxItems']}"), True)
