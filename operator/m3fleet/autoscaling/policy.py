@@ -658,7 +658,7 @@ class _Arrivals:
     requests: float | None = None  # requests/s (None: no gateway, or its series answered nothing)
     prompt_tokens: float | None = None  # prompt tokens/s
     recent_prompt: float | None = None  # mean prompt tokens of the requests in the last two samples
-    jumped: bool = False  # the last two samples are GATEWAY_JUMP times the rate window: a burst is starting
+    jumped: bool = False  # the last two samples are a new level (see _gateway_arrivals): a burst is starting
     rising: bool = False  # within RISE_WINDOWS rate windows of a jump: rises are taken at once
     bytes_per_token: float | None = None  # measured, to keep
     jump_time: float | None = None  # when the arrivals last jumped, to keep
@@ -676,7 +676,8 @@ def _gateway_arrivals(
     """The gateway's arrivals in prompt tokens: its request bytes over the measured bytes per token. The ratio is
     measured while every ready replica is fresh and nothing queues (then what arrived in the rate window is what
     the engines prefilled in it), smoothed over BYTES_PER_TOKEN_SECONDS; the prior stands until then. The last
-    two samples replace the rate window when they are GATEWAY_JUMP times above it: a burst's start."""
+    two samples replace the rate window when they are GATEWAY_JUMP times above it and SHIFT times what the estimate
+    says arrives: a burst's start."""
     g = snapshot.gateway
     measured = state.bytes_per_token
     if g is None or g.request_rate is None or g.bytes_rate is None:
