@@ -41,7 +41,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from m3fleet.api.models import Plan
 from m3fleet.autoscaling.scenarios import Request, Scenario
@@ -545,8 +545,7 @@ class Simulation:
         self.rejected = 0
         self.scale_events = 0
         self.finished: list[SimRequest] = []
-        gateway = settings.gateway
-        self.sizes = random.Random(f"{gateway.seed}:request-bytes") if gateway else None
+        self.sizes = random.Random(f"{settings.gateway.seed}:request-bytes") if settings.gateway else None
         self.arrived_requests, self.arrived_bytes = 0, 0.0
         self.gateway_scrapes: list[tuple[float, int, float]] = []  # (time, requests, bytes) as the gateway counts
         for _ in range(initial_replicas):
@@ -869,10 +868,10 @@ def signals_from_scrapes(
 
 def gateway_signals(scrapes: Sequence[tuple[float, int, float]], interval: float) -> GatewaySignals:
     """What `rate` and `irate` over the rate window read from the gateway's request-size histogram."""
-    if len(scrapes) < 2:
+    base = _base(scrapes, interval, RATE_WINDOW_SECONDS)
+    if base is None:
         return GatewaySignals()
-    (t1, n1, b1), (t0, n0, b0) = scrapes[-1], scrapes[-2]
-    tb, nb, bb = scrapes[max(0, len(scrapes) - 1 - round(RATE_WINDOW_SECONDS / interval))]
+    (t1, n1, b1), (t0, n0, b0), (tb, nb, bb) = scrapes[-1], scrapes[-2], base
     return GatewaySignals(
         request_rate=(n1 - nb) / (t1 - tb),
         bytes_rate=(b1 - bb) / (t1 - tb),
@@ -881,7 +880,10 @@ def gateway_signals(scrapes: Sequence[tuple[float, int, float]], interval: float
     )
 
 
-def _base(scrapes: Sequence[Scrape], interval: float, window: float) -> Scrape | None:
+S = TypeVar("S")
+
+
+def _base(scrapes: Sequence[S], interval: float, window: float) -> S | None:
     """The scrape `window` before the latest (or the oldest, for a younger replica); None with one scrape."""
     if len(scrapes) < 2:
         return None
