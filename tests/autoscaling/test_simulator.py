@@ -11,6 +11,7 @@ from m3fleet.autoscaling import simulate as sim
 from m3fleet.autoscaling.scenarios import Mixture, Request
 from m3fleet.autoscaling.signals import FleetState, GatewaySignals, MetricsSnapshot
 from m3fleet.autoscaling.simulator import PerfModel, Simulation
+from tests.bench.autoscaling import learning as bench_learning
 from tests.bench.autoscaling import oracle as bench_oracle
 from tests.bench.autoscaling import report as bench_report
 from tests.bench.autoscaling.baselines import Schedule
@@ -288,6 +289,29 @@ def test_bench_report_prices_the_90_s_goal_for_a_fleet_that_learns_the_burst_lat
     summary = bench_report.summarize([report])
     assert summary["lateOracle"]["1"]["of"] == 1
     assert "late oracle" in bench_report.format_text([report], summary)
+    learned = report["learnedPrefill"]  # the same run is the one judged (see the test above)
+    assert summary["learnedPrefill"]["meanOverTrue"]["mean"] == learned["meanOverTrue"]
+    assert "learned prefill throughput / true" in bench_report.format_text([report], summary)
+
+
+def test_bench_sets_the_learned_prefill_throughput_against_the_time_models_truth() -> None:
+    setup = sim.prepare("long-context-burst", seed=21, cold_start=90)
+    recording = bench_learning.Recording(sim.context_aware(setup), setup)
+    result = sim.simulate(setup, recording)
+    assert result.to_dict() == sim.run_context_aware(setup).to_dict()  # recording changes no decision
+    learned = bench_learning.learned_prefill_report(recording)
+    assert learned is not None and learned["ticks"] == len(recording.learned) > 0
+    # The truth is the unloaded speed of prompts between 100k and 1M tokens on one engine (TP8, no DP ranks).
+    model = setup.model
+    fastest, slowest = 1.0 / model.token_cost(100_000), 1.0 / model.token_cost(1_000_000)
+    assert slowest < learned["trueTokensPerSecond"] < fastest
+    assert learned["learnedMean"] <= learned["learnedPeak"]
+    assert learned["meanOverTrue"] == pytest.approx(learned["learnedMean"] / learned["trueTokensPerSecond"], abs=1e-3)
+
+    chat = sim.prepare("steady-chat", seed=1, minutes=10)
+    idle = bench_learning.Recording(sim.context_aware(chat), chat)
+    sim.simulate(chat, idle)
+    assert bench_learning.learned_prefill_report(idle) is None  # no long prompt, nothing learned to judge
 
 
 def test_the_late_oracle_is_blind_to_a_burst_until_a_scrape_after_it_has_been_read() -> None:

@@ -6,7 +6,9 @@ Per seed (`seed_report`), on the same requests and cold starts:
 * every baseline family swept finely: `request-count`, `kv-utilization`, `queue-length` (HPA
   algorithm, `baselines.py`) and `fixed` (1..maxReplicas); each family's default setting is also
   reported under `policies`; `fixed` there is the cheapest constant fleet reaching our attainment;
-* `oracle` (`oracle.py`) and `workLowerBound`, the GPU-hours no policy can go below.
+* `oracle` (`oracle.py`) and `workLowerBound`, the GPU-hours no policy can go below;
+* `learnedPrefill` (`learning.py`): the prefill throughput the policy had learned while long prompts
+  arrived, over the time model's true one (None where it learned nothing).
 
 `checks` holds the issue's aims for that seed: no baseline setting at least as good on both axes
 (within 0.5 points / 2%), at most 1.25x the oracle's GPU-hours, and on long-context scenarios a lead
@@ -23,10 +25,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from m3fleet.autoscaling.simulate import Setup, run_context_aware, simulate
+from m3fleet.autoscaling.simulate import Setup, context_aware, run_context_aware, simulate
 from m3fleet.autoscaling.simulator import Autoscaler, PolicyResult
 
 from .baselines import Fixed, kv_utilization, queue_length, request_count
+from .learning import Recording, learned_prefill_report
 from .oracle import run_late_oracle, run_oracle, work_lower_bound
 
 SWEEPS: Final[dict[str, tuple[str, tuple[float, ...]]]] = {
@@ -150,7 +153,8 @@ def lead(ours: PolicyResult, points: Sequence[Point]) -> dict[str, Any]:
 
 
 def seed_report(setup: Setup, with_sweep: bool = True, prior_scales: Sequence[float] = ()) -> dict[str, Any]:
-    ours = run_context_aware(setup)
+    recording = Recording(context_aware(setup), setup)
+    ours = simulate(setup, recording)
     oracle = run_oracle(setup)
     bound = work_lower_bound(setup)
     policies: dict[str, Any] = {"context-aware": ours.to_dict()}
@@ -161,6 +165,7 @@ def seed_report(setup: Setup, with_sweep: bool = True, prior_scales: Sequence[fl
         "seed": setup.seed,
         "coldStartSeconds": setup.cold_start,
         "policies": policies,
+        "learnedPrefill": learned_prefill_report(recording),
     }
     checks: dict[str, Any] = {}
     if with_sweep:
@@ -282,6 +287,10 @@ def summarize(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
             for name in names
         },
         "oracleRatio": _spread([r["checks"]["oracleRatio"]["value"] for r in reports]),
+        "learnedPrefill": {
+            key: _spread([(r.get("learnedPrefill") or {}).get(key) for r in reports])
+            for key in ("meanOverTrue", "peakOverTrue")
+        },
         "checks": checks,
         **({"lateOracle": _late_summary(reports)} if any(r.get("lateOracle") for r in reports) else {}),
     }
@@ -332,6 +341,13 @@ def format_text(reports: Sequence[dict[str, Any]], summary: dict[str, Any]) -> s
     ratio = summary["oracleRatio"]
     if ratio:
         lines.append(f"  GPU-hours / oracle's: {ratio['min']:.2f} / {ratio['mean']:.2f} / {ratio['max']:.2f}")
+    learned = summary["learnedPrefill"]["meanOverTrue"]
+    if learned:
+        peak = summary["learnedPrefill"]["peakOverTrue"] or learned
+        spreads = [f"{s['min']:.2f} / {s['mean']:.2f} / {s['max']:.2f}" for s in (learned, peak)]
+        lines.append(
+            f"  learned prefill throughput / true, while long prompts arrive: mean {spreads[0]}, peak {spreads[1]}"
+        )
     lines += ["", "checks (seeds met):"]
     for name, c in sorted(summary["checks"].items()):
         lines.append(
