@@ -141,10 +141,14 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _decide(
-    snapshot: MetricsSnapshot, current: int, max_model_len: int = 131072, policy: PolicyConfig | None = None
+    snapshot: MetricsSnapshot,
+    current: int,
+    max_model_len: int = 131072,
+    policy: PolicyConfig | None = None,
+    state: PolicyState | None = None,
 ) -> tuple[Action, int, Decision]:
     fleet = FleetState(now=snapshot.time, current_replicas=current, ready_replicas=current)
-    decision, _ = decide(policy or config(max_model_len), PolicyState(), snapshot, fleet)
+    decision, _ = decide(policy or config(max_model_len), state or PolicyState(), snapshot, fleet)
     return decision.action, decision.desired_replicas, decision
 
 
@@ -256,8 +260,17 @@ def test_gateway_request_sizes_are_read_for_the_fleets_model_only(prom: str) -> 
     # A label value is quoted, never PromQL: one written to close the selector matches nothing.
     injected = adapter(prom, "vllm", "steady", gateway_for('x"} or vector(7) or {a="')).read()
     assert injected.error is None and injected.gateway == missing.gateway
-    decision = _decide(snapshot, current=2, policy=config(kv_tokens_per_replica=480_000))[2]
-    assert decision.prefill["gateway"]["source"] == "measured"  # 20k bytes/s over the engines' 32k tokens/s
+    policy = config(kv_tokens_per_replica=480_000)
+    decision = _decide(snapshot, current=2, policy=policy)[2]  # the operator's first tick: not used yet
+    assert decision.prefill["gateway"]["window"].startswith("not yet used: its series have answered for 0s")
+    decision = _decide(snapshot, current=2, policy=policy, state=answering(snapshot))[2]
+    assert decision.prefill["gateway"]["source"] == "measured"  # 40k bytes a request over 4k tokens a first token
+    assert decision.prefill["gateway"]["bytesPerToken"] == pytest.approx(10.0, rel=0.2)
+
+
+def answering(snapshot: MetricsSnapshot) -> PolicyState:
+    """The state of an operator that has read this gateway for ten minutes (its series cover the rate window)."""
+    return PolicyState(gateway_since=snapshot.time - 600)
 
 
 def test_a_burst_at_the_gateway_scales_up_before_any_engine_sees_it(prom: str) -> None:
@@ -270,7 +283,8 @@ def test_a_burst_at_the_gateway_scales_up_before_any_engine_sees_it(prom: str) -
 
     wait_for(jumped, timeout=15, what="the gateway's last two samples to show the burst")
     snapshot = source.read()
-    action, desired, decision = _decide(snapshot, current=2, policy=config(kv_tokens_per_replica=480_000))
+    policy = config(kv_tokens_per_replica=480_000)
+    action, desired, decision = _decide(snapshot, current=2, policy=policy, state=answering(snapshot))
     assert decision.prefill["gateway"]["window"] == "last two samples (a jump)"
     assert action == Action.SCALE_UP and desired > 2, decision.reason
     # The engines alone still say steady chat: no scale-up.

@@ -223,6 +223,19 @@ def test_an_autoscaler_decision_is_recorded_when_it_changes_or_on_the_heartbeat(
     assert worth_recording(previous, {**same, "unservableRequests": 2}, now + 60)
     assert worth_recording(previous, {**same, "timeToReady": {"source": "measured"}}, now + 60)
     assert worth_recording({}, same, now)
+    # A gateway's series coming into use, and its bytes per token first measured, are recorded; its numbers are not.
+    waiting = {"gateway": {"source": "prior", "window": "not yet used: its series have answered for 15s of 60s"}}
+    used = {"gateway": {"source": "prior", "window": "rate window", "arrivingPromptTokensPerSecond": 900}}
+    measured = {"gateway": {**used["gateway"], "source": "measured"}}
+    before = {**previous, "prefillThroughput": waiting}
+    assert not worth_recording(before, {**same, "prefillThroughput": waiting}, now + 60)
+    assert worth_recording(before, {**same, "prefillThroughput": used}, now + 60)
+    assert worth_recording({**previous, "prefillThroughput": used}, {**same, "prefillThroughput": measured}, now + 60)
+    assert not worth_recording(
+        {**previous, "prefillThroughput": measured},
+        {**same, "prefillThroughput": {"gateway": {**measured["gateway"], "arrivingPromptTokensPerSecond": 1}}},
+        now + 60,
+    )
 
 
 def test_a_child_kind_the_cluster_does_not_serve_blocks_with_its_reason() -> None:

@@ -98,6 +98,7 @@ BYTES_PER_TOKEN_SECONDS: Final = 600.0  # EWMA time constant of the measured rat
 # The gateway's arrivals over the last two samples this many times those over the rate window: a burst is starting,
 # and the last samples, not the window that still averages in the minute before it, say how large it is.
 GATEWAY_JUMP: Final = 2.0
+GATEWAY_WARMING_UP: Final = "not yet used"  # status while a gateway's series cover less than a rate window
 # The reason's note on a tick whose scale-down window forgot a burst (so it may scale down inside the window).
 WINDOW_RELEASED: Final = "long prompts stopped arriving: the scale-down window forgets the burst"
 
@@ -269,6 +270,7 @@ class PolicyState:
     burst_ended: float | None = None  # when long prompts last stopped arriving (None once a burst came since)
     bytes_per_token: float | None = None  # measured gateway request bytes per prompt token (spec.autoscaling.gateway)
     gateway_jump: float | None = None  # when the gateway's arrivals last jumped (a burst's start)
+    gateway_since: float | None = None  # since when the gateway's series have answered (None: they do not)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -284,6 +286,7 @@ class PolicyState:
             "burstEnded": self.burst_ended,
             "bytesPerToken": self.bytes_per_token,
             "gatewayJump": self.gateway_jump,
+            "gatewaySince": self.gateway_since,
         }
 
     @classmethod
@@ -307,6 +310,7 @@ class PolicyState:
                 burst_ended=_opt_float(data.get("burstEnded")),
                 bytes_per_token=_opt_float(data.get("bytesPerToken")),
                 gateway_jump=_opt_float(data.get("gatewayJump")),
+                gateway_since=_opt_float(data.get("gatewaySince")),
             )
         except (TypeError, ValueError):
             return cls()
@@ -512,6 +516,7 @@ class _Terms:
     prefill: dict[str, Any]
     bytes_per_token: float | None  # the measured gateway ratio to keep
     gateway_jump: float | None
+    gateway_since: float | None
 
 
 @dataclass(frozen=True)
@@ -662,6 +667,7 @@ class _Arrivals:
     rising: bool = False  # within RISE_WINDOWS rate windows of a jump: rises are taken at once
     bytes_per_token: float | None = None  # measured, to keep
     jump_time: float | None = None  # when the arrivals last jumped, to keep
+    since: float | None = None  # since when the gateway's series have answered, to keep
     status: dict[str, Any] | None = None
 
 
@@ -682,9 +688,32 @@ def _gateway_arrivals(
     measured = state.bytes_per_token
     if g is None or g.request_rate is None or g.bytes_rate is None:
         return _Arrivals(bytes_per_token=measured, jump_time=state.gateway_jump)
-    if len(fresh) >= fleet.ready_replicas and load.waiting == 0 and load.prompt_rate > 0 and g.bytes_rate > 0:
+    # Series that began less than a rate window ago under-read over it (Prometheus scales the increase it covers
+    # to the whole window) while their last two samples do not: a gateway just started would read as a jump, and
+    # its bytes per token as a fraction of what they are. The engines decide until the window is covered.
+    since = state.gateway_since if state.gateway_since is not None else fleet.now
+    if fleet.now - since < snapshot.window_seconds:
+        status = {
+            "bytesPerToken": round(measured if measured is not None else BYTES_PER_TOKEN_PRIOR, 2),
+            "source": "measured" if measured is not None else "prior",
+            "window": f"{GATEWAY_WARMING_UP}: its series have answered for {fleet.now - since:.0f}s of the "
+            f"{snapshot.window_seconds:.0f}s rate window",
+        }
+        return _Arrivals(bytes_per_token=measured, jump_time=state.gateway_jump, since=since, status=status)
+    # Per request on each side (bytes per arriving request over prompt tokens per first token), not rate over rate:
+    # a counter that covers only part of the window (a replica or a gateway just started) under-reads its requests
+    # as much as its bytes or tokens, so the ratio of means stays right where the ratio of rates would not.
+    # Nor while the last two samples are GATEWAY_JUMP times off the rate window either way: what arrives is changing,
+    # and the engines are still prefilling what arrived before (a burst's first tick would teach its bytes per chat
+    # token).
+    first_tokens = [r.first_token_rate for r in fresh]
+    prefilled = None if None in first_tokens else _ratio(load.prompt_rate, _sum(first_tokens))
+    arriving = _ratio(g.bytes_rate, g.request_rate)
+    recent = g.recent_bytes_rate
+    settled = recent is None or g.bytes_rate / GATEWAY_JUMP < recent < GATEWAY_JUMP * g.bytes_rate
+    if len(fresh) >= fleet.ready_replicas and load.waiting == 0 and settled and prefilled and arriving:
         low, high = BYTES_PER_TOKEN_BOUNDS
-        sample = min(high, max(low, g.bytes_rate / load.prompt_rate))
+        sample = min(high, max(low, arriving / prefilled))
         weight = 1.0 if measured is None or elapsed is None else min(1.0, elapsed / BYTES_PER_TOKEN_SECONDS)
         measured = sample if measured is None else measured + weight * (sample - measured)
     ratio = measured if measured is not None else BYTES_PER_TOKEN_PRIOR
@@ -708,6 +737,7 @@ def _gateway_arrivals(
         rising=jump_time is not None and fleet.now - jump_time < RISE_WINDOWS * snapshot.window_seconds,
         bytes_per_token=measured,
         jump_time=jump_time,
+        since=since,
         status={
             "bytesPerToken": round(ratio, 2),
             "source": "measured" if measured is not None else "prior",
@@ -1032,6 +1062,7 @@ def _terms(
         prefill=prefill_status,
         bytes_per_token=arrivals.bytes_per_token,
         gateway_jump=arrivals.jump_time,
+        gateway_since=arrivals.since,
     )
 
 
@@ -1244,6 +1275,7 @@ def decide(
         burst_ended=burst_ended,
         bytes_per_token=terms.bytes_per_token,
         gateway_jump=terms.gateway_jump,
+        gateway_since=terms.gateway_since,
     )
     return decision, new_state
 
@@ -1477,8 +1509,16 @@ def worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], no
         return True
     if (previous.get("timeToReady") or {}).get("source") != (decision.get("timeToReady") or {}).get("source"):
         return True  # the horizon went from the prior to a measurement
+    if _gateway_use(previous) != _gateway_use(decision):
+        return True  # a gateway's series came into use, or its bytes per token were first measured
     last = epoch(previous.get("time"))
     return last is None or now - last >= RECORD_HEARTBEAT_SECONDS
+
+
+def _gateway_use(record: Mapping[str, Any]) -> tuple[Any, bool]:
+    """(bytes-per-token source, whether the series are used yet) of a recorded decision's gateway status."""
+    gateway = (record.get("prefillThroughput") or {}).get("gateway") or {}
+    return gateway.get("source"), not str(gateway.get("window", "")).startswith(GATEWAY_WARMING_UP)
 
 
 def _decision(
