@@ -223,6 +223,12 @@ def test_an_autoscaler_decision_is_recorded_when_it_changes_or_on_the_heartbeat(
     assert worth_recording(previous, {**same, "unservableRequests": 2}, now + 60)
     assert worth_recording(previous, {**same, "timeToReady": {"source": "measured"}}, now + 60)
     assert worth_recording({}, same, now)
+    # Metrics going away while the fleet holds, and coming back, are recorded: status must say why it holds.
+    decided = {**previous, "terms": {"needReplicas": 2.4, "horizonSeconds": 20}}
+    held = {**same, "reason": "hold: metrics unavailable (refused)", "terms": {"horizonSeconds": 20}}
+    assert worth_recording(decided, held, now + 15)
+    assert not worth_recording(held, {**held, "reason": "hold: metrics unavailable (timeout)"}, now + 15)
+    assert worth_recording(held, {**decided, "reason": "hold at 2"}, now + 15)
     # A gateway's series coming into use, and its bytes per token first measured, are recorded; its numbers are not.
     waiting = {"gateway": {"source": "prior", "window": "not yet used: its series have answered for 15s of 60s"}}
     used = {"gateway": {"source": "prior", "window": "rate window", "arrivingPromptTokensPerSecond": 900}}

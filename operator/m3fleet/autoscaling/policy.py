@@ -1511,8 +1511,15 @@ def worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], no
         return True  # the horizon went from the prior to a measurement
     if _gateway_use(previous) != _gateway_use(decision):
         return True  # a gateway's series came into use, or its bytes per token were first measured
+    if _held_without_metrics(previous) != _held_without_metrics(decision):
+        return True  # the metrics went away (status must say so while it holds) or came back
     last = epoch(previous.get("time"))
     return last is None or now - last >= RECORD_HEARTBEAT_SECONDS
+
+
+def _held_without_metrics(record: Mapping[str, Any]) -> bool:
+    """Whether a recorded decision held for want of metrics (it has no need computed from them)."""
+    return "needReplicas" not in (record.get("terms") or {})
 
 
 def _gateway_use(record: Mapping[str, Any]) -> tuple[Any, bool]:
