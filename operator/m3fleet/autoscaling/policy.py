@@ -693,12 +693,11 @@ def _gateway_arrivals(
     # its bytes per token as a fraction of what they are. The engines decide until the window is covered.
     since = state.gateway_since if state.gateway_since is not None else fleet.now
     if fleet.now - since < snapshot.window_seconds:
-        status = {
-            "bytesPerToken": round(measured if measured is not None else BYTES_PER_TOKEN_PRIOR, 2),
-            "source": "measured" if measured is not None else "prior",
-            "window": f"{GATEWAY_WARMING_UP}: its series have answered for {fleet.now - since:.0f}s of the "
-            f"{snapshot.window_seconds:.0f}s rate window",
-        }
+        window = (
+            f"{GATEWAY_WARMING_UP}: its series have answered for {fleet.now - since:.0f}s of the "
+            f"{snapshot.window_seconds:.0f}s rate window"
+        )
+        status = _gateway_status(measured, window=window)
         return _Arrivals(bytes_per_token=measured, jump_time=state.gateway_jump, since=since, status=status)
     # Per request on each side (bytes per arriving request over prompt tokens per first token), not rate over rate:
     # a counter that covers only part of the window (a replica or a gateway just started) under-reads its requests
@@ -738,13 +737,18 @@ def _gateway_arrivals(
         bytes_per_token=measured,
         jump_time=jump_time,
         since=since,
-        status={
-            "bytesPerToken": round(ratio, 2),
-            "source": "measured" if measured is not None else "prior",
-            "arrivingPromptTokensPerSecond": round(size / ratio),
-            "window": "last two samples (a jump)" if jumped else "rate window",
-        },
+        status=_gateway_status(
+            measured,
+            arrivingPromptTokensPerSecond=round(size / ratio),
+            window="last two samples (a jump)" if jumped else "rate window",
+        ),
     )
+
+
+def _gateway_status(measured: float | None, **rest: Any) -> dict[str, Any]:
+    """`status.autoscaling.prefillThroughput.gateway`: the bytes per token planned with and where they came from."""
+    ratio = measured if measured is not None else BYTES_PER_TOKEN_PRIOR
+    return {"bytesPerToken": round(ratio, 2), "source": "measured" if measured is not None else "prior", **rest}
 
 
 def _arriving_prompt_length(

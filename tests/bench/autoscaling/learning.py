@@ -30,19 +30,17 @@ class Recording:
     setup: Setup
     learned: list[float] = field(default_factory=list)
     name: str = field(init=False)
+    phases: list[tuple[float, float]] = field(init=False)  # the long-prompt phases (start, end), read once
 
     def __post_init__(self) -> None:
         self.name = self.policy.name
+        self.phases = _long_phases(self.setup)
 
     def desired(self, snapshot: MetricsSnapshot, fleet: FleetState) -> int:
         replicas = self.policy.desired(snapshot, fleet)
         state = self.policy.state
         moment = fleet.now - self.setup.clock_offset
-        if (
-            state.prefill_rate is not None
-            and state.prefill_samples >= LEARNED_AFTER
-            and _in_long_phase(self.setup, moment)
-        ):
+        if state.prefill_rate is not None and state.prefill_samples >= LEARNED_AFTER and _inside(self.phases, moment):
             self.learned.append(state.prefill_rate)
         return replicas
 
@@ -51,19 +49,15 @@ def _long_phases(setup: Setup) -> list[tuple[float, float]]:
     return [(p.start, p.end) for p in setup.scenario.phases(setup.seed) if LONG_PHASE_MARK in p.label]
 
 
-def _in_long_phase(setup: Setup, moment: float) -> bool:
-    return any(start <= moment < end for start, end in _long_phases(setup))
+def _inside(phases: list[tuple[float, float]], moment: float) -> bool:
+    return any(start <= moment < end for start, end in phases)
 
 
 def true_throughput(setup: Setup, long_prompt_tokens: float) -> float | None:
     """Prompt tokens per second one replica prefills, unloaded, over the long prompts that arrived in the long
     phases (work-weighted: their tokens over their prefill seconds); None when none arrived."""
     phases = _long_phases(setup)
-    prompts = [
-        r.prompt
-        for r in setup.requests
-        if r.prompt >= long_prompt_tokens and any(start <= r.arrival < end for start, end in phases)
-    ]
+    prompts = [r.prompt for r in setup.requests if r.prompt >= long_prompt_tokens and _inside(phases, r.arrival)]
     seconds = sum(setup.model.unloaded_prefill_seconds(p) for p in prompts)
     if not prompts or seconds <= 0:
         return None
