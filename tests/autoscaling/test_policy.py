@@ -134,17 +134,27 @@ def test_long_prompts_no_longer_arriving_are_taken_at_once_only_when_measured(
     assert t["promptTokensPerRequest"] == pytest.approx(expected)
 
 
-@pytest.mark.parametrize(("release", "expected"), [(True, 5), (False, 6)], ids=["released", "release-off"])
-def test_the_scale_down_window_forgets_a_burst_whose_long_prompts_stopped(release: bool, expected: int) -> None:
+@pytest.mark.parametrize(
+    ("release", "step", "waiting", "expected"),
+    [(True, None, 0, 1), (True, 1, 0, 5), (True, None, 2, 5), (False, None, 0, 6)],
+    ids=["released-at-once", "spec-step-limit", "requests-wait", "release-off"],
+)
+def test_the_scale_down_window_forgets_a_burst_whose_long_prompts_stopped(
+    release: bool, step: int | None, waiting: float, expected: int
+) -> None:
     # Six replicas ordered for long prompts a minute ago (the window still remembers 6); now chat arrives
-    # at every replica, none queued, nothing long resident (the estimate falls at once, see above): the
-    # burst is over, the window forgets it and only the step limit (one replica per tick) applies.
+    # at every replica, nothing long resident (the estimate falls at once, see above): the burst is over and
+    # the window forgets it. Nothing waiting, every replica the chat does not need leaves at once; a step
+    # limit the spec sets still holds, and while requests wait somewhere (the end may be a lull) one a tick.
     state = replace(LONG_BEFORE, history=((NOW - 60, 6),))
-    chat = replicas(6, running=6, kv_usage=0.03, prompt_tokens=5_000, request_rate=0.5)
-    config = replace(ROUND, release_ended_bursts=release)
-    decision, _ = decide(config, state, snapshot(*chat), fleet(6))
-    assert decision.desired_replicas == expected
+    unqueued = replicas(5, running=6, kv_usage=0.03, prompt_tokens=5_000, request_rate=0.5)
+    last = replica("r-5", running=6, waiting=waiting, kv_usage=0.03, prompt_tokens=5_000, request_rate=0.5)
+    config = replace(ROUND, release_ended_bursts=release, max_scale_down_per_step=step)
+    decision, after = decide(config, state, snapshot(*unqueued, last), fleet(6))
+    assert decision.desired_replicas == expected, decision.reason
     assert (WINDOW_RELEASED in decision.reason) == release, decision.reason  # the status says why
+    if release:
+        assert after.burst_ended == NOW  # kept: the next ticks, too, scale down without the step limit
 
 
 @pytest.mark.parametrize(

@@ -547,7 +547,15 @@ class ScaleDownBehavior(CamelModel):
         le=3600,
         description="Highest recommendation over this window wins when scaling down.",
     )
-    max_replicas_per_step: int = Field(default=1, ge=1, le=64, description="Most replicas removed in one step.")
+    max_replicas_per_step: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description=(
+            "Most replicas removed in one step. Unset: one, and every replica the need no longer wants at once "
+            "when a burst's long prompts stopped arriving and no request waits."
+        ),
+    )
 
 
 class AutoscalingBehavior(CamelModel):

@@ -34,11 +34,11 @@ in (fractional) replicas, is the largest of three terms:
 
 Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
 scale-down window wins; the window forgets a burst once its long prompts stopped arriving, and until
-the next burst does not hold the forecast floor a second time), at most
-`maxReplicasPerStep` removed per step, scale-up limited to max(+4, +100%) per step except in panic
-(need >= panicThreshold x ready: jump, and no scale-down until the panic has been quiet for
-`panic_hold_seconds`). Replicas still starting count as supply, so a tick never re-orders what is
-already on its way; while long prompts arrive, and once they stopped arriving, those the need has not
+the next burst does not hold the forecast floor a second time), at most `maxReplicasPerStep` removed per
+step (unset: one, and no limit once a burst has ended and nothing waits), scale-up limited to max(+4,
++100%) per step except in panic (need >= panicThreshold x ready: jump, and no scale-down until the panic
+has been quiet for `panic_hold_seconds`). Replicas still starting count as supply, so a tick never
+re-orders what is already on its way; while long prompts arrive, and once they stopped arriving, those the need has not
 wanted for a minute are released (the windows keep ready replicas, not a first estimate's order).
 Missing, stale or unreachable metrics hold; partial metrics can scale up but never down. A
 cold-start-aware hold (`burst_hold`) keeps the capacity of bursts that recur within max(scale-down
@@ -76,6 +76,7 @@ SHIFT_EVIDENCE: Final = 3  # running requests needed before their resident token
 # burst: the mean of fewer heavy-tailed long prompts is noise (one 1M-token prompt among three doubles it), and
 # taking every noisy rise at once ratchets the estimate up to its largest sample.
 RISE_EVIDENCE: Final = 5
+DEFAULT_SCALE_DOWN_PER_STEP: Final = 1  # replicas a tick removes when the spec sets no limit (but see _scale_down_step)
 RISE_WINDOWS: Final = 4  # rate windows after a burst's start in which rises are taken at once, queue or not
 LEARNING_SECONDS: Final = 3600.0  # each tick forgets elapsed/this of the learned bound; a longer gap all of it
 LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
@@ -143,7 +144,8 @@ class PolicyConfig:
     tolerance: float = 0.1
     scale_up_window_seconds: float = 0.0
     scale_down_window_seconds: float = 300.0
-    max_scale_down_per_step: int = 1
+    # None: DEFAULT_SCALE_DOWN_PER_STEP, and no limit once a burst has ended and nothing waits (`_scale_down_step`).
+    max_scale_down_per_step: int | None = None
     panic_threshold: float = 2.0
     panic_hold_seconds: float = 120.0
     cold_start_seconds: float = 600.0
@@ -1346,6 +1348,19 @@ def _burst_ended(config: PolicyConfig, state: PolicyState, terms: _Terms, now: f
     return None if terms.burst else state.burst_ended
 
 
+def _scale_down_step(config: PolicyConfig, terms: _Terms, burst_ended: float | None) -> int | None:
+    """Most replicas one tick removes (None: no limit). The spec's limit when it sets one. Else one a tick,
+    except once today's burst has ended (its long prompts stopped arriving, see `_burst_ended`) and no request
+    waits: the replicas the burst needed serve nothing any more, and shrinking one a tick kept most of them for
+    as many ticks (on `long-context-burst` at 90 s, 20 replicas took five minutes to go). While requests wait
+    the end may be a lull inside the burst (its estimate fell for a tick): one a tick, as before."""
+    if config.max_scale_down_per_step is not None:
+        return config.max_scale_down_per_step
+    if burst_ended is not None and not terms.values["waitingRequests"]:
+        return None
+    return DEFAULT_SCALE_DOWN_PER_STEP
+
+
 def _stabilized(
     config: PolicyConfig,
     state: PolicyState,
@@ -1361,7 +1376,7 @@ def _stabilized(
     behavior = Behavior(
         scale_up_window_seconds=config.scale_up_window_seconds,
         scale_down_window_seconds=config.scale_down_window_seconds,
-        max_scale_down_per_step=config.max_scale_down_per_step,
+        max_scale_down_per_step=_scale_down_step(config, terms, burst_ended),
         limit_scale_up=limit_scale_up,
     )
     history_in = state.history

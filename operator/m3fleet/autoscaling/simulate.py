@@ -24,7 +24,7 @@ from m3fleet.api.parse import parse_resource
 from m3fleet.autoscaling.calibration import calibrate
 from m3fleet.autoscaling.coldstart import ColdStartModel
 from m3fleet.autoscaling.forecast import DAY, DemandRecord, bucket_seconds, record_demand
-from m3fleet.autoscaling.policy import PolicyConfig, PolicyState, decide
+from m3fleet.autoscaling.policy import DEFAULT_SCALE_DOWN_PER_STEP, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.scenarios import SCENARIOS, Request, Scenario, describe_phases
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
 from m3fleet.autoscaling.simulator import (
@@ -316,7 +316,11 @@ def config_summary(config: PolicyConfig) -> dict[str, Any]:
         "learnPrefillThroughput": config.learn_prefill,
         "tolerance": config.tolerance,
         "scaleDownWindowSeconds": config.scale_down_window_seconds,
-        "maxScaleDownPerStep": config.max_scale_down_per_step,
+        "maxScaleDownPerStep": (
+            config.max_scale_down_per_step
+            if config.max_scale_down_per_step is not None
+            else f"{DEFAULT_SCALE_DOWN_PER_STEP}, unlimited once a burst ended and nothing waits"
+        ),
         "panicThreshold": config.panic_threshold,
         "coldStartSecondsBeforeMeasured": config.cold_start_seconds,
     }
