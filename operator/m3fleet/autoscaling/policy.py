@@ -38,8 +38,9 @@ the next burst does not hold the forecast floor a second time), at most `maxRepl
 step (unset: one, and no limit once a burst has ended and nothing waits), scale-up limited to max(+4,
 +100%) per step except in panic (need >= panicThreshold x ready: jump, and no scale-down until the panic
 has been quiet for `panic_hold_seconds`). Replicas still starting count as supply, so a tick never
-re-orders what is already on its way; while long prompts arrive, and once they stopped arriving, those the need has not
-wanted for a minute are released (the windows keep ready replicas, not a first estimate's order).
+re-orders what is already on its way; while long prompts arrive, and once they stopped arriving, those
+the need has not wanted for a minute are released (the windows keep ready replicas, not a first
+estimate's order).
 Missing, stale or unreachable metrics hold; partial metrics can scale up but never down. A
 cold-start-aware hold (`burst_hold`) keeps the capacity of bursts that recur within max(scale-down
 window, 3 x time-to-ready) of each other, from a rate window after each one's start: shorter than a
