@@ -321,6 +321,12 @@ def test_sglang_and_tensorrt_llm_formats_drive_the_same_loop(
                 delete(chart, name, NAMESPACE)
 
 
+def _removed(message: str) -> int:
+    """Replicas one scale-down Event removed ("scale-down 4 -> 1: ...")."""
+    before, after = message.split(":")[0].removeprefix("scale-down ").split(" -> ")
+    return int(before) - int(after)
+
+
 SCENARIO_SEED = 13  # long-context-burst seed 13: its burst needs more than the 4 replicas allowed
 
 
@@ -330,12 +336,14 @@ def test_a_long_context_burst_scenario_drives_the_loop(
     """A slice of `long-context-burst` (seed 13: 20 s of its chat, the first 45 s of its burst of 100k-1M-token
     prompts, 30 s of the chat after it) served in real time by the simulator's engine model on the pods kwok
     runs. The prompt load, not a scripted gauge, scales the fleet up; the added pods take their share of the
-    requests; when the burst has passed, the fleet is back at one replica."""
+    requests; the default scale-down window holds the burst's fleet while it lasts, and once its long prompts
+    stop arriving (and nothing waits) the fleet returns to one replica in one step, not one replica a tick."""
     name = "loop-scenario"
     document = fleet(name, "act")
     document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
     document["spec"]["context"] = {"maxModelLen": 1_048_576}  # the scenario's prompts reach 1M tokens
     document["spec"]["autoscaling"]["maxReplicas"] = 4
+    document["spec"]["autoscaling"]["behavior"]["scaleDown"] = {}  # the default window (300 s) and step limit
     plan = make_plan(parse_resource(document).spec)
     assert plan.nodes_per_replica == 1
     load = ScenarioLoad(name, plan, burst_slice("long-context-burst", SCENARIO_SEED, 20, 45, 30))
@@ -374,7 +382,8 @@ def test_a_long_context_burst_scenario_drives_the_loop(
                 [load.served(p) for p in added],
             )  # the router gave the new replicas their share
             down = [m for m in events(chart, name, "Scaled") if "scale-down" in m]
-            assert any(m.startswith("scale-down 2 -> 1") for m in down), down
+            ended = [m for m in down if "long prompts stopped arriving" in m]
+            assert any(_removed(m) >= 2 and m.split(":")[0].endswith("-> 1") for m in ended), down
             eventually("every request of the slice finished", lambda: load.result().unfinished == 0, 60)
             capacity = autoscaling(chart, name).get("capacity") or {}
             assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, capacity
