@@ -268,12 +268,30 @@ def test_bench_report_shape_and_determinism() -> None:
     assert set(report["frontier"]) == {"request-count", "kv-utilization", "queue-length", "fixed"}
     assert len(report["frontier"]["fixed"]) == setup.scenario.max_replicas
     assert set(report["checks"]) == {"notDominated", "oracleRatio", "longContextLead"}
+    assert set(report["oracleChecks"]) == {"notDominated", "longContextLead"}  # the oracle judged the same way
     for p in report["policies"].values():
         assert {"sloAttainment", "gpuHours", "preemptions", "rejected", "scaleEvents"} <= set(p)
     assert json.dumps(report) == json.dumps(
         bench_report.seed_report(sim.prepare("long-context-burst", seed=5, minutes=25))
     )
     assert "lateOracle" not in report  # only where the 90 s goal applies
+
+
+def test_the_checks_are_also_applied_to_the_oracle_whose_constant_fleet_ties_a_fixed_one() -> None:
+    """On steady traffic the oracle's right-sized fleet is constant: the fixed fleet of the same size serves the
+    same requests the same way, so even perfect foresight fails `notDominated` there (ties count)."""
+    setup = sim.prepare("steady-chat", seed=1, minutes=10)
+    report = bench_report.seed_report(setup, with_sweep=True)
+    oracle = report["policies"]["oracle"]
+    dominated = report["oracleChecks"]["notDominated"]
+    assert not dominated["met"]
+    tie = {"policy": "fixed", "setting": float(oracle["peakReplicas"])}
+    assert any(
+        tie.items() <= d.items() and d["gpuHours"] == oracle["gpuHours"] for d in dominated["atLeastAsGoodOnBoth"]
+    )
+    summary = bench_report.summarize([report])
+    assert summary["oracleChecks"]["notDominated"] == {"metOnSeeds": 0, "of": 1, "notMetOn": [1]}
+    assert "the same checks of the oracle's own run" in bench_report.format_text([report], summary)
 
 
 def test_bench_report_prices_the_90_s_goal_for_a_fleet_that_learns_the_burst_late() -> None:
