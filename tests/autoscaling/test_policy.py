@@ -12,6 +12,7 @@ from m3fleet.autoscaling.policy import (
     WINDOW_RELEASED,
     Action,
     Behavior,
+    BurstRecord,
     Decision,
     PolicyConfig,
     PolicyState,
@@ -122,7 +123,7 @@ LONG_BEFORE = PolicyState(last_time=NOW - 15, prompt_tokens=300_000, request_rat
         # Long requests still resident (150k each): not over yet.
         ({"kv_usage": 0.9}, LONG_BEFORE, 300_000 + 15 / 120 * (5_000 - 300_000)),
         # Within a rate window of a burst the prefill ratio still mixes in the old regime.
-        ({}, replace(LONG_BEFORE, bursts=((NOW - 30, 3),)), 300_000 + 15 / 120 * (5_000 - 300_000)),
+        ({}, replace(LONG_BEFORE, bursts=((NOW - 30, 3, False),)), 300_000 + 15 / 120 * (5_000 - 300_000)),
     ],
     ids=["at-once", "queued", "long-resident", "just-after-a-burst"],
 )
@@ -167,7 +168,7 @@ def test_a_rise_just_after_a_burst_is_taken_at_once_only_on_enough_prefills(
 ) -> None:
     # 30 s into a burst the estimate says 200k; the only replica's prefills in the last minute average
     # 600k. On six prefills that is the new level; on three it may be one 1M-token prompt: smoothed.
-    state = PolicyState(last_time=NOW - 15, prompt_tokens=200_000, request_rate=0.1, bursts=((NOW - 30, 3),))
+    state = PolicyState(last_time=NOW - 15, prompt_tokens=200_000, request_rate=0.1, bursts=((NOW - 30, 3, False),))
     r = replica(running=4, waiting=2, kv_usage=0.3, prompt_tokens=600_000, request_rate=first_tokens_per_second)
     t = decide(ROUND, state, snapshot(r), fleet(1))[0].terms
     assert t["promptTokensPerRequest"] == pytest.approx(expected)
@@ -190,7 +191,7 @@ def test_rate_rises_after_a_burst_are_taken_at_once_for_four_rate_windows_then_o
         request_rate=1.0,
         prompt_tokens=50_000,
         in_flight=((NOW - 75, 4 + waiting), (NOW - 15, 4 + waiting)),
-        bursts=((NOW - since_burst, 3),),
+        bursts=((NOW - since_burst, 3, False),),
     )
     load = replicas(1, running=4, waiting=waiting, kv_usage=0.1, prompt_tokens=50_000, request_rate=1.5)
     _, after = decide(ROUND, state, snapshot(*load), fleet(1))
@@ -313,13 +314,15 @@ def test_missing_metrics_hold_without_recording_the_current_count() -> None:
     assert decide(ROUND, state, complete, fleet(8, now=later))[0].desired_replicas == 7
 
 
-def _ticks(config: PolicyConfig, rates: list[float]) -> list[tuple[int, int, str, PolicyState]]:
+def _ticks(
+    config: PolicyConfig, rates: list[float], prompt_tokens: float = 50_000
+) -> list[tuple[int, int, str, PolicyState]]:
     """(seconds, replicas, reason, state) after each 15 s tick of a new fleet under a total request rate
-    (50k-token prompts: need = rate), the state round-tripped through its status form."""
+    (50k-token prompts by default: need = rate), the state round-tripped through its status form."""
     state, current, out = PolicyState(), 1, []
     for i, rate in enumerate(rates):
         now = NOW + 15 * i
-        load = replicas(current, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=rate / current)
+        load = replicas(current, running=4, kv_usage=0.1, prompt_tokens=prompt_tokens, request_rate=rate / current)
         snap = snapshot(*(replace(r, sample_time=now) for r in load), time=now)
         decision, state = decide(config, state, snap, fleet(current, now=now))
         state = PolicyState.from_dict(json.loads(json.dumps(state.to_dict())))
@@ -328,9 +331,9 @@ def _ticks(config: PolicyConfig, rates: list[float]) -> list[tuple[int, int, str
     return out
 
 
-def _bursts(config: PolicyConfig, rates: list[float]) -> list[tuple[int, int, str]]:
-    """Replicas after each 15 s tick under a total request rate (50k-token prompts: need = rate)."""
-    return [(t, n, reason) for t, n, reason, _ in _ticks(config, rates)]
+def _bursts(config: PolicyConfig, rates: list[float], prompt_tokens: float = 50_000) -> list[tuple[int, int, str]]:
+    """Replicas after each 15 s tick under a total request rate (50k-token prompts by default: need = rate)."""
+    return [(t, n, reason) for t, n, reason, _ in _ticks(config, rates, prompt_tokens)]
 
 
 def test_a_new_fleet_warming_up_is_no_burst() -> None:
@@ -338,7 +341,7 @@ def test_a_new_fleet_warming_up_is_no_burst() -> None:
     burst (it would pair with the first real one and misplace it). A jump after a full window is one."""
     ticks = _ticks(ROUND, [0.1, 0.3, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 3.0])
     assert all(state.bursts == () for *_, state in ticks[:-1])
-    assert [t for t, _ in ticks[-1][3].bursts] == [NOW + 15 * 8]
+    assert [b[0] for b in ticks[-1][3].bursts] == [NOW + 15 * 8]
 
 
 def test_a_rate_seen_after_a_long_gap_is_no_burst() -> None:
@@ -352,7 +355,7 @@ def test_a_rate_seen_after_a_long_gap_is_no_burst() -> None:
     _, ticked = decide(
         ROUND, replace(state, last_time=NOW - 15, in_flight=((NOW - 75, 4), (NOW - 15, 4))), snapshot(*load), fleet(1)
     )
-    assert [t for t, _ in ticked.bursts] == [NOW]
+    assert [b[0] for b in ticked.bursts] == [NOW]
 
 
 # Two 2-minute bursts to 3 requests/s, 15 minutes apart, over 0.8/s: shorter than a cold start.
@@ -373,7 +376,34 @@ def test_recurring_bursts_are_held_a_single_burst_is_not() -> None:
     assert unheld[second_end + 600] < 4 and unheld[1800] == 1
 
 
-def steady_state(request_rate: float, prompt_tokens: float, bursts: tuple[tuple[float, int], ...]) -> PolicyState:
+@pytest.mark.parametrize(
+    ("burst", "held"),
+    [
+        ((NOW - 600, 3, True), 3),  # a chat burst ten minutes ago: its replicas stay for the next one
+        ((NOW - 600, 3, False), 1),  # a burst of long prompts: not held the first time (test above)
+        ((NOW - 1800, 3, True), 1),  # a chat burst older than the hold window (ROUND: 1755 s)
+    ],
+)
+def test_a_single_burst_of_chat_is_held_for_a_hold_window(burst: tuple[float, int, bool], held: int) -> None:
+    """A jump in chat requests lasts minutes, shorter than a cold start: the replicas it orders are ready after
+    it, and only replicas kept from it serve the next one. So even a first chat burst holds what it needed for a
+    hold window from its start."""
+    state = steady_state(request_rate=1.0, prompt_tokens=4_000, bursts=(burst,))
+    chat = replicas(3, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0 / 3)
+    decision, _ = decide(ROUND, state, snapshot(*chat), fleet(3))
+    assert decision.terms["needReplicas"] < 1 and decision.recommended_replicas == held
+    assert ("a burst of chat came 600s ago" in decision.reason) is (held > 1), decision.reason
+
+
+def test_a_burst_recorded_before_the_chat_flag_reads_as_no_chat_burst() -> None:
+    """Status written by an earlier operator has [start, replicas] bursts: read as bursts of long prompts, so an
+    upgrade holds nothing it did not hold before."""
+    state = PolicyState.from_dict({"bursts": [[NOW - 600, 3], [NOW - 60, 2, True]]})
+    assert state.bursts == ((NOW - 600, 3, False), (NOW - 60, 2, True))
+    assert PolicyState.from_dict(state.to_dict()) == state
+
+
+def steady_state(request_rate: float, prompt_tokens: float, bursts: tuple[BurstRecord, ...]) -> PolicyState:
     """The state a tick after the last, with 24 requests in flight over the whole rate window and these bursts."""
     return PolicyState(
         last_time=NOW - 15,
@@ -388,12 +418,12 @@ def test_a_burst_is_held_at_what_it_needed_not_at_the_forecast_floor_under_it() 
     """A chat blip (the request rate doubles) while the forecast floor holds 6 replicas, 15 minutes after a burst
     that needed 7: the blip is recorded at what it needed, so the pair holds that, not the floor's 6 for a whole
     hold window after the floor has fallen."""
-    state = steady_state(request_rate=1.5, prompt_tokens=4_000, bursts=((NOW - 900, 7),))
+    state = steady_state(request_rate=1.5, prompt_tokens=4_000, bursts=((NOW - 900, 7, False),))
     chat = replicas(6, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0)
     earlier_days = DemandHistory(period_seconds=86_400, look_ahead_seconds=600, windows=(6.5, 6.5))
     decision, after = decide(ROUND, state, replace(snapshot(*chat), demand_history=earlier_days), fleet(6))
     assert decision.forecast is not None and decision.forecast[0] == 6  # the floor itself still holds
-    ((_, first), (blip_at, blip)) = after.bursts
+    ((_, first, _), (blip_at, blip, _)) = after.bursts
     assert (first, blip_at) == (7, NOW) and blip <= 2, after.bursts
     assert decision.terms["burstHoldReplicas"] == blip
 
@@ -406,11 +436,11 @@ def test_a_burst_is_recorded_at_what_it_still_needs_a_rate_window_after_its_star
     A tick in, a lone long prompt looks like a burst's start and is served within a rate window: nothing is
     recorded, so the pair holds nothing. A rate window in, the need is the burst's: recorded, and the pair holds
     what the smaller of the two needed."""
-    state = steady_state(request_rate=6.0, prompt_tokens=50_000, bursts=((NOW - 900, 4), (NOW - seen, 0)))
+    state = steady_state(request_rate=6.0, prompt_tokens=50_000, bursts=((NOW - 900, 4, False), (NOW - seen, 0, False)))
     busy = replicas(6, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=1.0)
     decision, after = decide(ROUND, state, snapshot(*busy), fleet(6))
     assert decision.terms["needReplicas"] == pytest.approx(6)
-    assert after.bursts == ((NOW - 900, 4), (NOW - seen, recorded))
+    assert after.bursts == ((NOW - 900, 4, False), (NOW - seen, recorded, False))
     assert decision.terms["burstHoldReplicas"] == held
 
 
@@ -619,7 +649,7 @@ def test_state_round_trips_through_a_small_dict() -> None:
             time=now,
         )
         _, state = decide(ROUND, state, load, fleet(4, now=now))
-    state = replace(state, bursts=((NOW - 900, 3), (NOW - 60, 4)), burst_ended=NOW - 30)
+    state = replace(state, bursts=((NOW - 900, 3, False), (NOW - 60, 4, False)), burst_ended=NOW - 30)
     data = json.loads(json.dumps(state.to_dict()))
     assert PolicyState.from_dict(data) == state
     assert len(json.dumps(data)) < 1000  # fits an annotation; history keeps only entries a window can use

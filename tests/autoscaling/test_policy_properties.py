@@ -169,18 +169,18 @@ def test_an_engine_queue_never_occupies_more_than_its_replica(
     cfg=CONFIGS,
     replicas=st.integers(1, 6),
     load=loads(),
-    bursts=st.lists(st.tuples(st.floats(0, 4000), st.integers(1, 16)), max_size=2),
+    bursts=st.lists(st.tuples(st.floats(0, 4000), st.integers(1, 16), st.booleans()), max_size=2),
 )
-def test_the_burst_hold_only_raises_and_only_for_recurring_bursts(
-    cfg: PolicyConfig, replicas: int, load: dict[str, float], bursts: list[tuple[float, int]]
+def test_the_burst_hold_only_raises_and_only_for_recurring_or_chat_bursts(
+    cfg: PolicyConfig, replicas: int, load: dict[str, float], bursts: list[tuple[float, int, bool]]
 ) -> None:
-    state = PolicyState(bursts=tuple(sorted(((NOW - age, n) for age, n in bursts), key=lambda b: b[0])))
+    state = PolicyState(bursts=tuple(sorted(((NOW - age, n, chat) for age, n, chat in bursts), key=lambda b: b[0])))
     snap = _snapshot(cfg, replicas, load)
     held = decide(cfg, state, snap, fleet(replicas))[0]
     plain = decide(replace(cfg, burst_hold=False), state, snap, fleet(replicas))[0]
     assert held.recommended_replicas >= plain.recommended_replicas
     assert held.desired_replicas >= plain.desired_replicas
-    if len(bursts) < 2:  # one burst is no pattern
+    if len(bursts) < 2 and not any(chat for *_, chat in bursts):  # one burst of long prompts is no pattern
         assert (held.recommended_replicas, held.desired_replicas) == (
             plain.recommended_replicas,
             plain.desired_replicas,

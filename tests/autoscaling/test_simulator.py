@@ -424,11 +424,13 @@ def test_a_smaller_resource_rejects_the_long_prompts() -> None:
 
 
 def test_bursty_recurring_bursts_are_held() -> None:
-    """`bursty` (seed 1): the cold-start-aware hold serves the bursts after the second; the first two are
-    shorter than a cold start and lost. Without the hold: 70.0% at 15.0 GPU-hours."""
+    """`bursty` (seed 1): the cold-start-aware hold keeps what the first chat burst needed, so it serves the
+    bursts after the first; the first is shorter than a cold start and lost. Without the hold: 70.5% at 14.9
+    GPU-hours (with the hold only for bursts that had recurred, 78.0% at 15.5: the second burst came ten seconds
+    after the first one's replica had gone)."""
     setup = sim.prepare("bursty", seed=1)
     ours = sim.run_context_aware(setup)
     unheld = sim.run_context_aware(setup, burst_hold=False)
     hpa = bench_report.run_baseline(setup, "request-count", 16)
-    assert ours.slo_attainment >= unheld.slo_attainment + 0.05  # 78.1% vs 70.0%
+    assert ours.slo_attainment >= unheld.slo_attainment + 0.15  # 90.8% vs 70.5%
     assert ours.gpu_hours <= 0.5 * hpa.gpu_hours  # 15.5 vs request-count's 36.8 (99.9%)

@@ -43,10 +43,10 @@ the need has not wanted for a minute are released (the windows keep ready replic
 estimate's order).
 Missing, stale or unreachable metrics hold; partial metrics can scale up but never down. A
 cold-start-aware hold (`burst_hold`) keeps the capacity of bursts that recur within max(scale-down
-window, 3 x time-to-ready) of each other, from a rate window after each one's start: shorter than a
-cold start, such bursts are served only by replicas already there. A scale-down prices each
-measured replica by its resident KV (`removal_costs`), so the operator can have the replicas holding
-the least work removed first.
+window, 3 x time-to-ready) of each other, from a rate window after each one's start, and of a burst of
+chat from the first: shorter than a cold start, such bursts are served only by replicas already there.
+A scale-down prices each measured replica by its resident KV (`removal_costs`), so the operator can
+have the replicas holding the least work removed first.
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ GATEWAY_WARMING_UP: Final = "not yet used"  # status while a gateway's series co
 WINDOW_RELEASED: Final = "long prompts stopped arriving: the scale-down window forgets the burst"
 
 
+# A recorded burst: (start, replicas the need recommended for it, whether its prompts stayed chat-sized).
+BurstRecord = tuple[float, int, bool]
+
+
 class Shift(StrEnum):
     """How the arriving prompt mix changed this tick (see `_prompt_estimate`)."""
 
@@ -160,8 +164,9 @@ class PolicyConfig:
     gateway_holds_requests: bool = False
     # Cold-start-aware hold: once demand has come back at once (a burst) within the hold window of an
     # earlier one, keep the capacity the smaller of the two bursts needed until a hold window passes
-    # without another. Window = max(scale-down window, burst_hold_cold_starts x time-to-ready): a
-    # replica removed and needed again within it costs a whole cold start of misses.
+    # without another; a burst of chat (more requests, not longer ones) is held from the first. Window =
+    # max(scale-down window, burst_hold_cold_starts x time-to-ready): a replica removed and needed again
+    # within it costs a whole cold start of misses.
     burst_hold: bool = True
     burst_hold_cold_starts: float = 3.0
     # An engine-reported KV capacity further than this share from the plan's is reported (status and an
@@ -267,7 +272,7 @@ class PolicyState:
     in_flight: tuple[tuple[float, float], ...] = ()  # (time, running + waiting) over the last rate window
     request_rate: float | None = None  # arriving requests/s, smoothed
     prompt_tokens: float | None = None  # mean prompt length of arriving requests, smoothed
-    bursts: tuple[tuple[float, int], ...] = ()  # (start, replicas it needed) of the last two bursts
+    bursts: tuple[BurstRecord, ...] = ()  # the last two bursts (see `_record_burst`)
     prefill_rate: float | None = None  # learned prompt tokens/s one replica prefills (saturated)
     prefill_samples: int = 0  # saturated observations behind it
     burst_ended: float | None = None  # when long prompts last stopped arriving (None once a burst came since)
@@ -283,7 +288,7 @@ class PolicyState:
             "inFlight": [[t, n] for t, n in self.in_flight],
             "requestRate": self.request_rate,
             "promptTokens": self.prompt_tokens,
-            "bursts": [[t, n] for t, n in self.bursts],
+            "bursts": [[t, n, chat] for t, n, chat in self.bursts],
             "prefillRate": self.prefill_rate,
             "prefillSamples": self.prefill_samples,
             "burstEnded": self.burst_ended,
@@ -299,7 +304,7 @@ class PolicyState:
             return cls()
         try:
             history = tuple((float(t), int(n)) for t, n in data.get("history") or ())
-            bursts = tuple((float(t), int(n)) for t, n in data.get("bursts") or ())
+            bursts = tuple(_burst_record(b) for b in data.get("bursts") or ())
             return cls(
                 history=history,
                 panic_until=_opt_float(data.get("panicUntil")),
@@ -317,6 +322,12 @@ class PolicyState:
             )
         except (TypeError, ValueError):
             return cls()
+
+
+def _burst_record(data: Sequence[Any]) -> BurstRecord:
+    """[start, replicas, chat]; a record from before the chat flag ([start, replicas]) is no chat burst."""
+    start, replicas, *chat = data
+    return float(start), int(replicas), bool(chat and chat[0] is True)
 
 
 def _opt_float(value: Any) -> float | None:
@@ -1294,7 +1305,7 @@ class _Floors:
 
     recommendation: int
     forecast: Forecast | None
-    bursts: tuple[tuple[float, int], ...]
+    bursts: tuple[BurstRecord, ...]
     burst_floor: int
     bounds: Bounds
 
@@ -1328,12 +1339,13 @@ def _floors(
     hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
     # A burst's need is recorded from a rate window after its start (within the horizon, which can be short).
     lasting = min(snapshot.window_seconds, horizon / 2)
-    bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, hold_window, lasting)
-    floor = _burst_floor(bursts, now, hold_window) if config.burst_hold else 0
+    chat = terms.prompt_tokens < config.long_prompt_tokens
+    bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, hold_window, lasting, chat)
+    floor, why = _burst_floor(bursts, now, hold_window) if config.burst_hold else (0, "")
     terms.values["burstHoldReplicas"] = float(floor)
     if floor > recommendation:
         recommendation = clamp(floor)
-        notes.append(f"holding {recommendation} replicas: bursts recurred within {hold_window:.0f}s (cold-start hold)")
+        notes.append(f"holding {recommendation} replicas: {why} (cold-start hold)")
     return _Floors(recommendation, forecast, bursts, floor, bounds)
 
 
@@ -1451,37 +1463,45 @@ def _unneeded_starting(
 
 
 def _record_burst(
-    bursts: tuple[tuple[float, int], ...],
+    bursts: tuple[BurstRecord, ...],
     now: float,
     burst: bool,
     needed: int,
     horizon: float,
     window: float,
     lasting: float,
-) -> tuple[tuple[float, int], ...]:
+    chat: bool,
+) -> tuple[BurstRecord, ...]:
     """The last two bursts as (start, replicas the need recommended from `lasting` after it until one horizon
-    after it); a burst detected within the horizon of the previous one is the same burst. What a burst needs
-    in its first `lasting` seconds is not recorded: a lone long prompt looks like a burst's start for a tick
-    or two, is served within a rate window and leaves nothing to hold, while a burst still needs its
-    replicas then. Dropped once two windows old (too old to pair with a new one)."""
-    kept = [(t, n) for t, n in bursts if now - t <= 2 * window]
+    after it, whether the prompt estimate said chat throughout that horizon); a burst detected within the horizon
+    of the previous one is the same burst. What a burst needs in its first `lasting` seconds is not recorded: a
+    lone long prompt looks like a burst's start for a tick or two, is served within a rate window and leaves
+    nothing to hold, while a burst still needs its replicas then. Dropped once two windows old (too old to pair
+    with a new one)."""
+    kept = [b for b in bursts if now - b[0] <= 2 * window]
     if kept and now - kept[-1][0] <= horizon:
-        start, most = kept[-1]
-        if now - start >= lasting:
-            kept[-1] = (start, max(most, needed))
+        start, most, was_chat = kept[-1]
+        kept[-1] = (start, max(most, needed) if now - start >= lasting else most, was_chat and chat)
     elif burst:
-        kept.append((now, 0))
+        kept.append((now, 0, chat))
     return tuple(kept[-2:])
 
 
-def _burst_floor(bursts: tuple[tuple[float, int], ...], now: float, window: float) -> int:
-    """Replicas to hold: what both of the last two bursts needed, when they came within `window` of
-    each other and the last is within `window` of now (demand that recurs faster than it pays to
-    release and cold-start again)."""
-    if len(bursts) < 2:
-        return 0
-    (t0, n0), (t1, n1) = bursts
-    return min(n0, n1) if t1 - t0 <= window and now - t1 <= window else 0
+def _burst_floor(bursts: tuple[BurstRecord, ...], now: float, window: float) -> tuple[int, str]:
+    """(replicas to hold, why) while the last burst is within `window` of now. Of two bursts within `window`
+    of each other, what both needed: demand that recurs faster than it pays to release and cold-start again.
+    Of a chat burst (a jump in requests, not in their length), what it needed even the first time: such bursts
+    last minutes, shorter than a cold start, so the replicas one orders are ready when it has passed, and only
+    replicas kept from it serve the next (`bursty`: the second burst of a seed came ten seconds after the
+    window had released the first one's replica). A long-context burst lasts long enough to be served by the
+    replicas it orders; once its long prompts stop, they leave."""
+    if not bursts or now - bursts[-1][0] > window:
+        return 0, ""
+    _, n1, chat = bursts[-1]
+    recurring = min(bursts[0][1], n1) if len(bursts) == 2 and bursts[1][0] - bursts[0][0] <= window else 0
+    if chat and n1 > recurring:
+        return n1, f"a burst of chat came {now - bursts[-1][0]:.0f}s ago and may recur within {window:.0f}s"
+    return recurring, f"bursts recurred within {window:.0f}s" if recurring else ""
 
 
 # Read by the ReplicaSet controller when it picks the pods a scale-down deletes: the lowest cost goes first

@@ -302,7 +302,8 @@ def config_summary(config: PolicyConfig) -> dict[str, Any]:
     return {
         "gatewayHoldsRequests": config.gateway_holds_requests,
         "burstHold": (
-            f"recurring bursts held for max(scale-down window, {config.burst_hold_cold_starts:g} x time-to-ready)"
+            f"recurring bursts, and bursts of chat from the first, held for max(scale-down window, "
+            f"{config.burst_hold_cold_starts:g} x time-to-ready)"
             if config.burst_hold
             else "off"
         ),
