@@ -194,6 +194,56 @@ def test_an_invalid_update_keeps_the_fleet_and_a_fix_lands_in_seconds(
         delete(fleet, name, NAMESPACE)
 
 
+def test_autoscaling_turned_off_and_on_again_starts_from_spec_not_from_its_old_decision(
+    fleet: Cluster, operator: OperatorProcess
+) -> None:
+    """The autoscaler decided 1 replica; with autoscaling off the user runs 2; turned on again, the fleet keeps its
+    2 until the autoscaler decides anew. Its old decision (and state) went with `enabled: false`; applied again
+    it would remove a serving replica at once, and one taking minutes to come back."""
+    name = "autoscaling-toggle"
+    scaling = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "intervalSeconds": 5,
+        "prometheus": {"url": "http://127.0.0.1:9"},  # nothing listens: each tick holds the current count
+    }
+
+    def document(replicas: int, enabled: bool) -> dict[str, Any]:
+        body = _vllm(name)
+        body["spec"]["replicas"] = replicas
+        body["spec"]["autoscaling"] = {**scaling, "enabled": enabled}
+        return body
+
+    def autoscaling() -> dict[str, Any] | None:
+        found: dict[str, Any] | None = ((fleet.get("m3d", name, NAMESPACE) or {}).get("status") or {}).get(
+            "autoscaling"
+        )
+        return found
+
+    def deployment_replicas() -> int:
+        return int((fleet.get("deployment", name, NAMESPACE) or {})["spec"]["replicas"])
+
+    fleet.apply(document(1, enabled=True))
+    try:
+        wait_ready(fleet, name, NAMESPACE)
+        eventually("the autoscaler's decision recorded", lambda: (autoscaling() or {}).get("desiredReplicas") == 1, 60)
+        fleet.apply(document(2, enabled=False))
+        eventually("status.autoscaling removed with autoscaling off", lambda: autoscaling() is None, 30)
+        eventually("spec.replicas applied", lambda: deployment_replicas() == 2, 30)
+        wait_ready(fleet, name, NAMESPACE)
+        fleet.apply(document(2, enabled=True))
+        eventually("the autoscaler decides again", lambda: autoscaling() is not None, 60)
+        seen = set()
+        for _ in range(20):  # four intervals
+            seen.add(deployment_replicas())
+            time.sleep(1)
+        assert seen == {2}, f"the Deployment's replicas went through {sorted(seen)}"
+        assert autoscaling()["desiredReplicas"] == 2  # type: ignore[index]
+    finally:
+        delete(fleet, name, NAMESPACE)
+
+
 def test_the_apiserver_dies_mid_reconcile_and_the_operator_converges(fleet: Cluster) -> None:
     name = "apiserver-restart"
     with fleet.operator("--all-namespaces", "--standalone", name="operator-restart", allow_forbidden=True) as op:
@@ -216,7 +266,13 @@ def _forbidden(event: dict[str, Any]) -> bool:
 
 
 def test_two_peering_operators_the_paused_one_writes_nothing(fleet: Cluster) -> None:
+    """Also: the active one takes a model cache applied before any MiniMaxM3Deployment exists (the peering gate
+    once started only with the first deployment event, and the cache queue stood still until then)."""
     fleet.upgrade_chart(peering__enabled=True)
+    eventually("no MiniMaxM3Deployment anywhere", lambda: not fleet.list("minimaxm3deployments", None), 60)
+    early = _team_cache(NAMESPACE)
+    early["metadata"]["name"] = "staged-first"
+    early["spec"]["nodes"]["nodeSelector"] = {"m3fleet.test/no-such-pool": "a"}  # nothing to stage: status only
     name = "peered"
     document = _vllm(name)
     document["spec"]["autoscaling"] = {
@@ -234,6 +290,14 @@ def test_two_peering_operators_the_paused_one_writes_nothing(fleet: Cluster) -> 
         ):
             eventually("the low-priority operator pauses", lambda: "Pausing" in low.log(), 60)
             start = low.mark()
+            fleet.apply(early)
+            eventually(
+                "the model cache reconciled with no deployment in the cluster",
+                lambda: ((fleet.get("m3cache", "staged-first", NAMESPACE) or {}).get("status") or {}).get(
+                    "observedGeneration"
+                ),
+                60,
+            )
             fleet.apply(document)
             wait_ready(fleet, name, NAMESPACE)
             fleet.kubectl("scale", f"m3d/{name}", "-n", NAMESPACE, "--replicas=2")
@@ -241,8 +305,13 @@ def test_two_peering_operators_the_paused_one_writes_nothing(fleet: Cluster) -> 
             writes = [w for w in low.writes(low.requests_since(start)) if "kopfpeerings" not in w]
             assert writes == [], f"the paused operator wrote: {writes}"
             assert high.writes(high.requests_since(start)), "the active operator did nothing"
+            fleet.kubectl("delete", "m3cache", "staged-first", "-n", NAMESPACE, "--wait=false")
+            eventually("the model cache removed", lambda: fleet.get("m3cache", "staged-first", NAMESPACE) is None, 60)
     finally:
         delete(fleet, name, NAMESPACE)
+        fleet.kubectl(
+            "delete", "m3cache", "staged-first", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False
+        )
         fleet.upgrade_chart(peering__enabled=False)
 
 

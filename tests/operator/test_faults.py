@@ -28,6 +28,7 @@ from tests.operator.harness import (
     SECRETS,
     SERVICES,
     TRTLLM,
+    TWO_NODES,
     VLLM,
     Cluster,
     baselines,
@@ -101,6 +102,24 @@ async def test_watch_410_converges(cluster: Cluster, tmp_path: Path) -> None:
         never_recreated(cluster, name)
 
 
+async def test_a_child_edited_while_its_watch_is_down_is_restored_from_the_re_list(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Every watch of Deployments fails (410 Gone), so kopf lists them over and over: the hand edit reaches the
+    operator only as a listed object in a version it has not seen. That is news; the versions it has seen are not
+    (the quiet tier checks a restart with nothing changed reconciles nothing)."""
+    async with running_operator(cluster.kmock, tmp_path):
+        name = await cluster.create(sample(VLLM))
+        await eventually(lambda: cluster.converged(name))
+        await cluster.report_workload(DEPLOYMENTS, name)
+        await cluster.settled()
+        cluster.kmock.inject_error("WATCH", DEPLOYMENTS, 410, times=None)
+        cluster.kmock.expire_watches(DEPLOYMENTS)
+        await cluster.edit(DEPLOYMENTS, name, {"spec": {"replicas": 3}})
+        await eventually(lambda: cluster.get(DEPLOYMENTS, name)["spec"]["replicas"] == 1, timeout=15)
+        cluster.kmock.clear_errors()
+
+
 async def test_retry_after_is_honoured(cluster: Cluster, tmp_path: Path) -> None:
     """A throttled first apply: nothing else can trigger a reconcile, so the retry comes after Retry-After
     (2 s here), not after the first backoff step (1 s)."""
@@ -162,3 +181,41 @@ async def test_operator_stopped_between_child_apply_and_status_write(cluster: Cl
     for log in (first.log(), second.log()):
         assert not [s for s in [applied[secret]["data"]["id_ed25519"], *private_key.splitlines()[1:-1]] if s in log]
     assert not second.tracebacks()
+
+
+@pytest.mark.apis(lws=False)
+async def test_a_fleet_blocked_on_a_missing_api_is_applied_once_the_api_is_installed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Installing LeaderWorkerSet sends the operator no event about the resource it blocked: it must look again by
+    itself (once the discovery it caches, 30 s, is asked again), not wait for an edit or a restart."""
+    document = sample(VLLM)
+    document["spec"].update(TWO_NODES)
+    async with running_operator(cluster.kmock, tmp_path):
+        name = await cluster.create(document)
+        await eventually(lambda: cluster.condition(name, "Degraded").get("reason") == "LeaderWorkerSetNotInstalled")
+        cluster.kmock.declare(LWS, "LeaderWorkerSet", subresources=("status", "scale"))
+        await eventually(lambda: cluster.get(LWS, name) is not None, timeout=75)
+        await cluster.report_workload(LWS, name)
+        await eventually(lambda: cluster.condition(name, "Degraded").get("reason") == "AsExpected")
+
+
+async def test_a_rejected_workload_keeps_the_secret_the_running_one_mounts(cluster: Cluster, tmp_path: Path) -> None:
+    """A multi-node TensorRT-LLM fleet mounts its generated SSH Secret. A change to one node (no Secret needed)
+    whose Deployment the API server rejects leaves the LeaderWorkerSet running: its Secret must stay. It goes once
+    the Deployment is applied."""
+    async with running_operator(cluster.kmock, tmp_path):
+        name = await cluster.create(sample(TRTLLM))
+        await eventually(lambda: cluster.converged(name))
+        [secret] = cluster.status(name)["generatedSecrets"]
+        rejection = cluster.kmock.inject_error("PATCH", DEPLOYMENTS, 422, namespace=NS, times=None, dry_run=False)
+        await cluster.patch_spec(
+            name, {"accelerator": "h200", "parallelism": {"strategy": "tp-ep", "tensorParallelSize": 8}}
+        )
+        await eventually(lambda: cluster.condition(name, "Degraded").get("reason") == "ApplyFailed")
+        await eventually(lambda: rejection.hits >= 2)  # and retried
+        assert cluster.get(SECRETS, secret) is not None, "the running LeaderWorkerSet's Secret was deleted"
+        assert cluster.get(LWS, name) is not None
+        cluster.kmock.clear_errors()
+        await eventually(lambda: cluster.get(DEPLOYMENTS, name) is not None)
+        await eventually(lambda: cluster.get(SECRETS, secret) is None and cluster.get(LWS, name) is None)

@@ -98,6 +98,22 @@ def test_desired_replicas_spec_unless_the_autoscaler_acts() -> None:
     assert replicas_to_apply(advisory.spec, {"autoscaling": {"desiredReplicas": 4}}) == 3
 
 
+def test_turning_autoscaling_off_removes_its_record_so_turning_it_on_starts_from_spec() -> None:
+    done = Workload(desired=4, replicas=4, ready=4, updated=4, observed_current=True)
+    record = {"desiredReplicas": 1, "state": {"history": [[0, 1]]}}
+    body = {"metadata": {"generation": 2}, "status": {"autoscaling": record}}
+    off = status_update(body, T0, done, None, None, "sel", [], None, autoscaling=False)
+    assert off is not None and "autoscaling" in off and off["autoscaling"] is None  # a merge patch deletes it
+    for kept in (True, None):  # on, or blocked (the spec was not read): the record stays
+        update = status_update(body, T0, done, None, None, "sel", [], None, autoscaling=kept)
+        assert update is None or "autoscaling" not in update
+    cleared = {"metadata": {"generation": 2}, "status": {**off, "autoscaling": None}}
+    assert status_update(cleared, T0, done, None, None, "sel", [], None, autoscaling=False) is None  # quiet after
+    scaling = {"enabled": True, "minReplicas": 1, "maxReplicas": 5}
+    on_again = parse_resource(doc(replicas=4, autoscaling=scaling))
+    assert replicas_to_apply(on_again.spec, cleared["status"]) == 4  # spec.replicas until the first tick decides
+
+
 def test_drift_is_judged_on_what_matters() -> None:
     live: dict[str, Any] = {
         "apiVersion": "v1",

@@ -178,9 +178,11 @@ class Autoscaler:
         return cached[1]
 
     def forget(self, namespace: str, name: str) -> None:
+        """The resource went away, or no longer autoscales."""
         self._states.pop((namespace, name), None)
         self._sources.pop((namespace, name), None)
         self._demand.pop((namespace, name), None)
+        metrics.forget(metrics.AUTOSCALER_SERIES, namespace, name)
 
     async def _mark_removal_order(
         self, body: Mapping[str, Any], pods: list[dict[str, Any]], costs: Mapping[str, int]
@@ -223,8 +225,8 @@ class Autoscaler:
             return Tick()
         workload_kind = kube.LEADER_WORKER_SET if plan.nodes_per_replica > 1 else kube.DEPLOYMENT
         workload = await self.api.get(workload_kind, namespace, name)
-        if workload is None:
-            return Tick()  # not applied yet (or blocked): the reconcile owns that
+        if workload is None:  # not applied yet (or blocked): the reconcile owns that; or deleted unseen, then
+            return Tick(gone=not await kube.still_exists(self.api, body))  # never tick it again
         pods = await self.api.list(kube.POD, namespace, labels.owned_selector(name))
         key = (namespace, name)
         source = await self._source(body, str(plan.engine), scaling)

@@ -9,6 +9,7 @@ The validating admission webhook (`m3fleet run --webhook-port`) is wired in `web
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -53,15 +54,22 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, caches: CacheMan
         if caches is not None:
             await caches.stop()
 
+    def start() -> None:
+        """Both queues, and the peering gate that resumes them, start with the first event of either kind: the
+        tasks must inherit kopf's context, and a model cache is staged before any deployment exists."""
+        manager.start()
+        if caches is not None:
+            caches.start()
+
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def resource_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        manager.start()
+        start()
         manager.resource_event(type, body)
         if caches is not None:
             caches.deployment_event(type, body)
 
     if caches is not None:
-        register_caches(registry, caches)
+        register_caches(registry, caches, start)
 
     async def child_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         manager.child_event(type, body)
@@ -78,13 +86,13 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, caches: CacheMan
         manager.pod_event(type, body)
 
 
-def register_caches(registry: kopf.OperatorRegistry, caches: CacheManager) -> None:
+def register_caches(registry: kopf.OperatorRegistry, caches: CacheManager, start: Callable[[], None]) -> None:
     """MiniMaxM3ModelCaches, their Jobs and DaemonSets (labelled), and every node (a node joining the pool is
     staged at once; the manager ignores status heartbeats)."""
 
     @kopf.on.event(GROUP, VERSION, CACHE_PLURAL, registry=registry)
     async def cache_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        caches.start()
+        start()
         caches.cache_event(type, body)
 
     async def cache_child_event(type: str | None, body: kopf.Body, **_: Any) -> None:

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -414,3 +414,11 @@ class KubeApi:
                 with contextlib.suppress(Exception):
                     opened["response"].response.shutdown()
                     opened["response"].response.release_conn()
+
+
+async def still_exists(api: KubeApi, body: Mapping[str, Any]) -> bool:
+    """Whether the resource `body` is a version of still exists (same uid). A deletion while the watch was down
+    is never delivered (a re-list does not report what is gone): asked before acting on something gone."""
+    meta = body["metadata"]
+    found = await api.get(M3D, meta["namespace"], meta["name"])
+    return found is not None and found["metadata"].get("uid") == meta["uid"]

@@ -99,6 +99,7 @@ class Manager:
         self.queue: WorkQueue[Key] = WorkQueue(self._process, workers)
         self.gate: PeeringGate | None = None
         self._bodies: dict[Key, dict[str, Any]] = {}
+        self._seen: dict[str, str] = {}  # uid of a child or engine pod: the resourceVersion last delivered
         self._work: dict[Key, Work] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -126,19 +127,30 @@ class Manager:
         else:
             self._observe(body)
 
+    def _news(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Whether a child or pod event says something not seen yet. kopf lists (type None) when it starts and again
+        after a watch was lost (410 Gone, a peering pause): a listed object is news only in a version not seen
+        before, since the listing is then the only word of what changed meanwhile."""
+        meta = body.get("metadata") or {}
+        key, version = str(meta.get("uid")), str(meta.get("resourceVersion") or "")
+        if event_type == "DELETED":
+            self._seen.pop(key, None)
+            return True
+        seen, self._seen[key] = self._seen.get(key), version
+        return event_type is not None or seen != version
+
     def child_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """A child was added, changed or deleted: its owner is due. The initial listing (type None) is not
-        news: every resource reconciles when first seen anyway."""
+        """A child was added, changed or deleted (or listed in a version not seen before): its owner is due."""
         owner = controller_owner(body)
-        if event_type is None or owner is None:
+        if owner is None or not self._news(event_type, body):
             return
         key = (body["metadata"]["namespace"], owner)
         if key in self._bodies:
             self._reconcile_soon(key)
 
     def pod_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """An engine pod changed (scheduled, became ready, went away): its resource is due; and a ready pod
-        not yet counted makes a time-to-ready measurement due (also one kopf lists at start, type None)."""
+        """An engine pod changed (scheduled, became ready, went away) or was listed in a version not seen before
+        (`_news`): its resource is due; and a ready pod not yet counted makes a time-to-ready measurement due."""
         name = ((body.get("metadata") or {}).get("labels") or {}).get(NAME)
         if not name:
             return
@@ -150,7 +162,7 @@ class Manager:
             else:
                 self._work.setdefault(key, Work()).measure_at = self._now()
                 self.queue.add(key)
-        if event_type is not None and cached is not None:
+        if self._news(event_type, body) and cached is not None:
             self._reconcile_soon(key)
 
     def cache_changed(self, namespace: str, cache: str) -> None:
@@ -183,6 +195,7 @@ class Manager:
         self.queue.forget(key)
         self.reconciler.forget(*key)
         self.autoscaler.forget(*key)
+        metrics.forget(metrics.RESOURCE_SERIES, *key)
 
     def _reconcile_soon(self, key: Key) -> None:
         self._work.setdefault(key, Work()).reconcile_at = self._now()

@@ -73,5 +73,16 @@ RETRIES = Counter(
 )
 
 
+# The series labelled with one resource: removed with it, so a deleted fleet stops exporting its last values
+# (dashboards and alerts would read them as current) and the registry does not grow with every fleet ever seen.
+RESOURCE_SERIES = (DESIRED_REPLICAS, READY_REPLICAS, TIME_TO_READY, STARTUP_PHASE)
+AUTOSCALER_SERIES = (AUTOSCALER_DECISIONS, AUTOSCALER_DESIRED)
+
+
+def forget(series: tuple[Counter | Gauge | Histogram, ...], namespace: str, name: str) -> None:
+    for metric in series:
+        metric.remove_by_labels({"namespace": namespace, "name": name})
+
+
 def serve(port: int) -> None:
     start_http_server(port, addr="0.0.0.0", registry=REGISTRY)

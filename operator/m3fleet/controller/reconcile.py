@@ -163,14 +163,18 @@ class Reconciler:
             )
         served = await self._served_kinds()
         unserved = missing_api(objects, served, plan.nodes_per_replica)
-        if unserved is not None:
+        if unserved is not None:  # installing the API sends us no event: look again once discovery is asked again
+            outcome.retry_after = SERVED_TTL_SECONDS
             return await self._blocked(body, outcome, unserved, plan)
 
         owner = {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": {"name": name, "uid": uid}}
         live = await self._live_children(namespace, name, served)
         agreed = self._agreed.setdefault((namespace, name), {})
-        if any(key in agreed and key not in live for key in map(key_of, objects)) and not await self._exists(body):
-            outcome.gone = True  # its children went with it (garbage collection): never bring them back
+        # A child we applied is gone: perhaps with its owner (garbage collection), deleted while the watch was down.
+        # Re-creating the children of a deleted owner would fight the garbage collector: never bring them back.
+        gone = any(key in agreed and key not in live for key in map(key_of, objects))
+        if gone and not await kube.still_exists(self.api, body):
+            outcome.gone = True
             return outcome
         present: set[str] = set()  # generated Secrets that exist (and are ours)
         conflicts = await self._foreign(
@@ -180,8 +184,11 @@ class Reconciler:
             outcome.retry_after = CONFLICT_RETRY_SECONDS
             return await self._blocked(body, outcome, Blocked(CONFLICT_REASON, conflict_message(conflicts)), plan)
         try:
-            secrets = await self._generated_secrets(resource, plan, owner, status, outcome, present)
+            secrets = await self._generated_secrets(resource, plan, owner, outcome, present)
             await self._apply_and_prune([owned(obj, owner) for obj in objects], live, agreed, outcome, (namespace, uid))
+            # Only once the workload that no longer mounts them is applied: if the API server refuses it, the old
+            # workload keeps running and still needs its Secret.
+            await self._prune_secrets(namespace, uid, secrets, status, outcome)
         except ApiError as exc:
             if exc.status in REJECTED:  # the cluster refuses our intent: say so, then retry like any failure
                 blocked = Blocked("ApplyFailed", f"the API server rejected a child: {exc}")
@@ -195,7 +202,9 @@ class Reconciler:
             self._say_replaced(body, outcome, plan)
         report = await self._workload_report(objects, live, namespace, name)
         cache_record = model_cache_record(resource.spec.model.cache_ref, mount)
-        await self._write_status(body, outcome, report, None, plan, secrets, cache_record)
+        await self._write_status(
+            body, outcome, report, None, plan, secrets, cache_record, resource.spec.autoscaling.enabled
+        )
         return outcome
 
     async def _apply_and_prune(
@@ -304,26 +313,16 @@ class Reconciler:
             return None
         return await self.api.get(kube.CACHE, resource.metadata.namespace, ref.name)
 
-    async def _exists(self, body: Mapping[str, Any]) -> bool:
-        """Whether the resource itself still exists. Asked only before re-creating a child that is gone: the
-        resource may have been deleted while the watch was down (a re-list does not report deletions), and
-        re-creating the children of a deleted owner would fight the garbage collector."""
-        meta = body["metadata"]
-        found = await self.api.get(kube.M3D, meta["namespace"], meta["name"])
-        return found is not None and found["metadata"].get("uid") == meta["uid"]
-
     async def _generated_secrets(
         self,
         resource: MiniMaxM3Deployment,
         plan: Plan,
         owner: Mapping[str, Any],
-        status: Mapping[str, Any],
         outcome: Outcome,
         present: set[str],
     ) -> list[str]:
-        """Create the Secrets the plan needs (once; `present`: those that exist already, checked to be ours),
-        delete the ones it no longer needs and we control; by name, never listed. Returns the names now
-        generated, for status.generatedSecrets."""
+        """Create the Secrets the plan needs (once; `present`: those that exist already, checked to be ours).
+        Returns the names now generated, for status.generatedSecrets."""
         namespace, name, uid = resource.metadata.namespace, resource.metadata.name, owner["metadata"]["uid"]
         needed = required_secrets(resource, plan)
         for secret_name in needed:
@@ -331,6 +330,13 @@ class Reconciler:
                 secret = ssh_key_secret(namespace, secret_name, labels.object_labels_for(name))
                 await self._create_if_absent(owned(secret, owner), uid)
                 outcome.created_secrets.append(secret_name)
+        return sorted(needed)
+
+    async def _prune_secrets(
+        self, namespace: str, uid: str, needed: list[str], status: Mapping[str, Any], outcome: Outcome
+    ) -> None:
+        """Delete the generated Secrets the plan no longer needs and we control; by name (from
+        status.generatedSecrets), never listed."""
         for secret_name in status.get("generatedSecrets") or []:
             if secret_name in needed:
                 continue
@@ -338,7 +344,6 @@ class Reconciler:
             if existing is not None and controlled_by(existing, uid):
                 await self.api.delete(kube.SECRET, namespace, secret_name, existing["metadata"]["uid"])
                 outcome.pruned.append(f"Secret/{secret_name}")
-        return sorted(needed)
 
     async def _served_kinds(self) -> set[str]:
         """The child kinds this cluster serves. Discovery is asked at most every SERVED_TTL_SECONDS (not twice
@@ -402,11 +407,14 @@ class Reconciler:
         plan: Plan | None,
         secrets: list[str] | None = None,
         model_cache: dict[str, Any] | None = None,
+        autoscaling: bool | None = None,
     ) -> None:
         meta = body["metadata"]
         plan_status = plan.model_dump(by_alias=True, mode="json", exclude_none=True) if plan is not None else None
         selector = labels.serving_selector_string(meta["name"])
-        new = status_update(body, self.clock(), workload, blocked, plan_status, selector, secrets, model_cache)
+        new = status_update(
+            body, self.clock(), workload, blocked, plan_status, selector, secrets, model_cache, autoscaling
+        )
         if new is None:
             return
         outcome.status = await self.api.patch_status(meta["namespace"], meta["name"], new)

@@ -182,10 +182,13 @@ def status_update(
     selector: str,
     secrets: list[str] | None,
     model_cache: dict[str, Any] | None = None,
+    autoscaling: bool | None = None,
 ) -> dict[str, Any] | None:
     """The status a reconcile reports, or None when the resource's status says all of it already (no write).
     `plan` None keeps the last plan (an invalid spec has none); `secrets` None (blocked) keeps the record of
-    generated Secrets and of the model cache as they are; `model_cache` None otherwise removes the record."""
+    generated Secrets and of the model cache as they are; `model_cache` None otherwise removes the record.
+    `autoscaling` False (the spec turned it off) removes `status.autoscaling`: its last decision must not be
+    applied, nor its state resumed, when autoscaling is turned on again (None keeps it)."""
     current = dict(body.get("status") or {})
     generation = int(body["metadata"].get("generation") or 0)
     new = {
@@ -200,6 +203,8 @@ def status_update(
         new["generatedSecrets"] = secrets
     if secrets is not None and (model_cache is not None or current.get("modelCache") is not None):
         new["modelCache"] = model_cache  # which MiniMaxM3ModelCache the pods mount
+    if autoscaling is False and current.get("autoscaling") is not None:
+        new["autoscaling"] = None  # a merge patch removes it
     return None if all(current.get(k) == v for k, v in new.items()) else new
 
 
