@@ -458,6 +458,47 @@ def test_harmless_extra_args_and_user_env_pass_through() -> None:
     assert {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"} in container["env"]
 
 
+def _templates(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    workload = next(o for o in objects if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+    spec = workload["spec"]
+    if "template" in spec:
+        return [spec["template"]]
+    return [spec["leaderWorkerTemplate"]["leaderTemplate"], spec["leaderWorkerTemplate"]["workerTemplate"]]
+
+
+def _config_data(objects: list[dict[str, Any]]) -> dict[str, str]:
+    data: dict[str, str] = next(o for o in objects if o["kind"] == "ConfigMap")["data"]
+    return data
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "parallelism", "change"),
+    [
+        # single-node: the context only reaches the LLM-API options file
+        ("h200", {"strategy": "tp-ep", "tensorParallelSize": 8}, {"context": {"maxModelLen": 65536}}),
+        # multi-node: the whole serve command, extraArgs included, lives in the launcher scripts
+        ("gb200", None, {"engine": {"extraArgs": ["--log_level", "debug"]}}),
+    ],
+)
+def test_a_change_only_the_engine_config_carries_rolls_every_pod_template(
+    accelerator: str, parallelism: dict[str, Any] | None, change: dict[str, Any]
+) -> None:
+    doc = load_sample(SAMPLES_DIR / "trtllm-gb200-2x4-tep.yaml")
+    doc["spec"]["accelerator"] = accelerator
+    if parallelism is not None:
+        doc["spec"]["parallelism"] = parallelism
+    before = rendered(doc)
+    for key, value in change.items():
+        doc["spec"][key] = {**doc["spec"].get(key, {}), **value}
+    after = rendered(doc)
+    assert _config_data(before) != _config_data(after)
+    old, new = _templates(before), _templates(after)
+    for one, other in zip(old, new, strict=True):
+        # the ConfigMap is all that changed: without its digest in the template no pod would restart
+        assert one["spec"] == other["spec"]
+        assert one["metadata"]["annotations"] != other["metadata"]["annotations"]
+
+
 def test_render_is_deterministic() -> None:
     doc = load_sample(SAMPLE_FILES[0])
     assert dump(rendered(doc), "yaml") == dump(rendered(doc), "yaml")

@@ -14,6 +14,8 @@ rest `<name>-<suffix>`. The CRD's root CEL rules on metadata.name
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any
 
 from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
@@ -54,6 +56,14 @@ def _config_map(ctx: Context, engine: EngineLaunch) -> dict[str, Any]:
     }
 
 
+def _config_digest(engine: EngineLaunch) -> str | None:
+    """What identifies the engine-config ConfigMap's data (None: the engine needs none)."""
+    if not engine.config_files:
+        return None
+    data = json.dumps(engine.config_files, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
 def _compute_domain(ctx: Context) -> dict[str, Any]:
     # One IMEX domain per resource; every group's pods claim its channel (DRA). numNodes 0: the driver
     # follows the pods (recommended with IMEXDaemonsWithDNSNames).
@@ -80,7 +90,7 @@ def _rolling(ctx: Context) -> dict[str, int]:
 
 def _deployment(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, Any]:
     container = engine.containers[Role.SINGLE]
-    template = pod_template(ctx, Role.SINGLE, container, bool(engine.config_files), None)
+    template = pod_template(ctx, Role.SINGLE, container, _config_digest(engine), None)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -97,7 +107,7 @@ def _deployment(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, 
 
 def _leader_worker_set(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, Any]:
     ssh = engine.ssh_secret
-    config = bool(engine.config_files)
+    config = _config_digest(engine)
     leader = pod_template(ctx, Role.LEADER, engine.containers[Role.LEADER], config, ssh)
     worker = pod_template(ctx, Role.WORKER, engine.containers[Role.WORKER], config, ssh)
     return {

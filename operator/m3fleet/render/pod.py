@@ -32,6 +32,7 @@ SHM_SIZE = f"{POD_SHM_GIB}Gi"  # the AMD verified run used 32g; vLLM/SGLang pass
 # the LWS pod webhook, workers from their StatefulSet template, both before the apiserver reads matchLabelKeys).
 LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 COMPUTE_DOMAIN_CLAIM = "compute-domain-channel"
+CONFIG_DIGEST_ANNOTATION = "m3fleet.dev/engine-config-digest"  # on the pod template: which ConfigMap data it runs
 NON_ROOT_UID = 1000  # engine pods that need no root run as this UID/GID (Pod Security restricted)
 
 
@@ -338,9 +339,10 @@ def _same_nvlink_domain(ctx: Context, domain_label: str) -> dict[str, Any]:
 
 
 def pod_template(
-    ctx: Context, role: Role, container: Container, config: bool, ssh_secret: str | None
+    ctx: Context, role: Role, container: Container, config: str | None, ssh_secret: str | None
 ) -> dict[str, Any]:
-    volumes, mounts = _volumes(ctx, config, ssh_secret)
+    """`config`: the digest of the engine-config ConfigMap's data when the pods mount it (None: no ConfigMap)."""
+    volumes, mounts = _volumes(ctx, config is not None, ssh_secret)
     spec_container: dict[str, Any] = {
         "name": "engine",
         "image": ctx.plan.image,
@@ -373,10 +375,19 @@ def pod_template(
         template = ctx.resource_name("compute-domain-channel")
         pod_spec["resourceClaims"] = [{"name": COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": template}]
     metadata: dict[str, Any] = {"labels": pod_labels(ctx, role, container.serves_http)}
+    annotations: dict[str, str] = {}
+    if config is not None:
+        # A changed ConfigMap alone changes no pod (the kubelet only swaps the mounted files under running engines,
+        # which read them at start): its digest in the template rolls the pods, as a changed flag would.
+        annotations[CONFIG_DIGEST_ANNOTATION] = config
     if container.serves_http:
-        metadata["annotations"] = {
-            "prometheus.io/scrape": "true",
-            "prometheus.io/port": str(ctx.engine.port),
-            "prometheus.io/path": ctx.engine.metrics_path,
-        }
+        annotations.update(
+            {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(ctx.engine.port),
+                "prometheus.io/path": ctx.engine.metrics_path,
+            }
+        )
+    if annotations:
+        metadata["annotations"] = annotations
     return {"metadata": metadata, "spec": pod_spec}
