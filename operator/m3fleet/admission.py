@@ -32,7 +32,7 @@ from m3fleet.api import parse_resource
 from m3fleet.api.models import Plan
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
-from m3fleet.render import render, replacement_notice, workload_kind
+from m3fleet.render import check, replacement_notice, workload_kind
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
         )
     try:
         planned = plan(resource.spec)
-        render(resource, planned)
+        check(resource, planned)  # a cacheRef's MiniMaxM3ModelCache may come later: status says if it is missing
     except (SpecError, SpecErrors) as exc:
         return Verdict(False, str(exc))
     notice = _replacement(old, planned) if operation == "UPDATE" else None

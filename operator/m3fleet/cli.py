@@ -20,7 +20,7 @@ from m3fleet.api.parse import parse_cache
 from m3fleet.documents import EXIT_INVALID, EXIT_OK, InputError, dump, guarded, label, read_inputs, report
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
-from m3fleet.render import cache_mount, render
+from m3fleet.render import cache_mount, check, render
 
 
 def is_cache(body: Any) -> bool:
@@ -102,8 +102,16 @@ def format_table(rows: list[tuple[str, Plan]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells) + "\n"
 
 
+def _plan(resource: MiniMaxM3Deployment, caches: dict[tuple[str, str], MiniMaxM3ModelCache]) -> tuple[str, Plan]:
+    """The plan, once everything `render` (and so the admission webhook) would refuse is ruled out."""
+    planned = plan(resource.spec)
+    ref = resource.spec.model.cache_ref
+    check(resource, planned, caches.get((resource.metadata.namespace, ref.name)) if ref is not None else None)
+    return resource.metadata.name, planned
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    results, problems = process(args.filename, lambda r, _: (r.metadata.name, plan(r.spec)))
+    results, problems = process(args.filename, _plan)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return EXIT_INVALID

@@ -54,6 +54,13 @@ def trtllm_language_model_only(name: str) -> dict[str, Any]:
     return document
 
 
+def owned_flag(name: str) -> dict[str, Any]:
+    """Admitted by the CRD; the renderer refuses it: a flag the plan owns, in extraArgs."""
+    document = valid(name)
+    document["spec"]["engine"]["extraArgs"] = ["--block-size", "16"]
+    return document
+
+
 def planner_message(path: Path, name: str) -> str:
     """What `m3fleet plan -f PATH` says about the one resource in PATH (without its `error: file#0 (Kind/name): `)."""
     result = subprocess.run(
@@ -81,7 +88,9 @@ def operator(fleet: Cluster, tmp_path: Path) -> Iterator[OperatorProcess]:
 
 
 @pytest.mark.parametrize(
-    "make", [kv_does_not_fit, gpus_beyond_the_pool, trtllm_language_model_only], ids=["kv-cache", "gpus", "trtllm-lmo"]
+    "make",
+    [kv_does_not_fit, gpus_beyond_the_pool, trtllm_language_model_only, owned_flag],
+    ids=["kv-cache", "gpus", "trtllm-lmo", "owned-flag"],
 )
 def test_a_spec_the_planner_refuses_is_refused_at_apply_with_its_message(
     fleet: Cluster, operator: OperatorProcess, tmp_path: Path, make: Any
@@ -94,6 +103,26 @@ def test_a_spec_the_planner_refuses_is_refused_at_apply_with_its_message(
         assert result.returncode != 0, result.stdout
         assert DENIED + message in result.stderr, result.stderr
     assert fleet.get("m3d", "refused", NAMESPACE) is None
+
+
+def test_a_spec_naming_a_model_cache_not_yet_applied_is_admitted(
+    fleet: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """GitOps may apply the MiniMaxM3ModelCache after the deployment: the webhook cannot look it up, and admits; the
+    operator says ModelCacheNotFound in status until it exists."""
+    name = "cache-later"
+    document = valid(name)
+    document["spec"]["model"]["cacheRef"] = {"name": "not-yet"}
+    result = fleet.kubectl("apply", "--server-side", "-f", str(write_manifest(tmp_path, document)), check=False)
+    try:
+        assert result.returncode == 0, result.stderr
+
+        def reason() -> str:
+            return str(condition(fleet.get("m3d", name, NAMESPACE), "Degraded").get("reason"))
+
+        eventually("Degraded ModelCacheNotFound", lambda: reason() == "ModelCacheNotFound", 30)
+    finally:
+        delete(fleet, name, NAMESPACE)
 
 
 def test_a_valid_spec_is_admitted_and_an_update_to_a_refused_one_leaves_it_running(

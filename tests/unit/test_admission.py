@@ -103,10 +103,21 @@ def test_the_message_is_what_m3fleet_plan_or_render_prints(
     document = changed(**changes)
     path = tmp_path / "refused.yaml"
     path.write_text(yaml.safe_dump(document))
-    assert main(["render", "-f", str(path)]) == 2
-    printed = capsys.readouterr().err
     name = document["metadata"]["name"]
-    assert printed == f"error: {path}#0 (MiniMaxM3Deployment/{name}): {review('CREATE', document).message}\n"
+    for command in ("plan", "render"):  # plan refuses what render refuses: one verdict, wherever it is asked
+        assert main([command, "-f", str(path)]) == 2
+        printed = capsys.readouterr().err
+        assert printed == f"error: {path}#0 (MiniMaxM3Deployment/{name}): {review('CREATE', document).message}\n"
+
+
+def test_a_cache_ref_is_admitted_before_its_model_cache_exists() -> None:
+    """The webhook cannot look the MiniMaxM3ModelCache up (it is pure), and GitOps may apply it second: the operator
+    says ModelCacheNotFound in status until it exists. What else the spec asks is still judged in full."""
+    cached = changed(model={**BASE["spec"]["model"], "cacheRef": {"name": "m3", "nodeAffinity": "Required"}})
+    assert review("CREATE", cached).allowed
+    owned = changed(cached, engine={"name": "vllm", "extraArgs": ["--block-size", "16"]})
+    verdict = review("CREATE", owned)
+    assert not verdict.allowed and verdict.message.startswith("spec.engine.extraArgs[0]: ")
 
 
 def test_an_update_that_keeps_a_refused_spec_is_admitted() -> None:

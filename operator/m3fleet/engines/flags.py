@@ -31,6 +31,14 @@ PLANNER = "leave it to the planner: it follows spec.parallelism, spec.context an
 CATALOG = "nothing: the catalog fixes it for MiniMax-M3 (probes, the Service and the parsers rely on it)"
 CONFIG_FILE = "pass the flags themselves: a config file can set any flag, the owned ones included"
 API_KEY = "set spec.engine.apiKeySecretRef instead (the key never appears in the pod spec)"
+
+
+def _instead(instead: str) -> str:
+    """ "nothing: <why>" reads as a sentence in a fix."""
+    why = instead.removeprefix("nothing: ")
+    return f"there is nothing to set instead: {why}" if why != instead else instead
+
+
 EXTRA_ARGS_FIELD = "spec.engine.extraArgs"
 
 
@@ -126,5 +134,5 @@ def check_extra_args(extra_args: Iterable[str], table: OptionTable, owned: Itera
             f"{EXTRA_ARGS_FIELD}[{index}]",
             f"{token!r} sets {flag.flag}, which m3fleet derives from the plan for {table.engine} "
             f"({table.engine} {table.version} reads it as {spellings} or any unique prefix of those)",
-            f"remove it from {EXTRA_ARGS_FIELD}; {flag.instead}",
+            f"remove it from {EXTRA_ARGS_FIELD}; {_instead(flag.instead)}",
         )

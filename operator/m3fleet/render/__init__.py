@@ -234,6 +234,23 @@ def cache_mount(resource: MiniMaxM3Deployment, cache: MiniMaxM3ModelCache | None
     return CacheMount(ref.name, cache.spec.path, label, ref.node_affinity == NodeAffinityMode.REQUIRED)
 
 
+# The node-local directory a cache named by spec.model.cacheRef is assumed to hold when it is not at hand (`check`).
+STAND_IN_CACHE_PATH = "/var/lib/m3fleet/model-cache"
+
+
+def check(resource: MiniMaxM3Deployment, plan: Plan, cache: MiniMaxM3ModelCache | None = None) -> None:
+    """Raise what `render` would refuse (flags and env the plan owns, ...), also when the MiniMaxM3ModelCache that
+    spec.model.cacheRef names is not at hand (`cache` None): that one may be applied after the resource, and the
+    operator reports it missing in status (ModelCacheNotFound). For `m3fleet plan` and the admission webhook."""
+    ref = resource.spec.model.cache_ref
+    if ref is None or cache is not None:
+        render(resource, plan, cache=cache_mount(resource, cache))
+        return
+    label = node_label_key(resource.metadata.namespace, ref.name)
+    stand_in = CacheMount(ref.name, STAND_IN_CACHE_PATH, label, ref.node_affinity == NodeAffinityMode.REQUIRED)
+    render(resource, plan, cache=stand_in)
+
+
 def required_secrets(resource: MiniMaxM3Deployment, plan: Plan) -> list[str]:
     """Secrets the controller must generate (never rendered: their content is not in the spec)."""
     ctx = context_for(resource, plan)
@@ -259,6 +276,7 @@ def set_owner(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
 
 __all__ = [
     "cache_mount",
+    "check",
     "context_for",
     "labels",
     "render",
