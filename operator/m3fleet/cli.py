@@ -28,13 +28,13 @@ def is_cache(body: Any) -> bool:
 
 
 def process(
-    target: str, each: Callable[[MiniMaxM3Deployment, dict[tuple[str, str], MiniMaxM3ModelCache]], Any]
+    targets: list[str], each: Callable[[MiniMaxM3Deployment, dict[tuple[str, str], MiniMaxM3ModelCache]], Any]
 ) -> tuple[list[Any], list[str]]:
-    """Parse every resource in `target` and apply `each` (with the MiniMaxM3ModelCaches of the same input, by
+    """Parse every resource in `targets` (each -f) and apply `each` (with the MiniMaxM3ModelCaches of the same input, by
     namespace and name); collect results and per-resource errors. Caches are validated, not planned: the
     operator stages them on the nodes (stderr says so)."""
     results: list[Any] = []
-    docs, unreadable = read_inputs(target)
+    docs, unreadable = read_inputs(targets)
     problems = [f"error: {e}" for e in unreadable]
     caches: dict[tuple[str, str], MiniMaxM3ModelCache] = {}
     for doc in docs:
@@ -161,12 +161,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p_plan = sub.add_parser("plan", help="the GPU layout of each MiniMaxM3Deployment in FILE")
-    p_plan.add_argument("-f", "--filename", required=True, help="YAML file, directory, or - for stdin")
+    p_plan.add_argument(
+        "-f", "--filename", required=True, action="append", help="YAML file, directory, or - for stdin (repeatable)"
+    )
     p_plan.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     p_plan.set_defaults(func=cmd_plan)
 
     p_render = sub.add_parser("render", help="every Kubernetes object the operator would create, offline")
-    p_render.add_argument("-f", "--filename", required=True, help="YAML file, directory, or - for stdin")
+    p_render.add_argument(
+        "-f", "--filename", required=True, action="append", help="YAML file, directory, or - for stdin (repeatable)"
+    )
     p_render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     p_render.set_defaults(func=cmd_render)
 

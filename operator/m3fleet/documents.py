@@ -13,13 +13,14 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from m3fleet.api.cache import CACHE_KIND
 from m3fleet.api.models import KIND
 from m3fleet.errors import SpecError, SpecErrors
 
@@ -199,22 +200,53 @@ def read_documents(target: str) -> list[Document]:
     return docs
 
 
-def read_inputs(target: str) -> tuple[list[Document], list[InputError]]:
-    """The documents of every readable file, and one error per file that cannot be read."""
+def one_deployment(target: str, command: str) -> Document:
+    """The one MiniMaxM3Deployment document in `target`, for commands that take one (`simulate`, `bench`);
+    MiniMaxM3ModelCaches beside it are skipped, as `plan` skips them."""
+    docs = [doc for doc in read_documents(target) if not _is_kind(doc, CACHE_KIND)]
+    if len(docs) != 1:
+        raise InputError(
+            target,
+            f"holds {len(docs)} documents other than MiniMaxM3ModelCaches; {command} takes exactly one {KIND}",
+            "pass a file with one",
+        )
+    return docs[0]
+
+
+def _is_kind(doc: Document, kind: str) -> bool:
+    return isinstance(doc.body, dict) and doc.body.get("kind") == kind
+
+
+class ResourceError(Exception):
+    """A resource's problems, each line already naming the file, the document and the resource (`report`)."""
+
+
+def _stdin() -> bytes:
+    if sys.stdin is None:  # closed (`<&-`), not merely empty
+        raise InputError("<stdin>", "is closed", "pipe the manifests in, or give -f FILE")
+    stream = getattr(sys.stdin, "buffer", None)  # bytes, so that non-UTF-8 input gets a clear message
+    return stream.read(MAX_FILE_BYTES + 1) if stream else sys.stdin.read(MAX_FILE_BYTES + 1).encode()
+
+
+def _texts(target: str) -> list[tuple[str, bytes | InputError]]:
+    """(name, content or why it cannot be read) of each YAML file `target` names."""
     if target == "-":
-        stream = getattr(sys.stdin, "buffer", None)  # bytes, so that non-UTF-8 input gets a clear message
-        data = stream.read(MAX_FILE_BYTES + 1) if stream else sys.stdin.read(MAX_FILE_BYTES + 1).encode()
-        texts: list[tuple[str, bytes | InputError]] = [("<stdin>", data)]
-    else:
-        path = Path(target)
-        if not path.exists():
-            raise InputError(target, "no such file or directory", "give an existing file, directory or -")
-        files = _yaml_files(path)
-        if not files:
-            raise InputError(target, "has no .yaml or .yml files", "give a file or a directory of YAML files")
-        texts = []
-        for p in files:
-            texts.append((str(p), _bytes(p)))
+        return [("<stdin>", _stdin())]
+    if not target:  # an unset variable in a script: never "the current directory"
+        raise InputError("-f ''", "is empty", "give a file, a directory or -")
+    path = Path(target)
+    if not path.exists():
+        raise InputError(target, "no such file or directory", "give an existing file, directory or -")
+    files = _yaml_files(path)
+    if not files:
+        raise InputError(target, "has no .yaml or .yml files", "give a file or a directory of YAML files")
+    return [(str(p), _bytes(p)) for p in files]
+
+
+def read_inputs(targets: str | Sequence[str]) -> tuple[list[Document], list[InputError]]:
+    """The documents of every readable file (-f may be given more than once, as with kubectl), and one error per
+    file that cannot be read."""
+    texts = [text for target in ([targets] if isinstance(targets, str) else targets) for text in _texts(target)]
     docs: list[Document] = []
     errors: list[InputError] = []
     for name, data in texts:
@@ -255,6 +287,14 @@ def report(doc: Document, exc: SpecError | SpecErrors) -> str:
     return "\n".join(f"error: {label(doc)}: {e}" for e in errors)
 
 
+def parse_one(doc: Document, parse: Callable[[Any], Any]) -> Any:
+    """`parse(doc.body)`; its errors raised as a ResourceError that names where they are, as `report` does."""
+    try:
+        return parse(doc.body)
+    except (SpecError, SpecErrors) as exc:
+        raise ResourceError(report(doc, exc)) from None
+
+
 class _Dumper(yaml.SafeDumper):
     """Multi-line strings (scripts, config files in ConfigMaps) as readable literal blocks."""
 
@@ -277,6 +317,9 @@ def guarded(command: Callable[[], int]) -> int:
     """Run a subcommand: bad input is one clear message and exit 2, anything else exit 1, never a traceback."""
     try:
         return command()
+    except ResourceError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_INVALID
     except (InputError, SpecError, SpecErrors) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID

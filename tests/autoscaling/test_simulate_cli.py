@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from m3fleet.cli import main
-from tests.conftest import SAMPLES_DIR
+from tests.conftest import SAMPLES_DIR, load_sample
 
 
 def simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -91,9 +91,12 @@ def test_a_resource_with_a_gateway_runs_behind_one(capsys: pytest.CaptureFixture
     ("argv", "message"),
     [
         (["--minutes", "0"], "error: --minutes: 0 is not positive; fix:"),
-        (["--seeds", "1-x"], "error: --seeds: '1-x' is not a seed range; fix:"),
+        (["--minutes", "nan"], "error: --minutes: nan is not positive; fix:"),
+        (["--seeds", "1-x"], "error: --seeds: '1-x' is not a seed range or list of seeds"),
+        (["--seeds", "5-1"], "error: --seeds: '5-1' runs backwards (5 > 1); fix:"),
+        (["--seeds", "1-100000000"], "error: --seeds: '1-100000000' holds 100000000 seeds, more than 1000; fix:"),
         (["--cold-start", "-5"], "error: --cold-start: -5 is outside 0-7200 seconds; fix:"),
-        (["-f", str(SAMPLES_DIR)], "simulate takes exactly one MiniMaxM3Deployment, found"),
+        (["-f", str(SAMPLES_DIR)], "simulate takes exactly one MiniMaxM3Deployment"),
         (["-f", "/no/such/file.yaml"], "error: /no/such/file.yaml: (file): no such file or directory; fix:"),
     ],
 )
@@ -110,6 +113,69 @@ def test_invalid_resource_names_the_field(capsys: pytest.CaptureFixture[str], tm
     )
     code, out, err = simulate(capsys, "--scenario", "steady-chat", "-f", str(bad))
     assert code == 2 and out == "" and "spec.context.maxModelLen" in err and "fix:" in err
+
+
+def test_an_invalid_resource_is_named_by_file_document_and_name(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """As plan and render name it; a MiniMaxM3ModelCache beside the resource is skipped, as plan skips it."""
+    document = load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml")
+    document["spec"]["parallelism"] = {"tensorParallelSize": 3}
+    cache = {"apiVersion": document["apiVersion"], "kind": "MiniMaxM3ModelCache", "metadata": {"name": "c"}}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([cache, document]))
+    code, out, err = simulate(capsys, "--scenario", "steady-chat", "-f", str(path))
+    name = document["metadata"]["name"]
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {path}#1 (MiniMaxM3Deployment/{name}): spec.parallelism.tensorParallelSize: 3 ")
+
+
+def test_an_autoscaled_resource_is_simulated_within_its_own_bounds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """What would the autoscaler do with my resource: its own min/max, not the scenario's (which size the
+    built-in resource for the scenario's traffic, and apply when the resource does not enable autoscaling)."""
+    document = load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml")
+    document["spec"]["autoscaling"] = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 1,
+        "prometheus": {"url": "http://prometheus:9090"},
+    }
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(document))
+    code, out, _ = simulate(capsys, "-f", str(path), "--scenario", "bursty", "--minutes", "10", "-o", "json")
+    (report,) = json.loads(out)
+    replicas = report["parameters"]["replicas"]
+    assert code == 0 and (replicas["min"], replicas["max"], replicas["initial"]) == (1, 1, 1)
+    assert report["policies"]["context-aware"]["peakReplicas"] == 1
+    _, out, _ = simulate(capsys, "--scenario", "bursty", "--minutes", "10", "-o", "json")
+    (builtin,) = json.loads(out)
+    assert builtin["parameters"]["replicas"]["max"] > 1 and "scenario's" in builtin["parameters"]["replicas"]["source"]
+
+
+def test_seed_and_seeds_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Also --seed 1, the default (argparse tells them apart only by identity with the default)."""
+    with pytest.raises(SystemExit) as exc:
+        simulate(capsys, "--scenario", "steady-chat", "--seed", "1", "--seeds", "1-2")
+    assert exc.value.code == 2
+
+
+def test_a_run_where_every_request_is_rejected_shows_no_attainment(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Rejected requests are outside the attainment's denominator: with none admitted there is no attainment, and
+    100% would read as served."""
+    document = load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml")
+    document["spec"]["context"] = {"maxModelLen": 1}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(document))
+    code, out, _ = simulate(capsys, "-f", str(path), "--scenario", "steady-chat", "--minutes", "1", "-o", "json")
+    (report,) = json.loads(out)
+    result = report["policies"]["context-aware"]
+    assert code == 0 and result["rejected"] == result["requests"] > 0 and result["sloAttainment"] is None
+    _, out, _ = simulate(capsys, "-f", str(path), "--scenario", "steady-chat", "--minutes", "1")
+    assert out.splitlines()[-1].split()[2] == "n/a"
 
 
 def test_unknown_scenario_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -124,6 +124,21 @@ def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and out == "" and "no such file" in err
 
 
+def test_every_file_given_with_a_repeated_f_is_read(capsys: pytest.CaptureFixture[str]) -> None:
+    """As kubectl apply -f a.yaml -f b.yaml: every file, not the last one."""
+    first, second = sorted(SAMPLE_FILES)[:2]
+    code, out, _ = run(capsys, "plan", "-f", str(first), "-f", str(second), "-o", "json")
+    assert code == 0 and len(json.loads(out)) == 2
+    code, out, _ = run(capsys, "render", "-f", str(first), "-f", str(second), "-o", "json")
+    names = {o["metadata"]["name"] for o in json.loads(out) if o["kind"] == "Service"}
+    assert code == 0 and len(names) == 2
+
+
+def test_an_empty_filename_is_an_error_not_the_current_directory(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "plan", "-f", "")
+    assert code == 2 and out == "" and err == "error: -f '': (file): is empty; fix: give a file, a directory or -\n"
+
+
 def test_crd_command_prints_the_checked_in_crd(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "crd")
     assert code == 0 and out == crd_yaml()

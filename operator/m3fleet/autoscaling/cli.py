@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from m3fleet.autoscaling.scenarios import SCENARIOS
-from m3fleet.documents import EXIT_INVALID, EXIT_OK, InputError, read_documents
+from m3fleet.documents import EXIT_INVALID, EXIT_OK, InputError, one_deployment, parse_one
+
+MAX_SEEDS = 1000  # one run takes seconds to minutes: more is a typo, not a study
 
 if TYPE_CHECKING:
     from m3fleet.api.models import MiniMaxM3Deployment
@@ -34,8 +37,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--scenario", required=True, choices=sorted(SCENARIOS), help="the workload")
     seeds = parser.add_mutually_exclusive_group()
-    seeds.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    seeds.add_argument("--seeds", help="several seeds, e.g. 1-10 or 1,4,7: one line (one JSON object) per seed")
+    # default None, not 1: argparse tells "--seed 1 --seeds 1-2" from "--seeds 1-2" only by identity with the default
+    seeds.add_argument("--seed", type=int, help="random seed (default 1)")
+    seeds.add_argument(
+        "--seeds", help=f"several seeds, e.g. 1-10 or 1,4,7 (at most {MAX_SEEDS}): one line (one JSON object) per seed"
+    )
     cold = parser.add_mutually_exclusive_group()
     cold.add_argument(
         "--cold-start", type=float, help="seconds every new replica takes to become ready (default: the catalog's)"
@@ -72,31 +78,23 @@ def _run(args: argparse.Namespace) -> int:
     from m3fleet.api.parse import parse_resource
     from m3fleet.autoscaling.simulate import prepare, run_report
 
-    if args.minutes is not None and args.minutes <= 0:
+    if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
         return _invalid(f"--minutes: {args.minutes:g} is not positive; fix: give a duration in minutes, e.g. 20")
     if args.cold_start is not None and not 0 <= args.cold_start <= 7200:
         return _invalid(f"--cold-start: {args.cold_start:g} is outside 0-7200 seconds; fix: give e.g. 90")
     resource = None
     if args.filename:
-        docs = read_documents(args.filename)
-        if len(docs) != 1:
-            return _invalid(
-                f"{args.filename}: simulate takes exactly one MiniMaxM3Deployment, found {len(docs)}; "
-                "fix: pass a file with one resource"
-            )
-        resource = parse_resource(docs[0].body)
+        resource = parse_one(one_deployment(args.filename, "simulate"), parse_resource)
     measured = None
     if args.throughput_from:
         measured = (read_result(args.throughput_from), args.throughput_from)
         if resource is None:
             resource = benchmarked_resource(measured[0])
-    seeds = [args.seed] if args.seeds is None else parse_seeds(args.seeds)
-    if seeds is None:
-        return _invalid(
-            f"--seeds: {args.seeds!r} is not a seed range; fix: give A-B (e.g. 1-10) or a list (e.g. 1,4,7)"
-        )
-    reports = [
-        run_report(
+    seeds = [1 if args.seed is None else args.seed] if args.seeds is None else parse_seeds(args.seeds)
+    if isinstance(seeds, str):
+        return _invalid(f"--seeds: {args.seeds!r} {seeds}; fix: give A-B (e.g. 1-10) or a list (e.g. 1,4,7)")
+    for index, seed in enumerate(seeds):  # each seed is printed as it finishes: a long run shows progress
+        report = run_report(
             prepare(
                 args.scenario,
                 resource,
@@ -107,12 +105,13 @@ def _run(args: argparse.Namespace) -> int:
                 cold_start_model=args.cold_start_model,
             )
         )
-        for seed in seeds
-    ]
-    if args.output == "json":
-        sys.stdout.write(json.dumps(reports, indent=2) + "\n")
-    else:
-        sys.stdout.write(format_text(reports))
+        last = index == len(seeds) - 1
+        if args.output == "json":  # one JSON list, one object per seed
+            opening, closing = "[\n" if index == 0 else "", "\n]\n" if last else ",\n"
+            sys.stdout.write(opening + json.dumps(report, indent=2) + closing)
+        else:
+            sys.stdout.write(format_text(report, header=index == 0))
+        sys.stdout.flush()
     return EXIT_OK
 
 
@@ -135,17 +134,20 @@ def benchmarked_resource(result: BenchResult) -> MiniMaxM3Deployment:
     return parse_resource({"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": result.spec})
 
 
-def parse_seeds(text: str) -> list[int] | None:
-    """`A-B` (inclusive) or `A,B,C`; None when it is neither or empty."""
+def parse_seeds(text: str) -> list[int] | str:
+    """`A-B` (inclusive) or `A,B,C` of seeds 0 and up; else what is wrong with it."""
     try:
         if "-" in text:
             low, high = (int(part) for part in text.split("-", 1))
-            seeds = list(range(low, high + 1))
-        else:
-            seeds = [int(part) for part in text.split(",")]
+            if high < low:
+                return f"runs backwards ({low} > {high})"
+            if high - low + 1 > MAX_SEEDS:
+                return f"holds {high - low + 1} seeds, more than {MAX_SEEDS}"
+            return list(range(low, high + 1))
+        seeds = [int(part) for part in text.split(",")]
     except ValueError:
-        return None
-    return seeds or None
+        return "is not a seed range or list of seeds (whole numbers, 0 and up)"
+    return seeds if len(seeds) <= MAX_SEEDS else f"holds {len(seeds)} seeds, more than {MAX_SEEDS}"
 
 
 def _prior_line(prior: Any) -> str:
@@ -169,12 +171,26 @@ def _gateway_line(gateway: dict[str, Any] | None) -> list[str]:
     ]
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+def _replicas_line(replicas: dict[str, Any]) -> str:
+    bounds = f"{replicas['min']}-{replicas['max']}"
+    return f"replicas: {bounds}, {replicas['initial']} at the start; bounds {replicas['source']}"
 
 
-def format_text(reports: list[dict[str, Any]]) -> str:
-    first = reports[0]
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def format_text(report: dict[str, Any], header: bool = True) -> str:
+    """The seed's line of the table; with `header`, first what the run assumes and the column names."""
+    r = report["policies"]["context-aware"]
+    line = (
+        f"{report['seed']:>5}{r['requests']:>10}{_pct(r['sloAttainment']):>10}{r['gpuHours']:>9.1f}"
+        f"{r['peakReplicas']:>6}{r['scaleEvents']:>14}{r['preemptions']:>9}{r['rejected']:>10}\n"
+    )
+    return (_header(report) if header else "") + line
+
+
+def _header(first: dict[str, Any]) -> str:
     plan, params = first["plan"], first["parameters"]
     cold = params["coldStartSeconds"]
     cold_text = f"{cold['seconds']:g} s" if "seconds" in cold else f"{cold['low']:.0f}-{cold['high']:.0f} s"
@@ -188,15 +204,10 @@ def format_text(reports: list[dict[str, Any]]) -> str:
         f"{plan['kvCacheTokensPerReplica']} KV tokens/replica, maxModelLen {plan['maxModelLen']}",
         _prior_line(params.get("throughputPrior")),
         f"cold start {cold_text}; SLO: {params['slo']}",
+        _replicas_line(params["replicas"]),
         *_gateway_line(params["simulator"].get("gateway")),
         "",
         f"{'SEED':>5}{'REQUESTS':>10}{'SLO MET':>10}{'GPU-H':>9}{'PEAK':>6}{'SCALE-EVENTS':>14}"
         f"{'PREEMPT':>9}{'REJECTED':>10}",
     ]
-    for report in reports:
-        r = report["policies"]["context-aware"]
-        lines.append(
-            f"{report['seed']:>5}{r['requests']:>10}{_pct(r['sloAttainment']):>10}{r['gpuHours']:>9.1f}"
-            f"{r['peakReplicas']:>6}{r['scaleEvents']:>14}{r['preemptions']:>9}{r['rejected']:>10}"
-        )
     return "\n".join(lines) + "\n"

@@ -77,11 +77,38 @@ class Day:
 
 
 @dataclass(frozen=True)
+class Replicas:
+    """The replica bounds a run keeps to, the count it starts with, and whose bounds they are."""
+
+    min: int
+    max: int
+    initial: int
+    source: str
+
+    @classmethod
+    def of(cls, scenario: Scenario, resource: MiniMaxM3Deployment) -> Replicas:
+        """The resource's own min/max when it enables autoscaling (what would the autoscaler do with it), else the
+        scenario's, sized for its traffic; the scenario's initial count within them."""
+        scaling = resource.spec.autoscaling
+        if not scaling.enabled:
+            return cls(
+                scenario.min_replicas,
+                scenario.max_replicas,
+                scenario.initial_replicas,
+                "the scenario's (the resource does not enable autoscaling)",
+            )
+        low, high = scaling.min_replicas, scaling.max_replicas
+        initial = max(low, 1, min(high, scenario.initial_replicas))
+        return cls(low, high, initial, "the resource's spec.autoscaling")
+
+
+@dataclass(frozen=True)
 class Setup:
     scenario: Scenario
     seed: int
     resource: MiniMaxM3Deployment
     resource_note: str
+    replicas: Replicas
     plan: Plan
     model: PerfModel
     requests: tuple[Request, ...]  # the measured window
@@ -153,10 +180,11 @@ def prepare(
     low, high = cold_start_range(plan)
     measured_day = scenario.days - 1
     phases = ColdStartModel.of(cold_start_model, plan) if cold_start_model is not None and cold_start is None else None
+    replicas = Replicas.of(scenario, resource)
     if phases is not None:
-        streams = SeedStreams.modelled(seed, phases.draw, scenario.initial_replicas)
+        streams = SeedStreams.modelled(seed, phases.draw, replicas.initial)
     else:
-        streams = SeedStreams.draw(seed, low, high, scenario.initial_replicas, cold_start)
+        streams = SeedStreams.draw(seed, low, high, replicas.initial, cold_start)
     if measured_day:  # by the measured day the operator has timed the replicas it started before
         streams = replace(streams, measured=streams.cold_starts[:10])
     opening = EPOCH + measured_day * DAY + scenario.start_of_window(seed)
@@ -173,6 +201,7 @@ def prepare(
         seed=seed,
         resource=resource,
         resource_note=note,
+        replicas=replicas,
         plan=plan,
         model=model,
         requests=tuple(scenario.requests(seed, duration)),
@@ -202,7 +231,7 @@ def simulate(
         setup.requests if requests is None else requests,
         autoscaler,
         duration=setup.duration,
-        initial_replicas=setup.scenario.initial_replicas if initial_replicas is None else initial_replicas,
+        initial_replicas=setup.replicas.initial if initial_replicas is None else initial_replicas,
         cold_starts=setup.streams.cold_starts,
         measured_cold_starts=setup.streams.measured,
         settings=setup.settings,
@@ -237,9 +266,9 @@ class ContextAware:
 
 
 def policy_config(setup: Setup, **overrides: Any) -> PolicyConfig:
-    """The resource's autoscaling settings, with the scenario's min/max (and any overrides)."""
+    """The resource's autoscaling settings, within the run's replica bounds (and any overrides)."""
     spec = setup.resource.spec.autoscaling
-    bounds = {"min_replicas": setup.scenario.min_replicas, "max_replicas": setup.scenario.max_replicas}
+    bounds = {"min_replicas": setup.replicas.min, "max_replicas": setup.replicas.max}
     return PolicyConfig.from_spec(spec, setup.plan, **{**bounds, **overrides})
 
 
@@ -287,7 +316,12 @@ def parameters(setup: Setup) -> dict[str, Any]:
             f"TTFT <= {SLO_TTFT_SLACK:g} s + {SLO_TTFT_FACTOR:g} x unloaded prefill time on one replica, and mean "
             f"inter-token latency <= {SLO_ITL_FACTOR:g} x the unloaded inter-token latency at prompt + output/2"
         ),
-        "replicas": {"min": s.min_replicas, "max": s.max_replicas, "initial": s.initial_replicas},
+        "replicas": {
+            "min": setup.replicas.min,
+            "max": setup.replicas.max,
+            "initial": setup.replicas.initial,
+            "source": setup.replicas.source,
+        },
         "coldStartSeconds": cold,
         "gpuHours": "billed per replica from creation (loading included) to deletion, over the scenario window",
         "perfModel": setup.model.describe(),

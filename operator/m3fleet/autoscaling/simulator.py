@@ -493,7 +493,8 @@ class PolicyResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "sloAttainment": round(self.slo_attainment, 4),
+            # null when the engine rejected every request: no SLO was met or missed, and 100% would read as served
+            "sloAttainment": round(self.slo_attainment, 4) if self.admitted else None,
             "gpuHours": round(self.gpu_hours, 2),
             "preemptions": self.preemptions,
             "rejected": self.rejected,

@@ -19,7 +19,7 @@ from m3fleet.api.models import EngineName
 from m3fleet.bench import job as bench_job
 from m3fleet.bench import results, watch
 from m3fleet.bench.job import BenchOptions, Dataset, Prompts
-from m3fleet.documents import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, dump, read_documents
+from m3fleet.documents import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, dump, one_deployment, parse_one
 from m3fleet.errors import SpecError
 
 POLL_SECONDS = 5.0
@@ -80,15 +80,10 @@ def run(args: argparse.Namespace) -> int:
 def _one_resource(args: argparse.Namespace) -> tuple[MiniMaxM3Deployment, str | None]:
     """The one resource in -f and the namespace its file names (None when it names none)."""
 
-    docs = read_documents(args.filename)
-    if len(docs) != 1:
-        raise SpecError(
-            args.filename, f"bench takes exactly one MiniMaxM3Deployment, found {len(docs)}", "pass a file with one"
-        )
-    body = docs[0].body
-    meta = body.get("metadata") if isinstance(body, dict) else None
+    doc = one_deployment(args.filename, "bench")
+    meta = doc.body.get("metadata") if isinstance(doc.body, dict) else None
     namespace = meta.get("namespace") if isinstance(meta, dict) else None
-    return parse_resource(body), str(namespace) if namespace else None
+    return parse_one(doc, parse_resource), str(namespace) if namespace else None
 
 
 def options_from(args: argparse.Namespace, engine: EngineName) -> BenchOptions:
