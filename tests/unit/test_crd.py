@@ -30,6 +30,15 @@ def test_checked_in_crd_matches_the_models() -> None:
     assert CRD_PATH.read_text() == crd_yaml(), "crds/ drifted from the models: run `python3 hack/generate.py`"
 
 
+@pytest.mark.parametrize("path", sorted((CRD_PATH.parent).glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_cel_rule_says_how_to_fix_what_it_refuses(path: Path) -> None:
+    """kubectl apply prints the rule's message as it is: the reason alone would leave the user guessing."""
+    crd = yaml.safe_load(path.read_text())
+    for version in crd["spec"]["versions"]:
+        for rule in rules(version["schema"]["openAPIV3Schema"]):
+            assert "; fix: " in rule.message, f"{rule.path or '(root)'}: {rule.rule!r} says no fix: {rule.message!r}"
+
+
 def _walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
     found: list[tuple[str, dict[str, Any]]] = []
     if isinstance(node, dict):

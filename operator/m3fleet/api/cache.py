@@ -41,6 +41,7 @@ CACHE_SHORT_NAMES = ("m3cache",)
 NODE_LABEL_PREFIX = "cache.m3fleet.dev/"
 NODE_LABEL_READY = "ready"
 LABEL_NAME_MAX = 63
+SOURCE_FIX = "set one of them: huggingFace (the Hub) or pvc (a volume)"  # one wording, in the CRD and the model
 REVISION_PATTERN = "^[0-9a-f]{40}$"
 REPO_PATTERN = "^[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*$"
 # An absolute path with no empty, "." or ".." segments and no trailing slash; never "/" itself.
@@ -110,7 +111,7 @@ class CacheSource(CamelModel):
             "x-kubernetes-validations": [
                 cel(
                     "has(self.pvc) != has(self.huggingFace)",
-                    "set exactly one of spec.source.huggingFace or spec.source.pvc",
+                    f"source needs exactly one of huggingFace and pvc; fix: {SOURCE_FIX}",
                 )
             ]
         }
@@ -126,7 +127,7 @@ class CacheSource(CamelModel):
     def _exactly_one(self) -> CacheSource:
         if (self.pvc is None) == (self.hugging_face is None):
             has = "has both pvc and huggingFace" if self.pvc else "has neither pvc nor huggingFace"
-            raise invalid(has, "set exactly one of spec.source.huggingFace or spec.source.pvc")
+            raise invalid(has, SOURCE_FIX)
         return self
 
 

@@ -188,7 +188,8 @@ class ModelSource(CamelModel):
             "x-kubernetes-validations": [
                 cel(
                     "has(self.pvc) != has(self.huggingFace)",
-                    "set exactly one of spec.model.source.pvc or spec.model.source.huggingFace",
+                    "model.source needs exactly one of pvc and huggingFace; fix: set one of them: pvc (weights on a "
+                    "volume) or huggingFace (downloaded at start)",
                 )
             ]
         }
@@ -360,12 +361,14 @@ class ParallelismSpec(CamelModel):
             "x-kubernetes-validations": [
                 cel(
                     f"self.tensorParallelSize in {list(PARALLEL_SIZES)}",
-                    "tensorParallelSize must be one of 0 (planner decides), 1, 2, 4, 8, 16, 32",
+                    "tensorParallelSize must be one of 0 (planner decides), 1, 2, 4, 8, 16, 32; fix: leave it 0 and "
+                    "let the planner choose, or pick one of those",
                     ".tensorParallelSize",
                 ),
                 cel(
                     f"self.dataParallelSize in {list(PARALLEL_SIZES)}",
-                    "dataParallelSize must be one of 0 (planner decides), 1, 2, 4, 8, 16, 32",
+                    "dataParallelSize must be one of 0 (planner decides), 1, 2, 4, 8, 16, 32; fix: leave it 0 and let "
+                    "the planner choose, or pick one of those",
                     ".dataParallelSize",
                 ),
             ]
@@ -664,7 +667,8 @@ class AutoscalingSpec(CamelModel):
             "x-kubernetes-validations": [
                 cel(
                     "self.minReplicas <= self.maxReplicas",
-                    "autoscaling.minReplicas must not exceed autoscaling.maxReplicas",
+                    "autoscaling.minReplicas must not exceed autoscaling.maxReplicas; fix: lower minReplicas or raise "
+                    "maxReplicas",
                     ".minReplicas",
                 ),
                 cel(
@@ -745,13 +749,15 @@ class MiniMaxM3DeploymentSpec(CamelModel):
             "x-kubernetes-validations": [
                 cel(
                     "self.model.variant != 'mxfp4' || self.accelerator == 'mi355x'",
-                    "model.variant mxfp4 (amd/MiniMax-M3-MXFP4) runs only on accelerator mi355x",
+                    "model.variant mxfp4 (amd/MiniMax-M3-MXFP4) runs only on accelerator mi355x; fix: use variant "
+                    "mxfp8 or bf16 here, or accelerator mi355x",
                     ".model.variant",
                     "FieldValueForbidden",
                 ),
                 cel(
                     "self.engine.name != 'trtllm' || self.accelerator in ['h200', 'gb200']",
-                    "engine trtllm runs only on NVIDIA accelerators (h200, gb200)",
+                    "engine trtllm runs only on NVIDIA accelerators (h200, gb200); fix: use engine vllm or sglang on "
+                    "mi355x, or accelerator h200 or gb200",
                     ".engine.name",
                     "FieldValueForbidden",
                 ),
@@ -769,7 +775,8 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                 ),
                 cel(
                     "self.engine.name != 'trtllm' || self.model.variant == 'bf16'",
-                    "the pinned TensorRT-LLM release serves MiniMax-M3 in bf16 only",
+                    "the pinned TensorRT-LLM release serves MiniMax-M3 in bf16 only; fix: use variant bf16, or engine "
+                    "vllm or sglang for the other variants",
                     ".model.variant",
                     "FieldValueForbidden",
                 ),
