@@ -126,6 +126,8 @@ def test_an_owned_flag_is_refused_wherever_it_stands() -> None:
         ("HOME", "set by m3fleet"),
         ("HF_TOKEN", "tokenSecretRef"),
         ("VLLM_API_KEY", "apiKeySecretRef"),
+        ("CUDA_VISIBLE_DEVICES", "device plugin"),
+        ("HIP_VISIBLE_DEVICES", "device plugin"),
         ("LWS_LEADER_ADDRESS", "LeaderWorkerSet"),
         ("M3FLEET_API_KEY", "launchers"),
         ("VLLM_USE_BREAKABLE_CUDAGRAPH", "renders it for this vllm plan on mi355x"),

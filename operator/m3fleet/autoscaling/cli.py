@@ -122,7 +122,11 @@ def read_result(path: str) -> BenchResult:
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise InputError(f"--throughput-from: {path}: {exc.strerror or exc}") from None
+        raise InputError(
+            f"--throughput-from {path}",
+            f"cannot be read ({exc.strerror or exc})",
+            "give the file `m3fleet bench -o json` wrote (or its ConfigMap), or - for stdin",
+        ) from None
     return load(text, f"--throughput-from {path}")
 
 

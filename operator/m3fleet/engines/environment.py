@@ -52,6 +52,13 @@ OWNED_VARIABLES: Mapping[str, str] = {
     "HF_HOME": "m3fleet sets it from spec.model.source",
     "HF_TOKEN": "set spec.model.source.huggingFace.tokenSecretRef instead",
     "VLLM_API_KEY": "set spec.engine.apiKeySecretRef instead",
+    **dict.fromkeys(
+        # The device plugin gives the pod the plan's GPUs and the engine's ranks use every one: hiding some leaves
+        # ranks without a GPU (or two on one). Set spec.parallelism or spec.nodePool.extraResources instead.
+        ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+        "the device plugin gives the pod the plan's GPUs and every engine rank uses one; change "
+        "spec.parallelism instead",
+    ),
 }
 OWNED_PREFIXES: Mapping[str, str] = {
     "LWS_": "the LeaderWorkerSet controller sets LWS_* to wire the group",
