@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from m3fleet.autoscaling.metrics import PrometheusAdapter, PrometheusError, PrometheusHttp, Tls
+from m3fleet.autoscaling.metrics import MAX_ANSWER_BYTES, PrometheusAdapter, PrometheusError, PrometheusHttp, Tls
 from tests.cluster.pki import Authority
 
 from .prom import prometheus
@@ -45,7 +46,13 @@ def serving(
         def log_message(self, format: str, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with _served(Handler, tls) as url:
+        yield url
+
+
+@contextmanager
+def _served(handler: type[BaseHTTPRequestHandler], tls: ssl.SSLContext | None = None) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     if tls is not None:
         server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -100,6 +107,54 @@ def test_a_failed_answer_is_reported_by_status_code_never_by_body(status: int, b
         error = _read(url)
     assert error == f"prometheus at {url}: {expected}"
     assert SECRET not in error
+
+
+def test_a_retry_after_header_never_holds_a_tick() -> None:
+    """urllib3 obeys Retry-After on a 503 (up to 6 h) unless told not to: the tick would sleep that long."""
+    with serving(503, "busy", {"Retry-After": "30"}) as url:
+        started = time.monotonic()
+        error = _read(url)
+    assert time.monotonic() - started < 10 and "HTTP 503" in error
+
+
+@contextmanager
+def trickling(total_bytes: int, pause: float) -> Iterator[str]:
+    """A server that answers 200 with `total_bytes` of a JSON string, a byte every `pause` seconds."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(total_bytes))
+            self.end_headers()
+            try:
+                for _ in range(total_bytes):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(pause)
+            except OSError:
+                pass  # the client gave up
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    with _served(Handler) as url:
+        yield url
+
+
+def test_an_answer_that_trickles_in_is_cut_off() -> None:
+    """Each byte comes within the socket timeout, so only a whole-answer deadline ends it."""
+    with trickling(100_000, 0.2) as url:
+        started = time.monotonic()
+        error = PrometheusHttp(url, timeout=1.0)
+        with pytest.raises(PrometheusError) as info:
+            error.custom_query("up")
+    assert time.monotonic() - started < 5 and "no whole answer within 2s" in str(info.value)
+
+
+def test_an_answer_too_large_is_refused_before_it_fills_memory() -> None:
+    with serving(200, " " * (MAX_ANSWER_BYTES + 1)) as url, pytest.raises(PrometheusError) as info:
+        PrometheusHttp(url, timeout=5.0).custom_query("up")
+    assert "larger than 16 MiB" in str(info.value)
 
 
 def test_redirects_are_not_followed() -> None:

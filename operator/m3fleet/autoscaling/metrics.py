@@ -217,6 +217,11 @@ class _ContextAdapter(HTTPAdapter):
         conn.ca_certs = conn.ca_cert_dir = None  # only the context's CA: not also the system bundle
 
 
+# One instant query's answer for one fleet is a few KiB; a cap keeps a wrong URL or selector from filling memory.
+MAX_ANSWER_BYTES: Final = 16 * 2**20
+ANSWER_CHUNK_BYTES: Final = 64 * 1024
+
+
 class PrometheusHttp:
     """The one Prometheus call the adapter makes (an instant query), over http or verified https.
 
@@ -254,7 +259,9 @@ class PrometheusHttp:
                 params={"query": query, **(params or {})},
                 timeout=self.timeout,
                 allow_redirects=False,
+                stream=True,  # read below within a size and time budget; `timeout` bounds each socket read only
             )
+            content = self._body(response)
         except requests.exceptions.SSLError:
             raise PrometheusError(
                 "TLS verification failed (certificate not signed by a trusted CA, or not for this host name): "
@@ -268,7 +275,7 @@ class PrometheusHttp:
         if 300 <= status < 400:
             raise PrometheusError(f"HTTP {status}: redirects are not followed; set url to Prometheus itself")
         try:
-            answer = json.loads(response.content)
+            answer = json.loads(content)
         except (ValueError, UnicodeDecodeError):
             answer = None
         if not isinstance(answer, dict) or answer.get("status") not in ("success", "error"):
@@ -284,6 +291,25 @@ class PrometheusHttp:
         if not isinstance(result, list):
             raise PrometheusError(f"HTTP {status}: the answer has no query result")
         return [r for r in result if isinstance(r, dict)]
+
+    def _body(self, response: requests.Response) -> bytes:
+        """The whole answer, or PrometheusError when it is larger than MAX_ANSWER_BYTES or takes more than twice the
+        timeout to arrive (a server that trickles bytes would otherwise hold the tick for ever)."""
+        deadline = time.monotonic() + 2 * self.timeout
+        chunks: list[bytes] = []
+        size = 0
+        with response:
+            while chunk := response.raw.read1(ANSWER_CHUNK_BYTES, decode_content=True):  # what has arrived
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise PrometheusError(
+                        f"the answer is larger than {MAX_ANSWER_BYTES // 2**20} MiB: narrow the queries "
+                        "(spec.autoscaling.prometheus.queryOverrides) or the fleet's label selector"
+                    )
+                if time.monotonic() > deadline:
+                    raise PrometheusError(f"no whole answer within {2 * self.timeout:g}s")
+                chunks.append(chunk)
+        return b"".join(chunks)
 
 
 def _number(value: Any) -> float | None:
@@ -393,7 +419,14 @@ class PrometheusAdapter:
     def _client(self) -> Any:
         if self.client is None:
             # One quick retry: a tick that cannot read metrics holds, and the next tick tries again.
-            retry = Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504), raise_on_status=False)
+            # Never Retry-After: urllib3 would sleep as long as the answer asks (up to 6 h), holding the tick.
+            retry = Retry(
+                total=1,
+                backoff_factor=0.1,
+                status_forcelist=(502, 503, 504),
+                raise_on_status=False,
+                respect_retry_after_header=False,
+            )
             self.client = PrometheusHttp(self.url, self.tls, self.timeout_seconds, retry)
         return self.client
 
