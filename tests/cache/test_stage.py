@@ -264,3 +264,27 @@ def test_copy_from_a_claim_directory_checks_the_manifest(tmp_path: Path) -> None
 
     code, out, _ = stage(tmp_path, "clean", "--dest", str(dest))
     assert code == 0 and "emptied" in out and dest.is_dir() and list(dest.iterdir()) == []
+
+
+def test_copy_from_another_source_never_trusts_a_size_and_a_bad_manifest_touches_nothing(tmp_path: Path) -> None:
+    """A fine-tune's shards have the sizes of the base model's: from another source, a file only a size describes
+    is copied again. A manifest naming a file the source lacks, or a path outside the checkpoint, is a bad source
+    (exit 3) found before anything staged is touched."""
+    base, tuned = tmp_path / "pvc" / "base", tmp_path / "pvc" / "tuned"
+    for root, fill in ((base, b"a"), (tuned, b"b")):
+        root.mkdir(parents=True)
+        (root / "model.safetensors").write_bytes(fill * 4096)
+    dest = tmp_path / "nvme" / "m3"
+    assert stage(tmp_path, "copy", "--from", str(base), "--dest", str(dest))[0] == 0
+    code, _, err = stage(tmp_path, "copy", "--from", str(tuned), "--dest", str(dest))
+    assert code == 0, err
+    assert (dest / "model.safetensors").read_bytes() == b"b" * 4096
+
+    complete = (dest / MARKER).read_text()
+    for entry in ({"path": "gone.safetensors", "size": 1}, {"path": "../../escape", "size": 1}):
+        (tuned / "m3fleet-manifest.json").write_text(json.dumps({"files": [entry]}))
+        code, _, err = stage(tmp_path, "copy", "--from", str(tuned), "--dest", str(dest))
+        assert code == 3, err
+        assert (dest / MARKER).read_text() == complete  # the copy staged before is intact and still complete
+        assert (dest / "model.safetensors").read_bytes() == b"b" * 4096
+    assert not (tmp_path / "nvme" / "escape").exists()

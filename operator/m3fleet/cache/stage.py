@@ -9,8 +9,10 @@ the Hub documents), with what the Hub publishes per file: its size, and the sha2
 sha1 of the others. Every file already in DIR that matches is kept; every other one is downloaded with
 `hf_hub_download` (resumable, HF_ENDPOINT and HF_TOKEN honoured) and then checked; a file that does not match is
 deleted and the run fails. Copy: the files of the source directory, checked against `m3fleet-manifest.json` in
-it when present (path, size and sha256 of each file), else against the source files' sizes. Files in DIR that
-the source does not have are removed (an earlier revision's).
+it when present (path, size and sha256 of each file), else against the source files' sizes; a file only a size
+describes is kept only when DIR was staged from this same source (`.m3fleet-staging.json`, written first), else
+copied again. Files in DIR that the source does not have are removed (an earlier revision's). A listing that names a
+path outside DIR (absolute, `..`) is a bad source.
 
 Only when every file verified is `.m3fleet-complete.json` written (first removed, so an interrupted run never
 looks complete); exit 0. Exit 1: something failed that a retry may fix (network, a corrupt or partial file).
@@ -34,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 MARKER = ".m3fleet-complete.json"
+STAGING = ".m3fleet-staging.json"  # the source a run stages from, written first: a resumed run may trust its files
 MANIFEST = "m3fleet-manifest.json"
 HF_HOME_DIR = ".m3fleet-hf-home"  # HF_HOME inside the directory (the Job sets it): nothing outside DIR is written
-KEEP = (MARKER, ".cache", HF_HOME_DIR)  # never treated as stale checkpoint files
+KEEP = (MARKER, STAGING, ".cache", HF_HOME_DIR)  # never treated as stale checkpoint files
 EXIT_OK, EXIT_RETRY, EXIT_BAD_SOURCE = 0, 1, 3
 TERMINATION_LOG = "/dev/termination-log"
 CHUNK = 16 * 1024 * 1024
@@ -65,6 +68,16 @@ class Expected:
         if self.git_sha1:
             out["gitSha1"] = self.git_sha1
         return out
+
+
+def checked(files: Sequence[Expected], where: str) -> list[Expected]:
+    """`files`, each a plain relative path (no absolute path, no `..`, no empty part): a listing that names any other
+    would write or delete outside DIR. Raises StageError (the source is wrong) before anything is touched."""
+    for expected in files:
+        parts = expected.path.split("/")
+        if expected.path.startswith("/") or any(part in ("", ".", "..") for part in parts):
+            raise StageError(f"{where} names {expected.path!r}, not a path inside the checkpoint", EXIT_BAD_SOURCE)
+    return list(files)
 
 
 def file_hashes(path: Path, git: bool) -> tuple[str, str | None]:
@@ -107,15 +120,36 @@ def _stale(dest: Path, wanted: set[str]) -> list[Path]:
     return found
 
 
+def _source_staged(dest: Path) -> Any:
+    """The source the files in DIR were staged from, as the last run recorded it (None: unknown)."""
+    for name in (STAGING, MARKER):
+        try:
+            return json.loads((dest / name).read_text()).get("source")
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
+
+
+def _write(path: Path, record: dict[str, Any]) -> None:
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
 def _finish(dest: Path, source: dict[str, Any], files: Sequence[Expected], fetch: Callable[[Expected], None]) -> str:
     """Fetch what is missing or wrong, verify everything, then write the marker. Returns a summary."""
+    # A file that only a size describes is kept only when it came from this same source (a resumed run): the
+    # same size from another source (a fine-tune's shards, another subPath) says nothing about the bytes.
+    same_source = _source_staged(dest) == source
     (dest / MARKER).unlink(missing_ok=True)
+    _write(dest / STAGING, {"source": source})
     for path in _stale(dest, {f.path for f in files}):
         path.unlink()
         print(f"removed {path.relative_to(dest)} (not in the source)", flush=True)
 
     def one(expected: Expected) -> str | None:
-        if mismatch(dest, expected) is None:
+        hashed = bool(expected.sha256 or expected.git_sha1)
+        if (hashed or same_source) and mismatch(dest, expected) is None:
             return None  # already here and verified
         try:
             fetch(expected)
@@ -135,10 +169,7 @@ def _finish(dest: Path, source: dict[str, Any], files: Sequence[Expected], fetch
         problems = [p for p in pool.map(one, files) if p]
     if problems:
         raise StageError(f"{len(problems)} of {len(files)} files failed verification: " + "; ".join(problems[:5]))
-    record = {"source": source, "files": [f.record() for f in files]}
-    tmp = dest / f"{MARKER}.tmp"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True))
-    tmp.replace(dest / MARKER)
+    _write(dest / MARKER, {"source": source, "files": [f.record() for f in files]})
     total = sum(f.size or 0 for f in files)
     return f"{len(files)} files ({total} bytes) complete and verified in {dest}"
 
@@ -183,6 +214,7 @@ def stage_huggingface(repo: str, revision: str, dest: Path) -> str:
     ]
     if not files:
         raise StageError(f"{repo}@{revision} lists no files", EXIT_BAD_SOURCE)
+    files = checked(files, f"the file list of {repo}@{revision}")
     dest.mkdir(parents=True, exist_ok=True)
 
     def fetch(expected: Expected) -> None:
@@ -210,15 +242,16 @@ def _manifest(source: Path) -> list[Expected]:
 def stage_copy(source: Path, dest: Path) -> str:
     if not source.is_dir():
         raise StageError(f"source directory {source} does not exist: check the claim and subPath", EXIT_BAD_SOURCE)
-    files = _manifest(source)
+    files = checked(_manifest(source), f"{source / MANIFEST}")
     if not files:
         raise StageError(f"source directory {source} holds no files", EXIT_BAD_SOURCE)
+    absent = [f.path for f in files if not (source / f.path).is_file()]
+    if absent:  # before DIR is touched: exit 3 promises the copy staged before is intact
+        raise StageError(f"{absent[0]} is in the manifest but not in {source}", EXIT_BAD_SOURCE)
     dest.mkdir(parents=True, exist_ok=True)
 
     def fetch(expected: Expected) -> None:
         origin = source / expected.path
-        if not origin.is_file():
-            raise StageError(f"{expected.path} is in the manifest but not in {source}", EXIT_BAD_SOURCE)
         target = dest / expected.path
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.partial")
