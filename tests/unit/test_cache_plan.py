@@ -55,7 +55,9 @@ def nodes(*names: str, labelled: tuple[str, ...] = ()) -> list[NodeView]:
 
 
 def job(node: str, state: str, attempt: int = 1, cache: MiniMaxM3ModelCache | None = None, **kw: Any) -> JobView:
-    content = (cache or the_cache()).spec.content_digest()
+    spec = (cache or the_cache()).spec
+    kw.setdefault("path", spec.path)
+    content = spec.content_digest()
     return JobView(f"j-{node}-{attempt}", f"uid-{node}-{attempt}", node, content, STAGE, attempt, state, **kw)
 
 
@@ -312,6 +314,54 @@ def test_removal_cleans_a_node_whose_running_staging_job_it_stopped() -> None:
     first = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=[running], deleting=True))
     assert first.delete == [running] and first.create == []  # stop writing first
     assert [n["name"] for n in first.nodes] == ["h200-0"] and not first.release  # the record is the status
-    second = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=[], deleting=True, reported_nodes=["h200-0"]))
+    reported = [{"name": "h200-0", "phase": "Removing", "attempts": 0}]
+    second = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=[], deleting=True, reported_nodes=reported))
     assert [j["metadata"]["labels"]["m3fleet.dev/cache-action"] for j in second.create] == [CLEAN]
     assert not second.release
+
+
+def test_a_new_spec_waits_until_the_old_spec_s_job_has_stopped_writing() -> None:
+    """Two Jobs must never write one directory: the old one is deleted (foreground), and the new one is created only
+    once it is gone."""
+    old = the_cache()
+    new = the_cache(source={"huggingFace": {"repo": "MiniMaxAI/MiniMax-M3", "revision": "c" * 40}})
+    writing = job("h200-0", "Active", cache=old)
+    work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[writing]))
+    assert work.create == [] and work.delete == [writing] and work.requeue_after is not None
+    stopping = job("h200-0", "Active", cache=old, stopping=True)
+    work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[stopping]))
+    assert work.create == [] and work.delete == []  # asked once; its pods are still going
+    work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[]))
+    assert len(work.create) == 1
+
+
+def test_a_rejected_source_with_a_new_path_keeps_no_label() -> None:
+    """The pods mount the new path, which the old copy is not in."""
+    old = the_cache()
+    source = {"huggingFace": {"repo": "MiniMaxAI/MiniMax-M3", "revision": "d" * 40}}
+    new = the_cache(path="/mnt/nvme/elsewhere", source=source)
+    rejected = job("h200-0", "Failed", cache=new, bad_source=True, message="no such revision", finished_at=NOW)
+    work = plan_cache(
+        inputs(new, nodes=nodes("h200-0", labelled=("h200-0",)), jobs=[job("h200-0", "Complete", cache=old), rejected])
+    )
+    assert work.labels == {"h200-0": None}
+
+
+def test_a_retried_attempt_replaces_the_failed_one() -> None:
+    failed = job("h200-0", "Failed", finished_at=NOW - 3600, message="disk full")
+    work = plan_cache(inputs(nodes=nodes("h200-0"), jobs=[failed]))
+    assert len(work.create) == 1 and work.delete == [failed]
+
+
+def test_removal_cleans_cordoned_nodes_that_staged_and_skips_those_that_never_did() -> None:
+    cache = the_cache(deleteFilesOnRemoval=True)
+    cordoned = [NodeView(n, dict(H200), False) for n in ("h200-0", "h200-1")]
+    reported = [
+        {"name": "h200-0", "phase": "Failed", "attempts": 2},
+        {"name": "h200-1", "phase": "Pending", "attempts": 0, "message": "node is cordoned (unschedulable)"},
+    ]
+    work = plan_cache(inputs(cache, nodes=cordoned, deleting=True, reported_nodes=reported))
+    (created,) = work.create
+    assert created["metadata"]["annotations"]["m3fleet.dev/node"] == "h200-0"
+    tolerations = created["spec"]["template"]["spec"]["tolerations"]
+    assert {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"} in tolerations

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from m3fleet.api.cache import (
     NODE_LABEL_READY,
@@ -50,6 +50,7 @@ BAD_SOURCE_EXIT_CODE = 3  # `m3fleet stage`: the source itself is wrong (revisio
 JOB_BACKOFF_LIMIT = 3  # pod retries inside one Job (the job controller's own backoff: 10 s, 20 s, 40 s)
 RETRY_SECONDS = (60.0, 1800.0)  # a failed Job's next attempt: after 1 min, doubling up to 30 min
 BLOCKED_RECHECK_SECONDS = 60.0  # a missing Secret is looked for again (Secrets are not watched)
+STOP_RECHECK_SECONDS = 10.0  # a deleted staging Job's pods are looked at again until they are gone
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 STAGE_MOUNT = "/cache"
 SOURCE_MOUNT = "/source"
@@ -77,6 +78,8 @@ class JobView:
     finished_at: float | None = None  # epoch seconds of the Complete/Failed condition
     bad_source: bool = False  # failed by the pod failure policy on exit code 3
     message: str = ""  # the pod's termination message, or the Job's condition message
+    path: str = ""  # the node directory it writes (its hostPath)
+    stopping: bool = False  # deleted, its pods still going (foreground deletion): it may still write
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ class Inputs:
     secret_missing: str | None = None  # the token Secret's name when it does not exist
     daemonset_exists: bool = False
     deleting: bool = False  # metadata.deletionTimestamp is set
-    reported_nodes: Sequence[str] = ()  # status.nodes as last written: during removal, the nodes still to clean
+    reported_nodes: Sequence[Mapping[str, Any]] = ()  # status.nodes as last written (see `_may_hold_files`)
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,13 @@ def _tolerations(cache: MiniMaxM3ModelCache) -> list[dict[str, Any]]:
     accelerator = ACCELERATORS[cache.spec.nodes.accelerator]
     gpu_taint = {"key": accelerator.resource_name, "operator": "Exists", "effect": "NoSchedule"}
     return [gpu_taint, *cache.spec.nodes.tolerations]
+
+
+# A cordoned node takes no new staging, but a cache's removal must still empty its directory there (as
+# DaemonSets tolerate the cordon), or the finalizer would wait for an uncordon that may never come.
+CORDONED: Final[list[dict[str, Any]]] = [
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+]
 
 
 def _on_node(node: str) -> dict[str, Any]:
@@ -255,7 +265,7 @@ def _job(inputs: Inputs, node: str, action: str, attempt: int) -> dict[str, Any]
                 "spec": {
                     "restartPolicy": "Never",
                     "affinity": _on_node(node),
-                    "tolerations": _tolerations(cache),
+                    "tolerations": _tolerations(cache) + (CORDONED if action == CLEAN else []),
                     "containers": [container],
                     "volumes": volumes,
                     "automountServiceAccountToken": False,
@@ -347,12 +357,20 @@ class _NodeStep:
 
 def _node_step(inputs: Inputs, name: str, jobs: list[JobView], content: str, in_pool: bool) -> _NodeStep:
     current = _latest([j for j in jobs if j.content == content])
-    older_complete = [j for j in jobs if j.content != content and j.state == "Complete"]
+    # A copy staged before stands for this content only in the directory the pods mount now.
+    path = inputs.cache.spec.path
+    older_complete = [j for j in jobs if j.content != content and j.state == "Complete" and j.path == path]
     step = _NodeStep({"name": name, "attempts": current.attempt if current else 0, "message": ""})
     entry = step.entry
     if current is not None and current.state == "Complete":
         entry["phase"] = "Ready"
-        step.ready, step.superseded = True, [j for j in jobs if j is not current]
+        step.ready, step.superseded = True, [j for j in jobs if j is not current and not j.stopping]
+        return step
+    writing = [j for j in jobs if j.content != content and j.state == "Active"]
+    if writing and not (current is not None and current.state == "Active"):
+        # The spec changed while a Job of the old one stages here: two Jobs must never write one directory.
+        entry.update(phase="Pending", message=f"waiting for job {writing[0].name} of the previous spec to stop")
+        step.superseded, step.wait = [j for j in writing if not j.stopping], STOP_RECHECK_SECONDS
         return step
     if current is not None and current.state == "Failed" and current.bad_source:
         entry.update(phase="Failed", message=current.message)
@@ -381,6 +399,8 @@ def _node_step(inputs: Inputs, name: str, jobs: list[JobView], content: str, in_
         entry.update(phase="Pending", message="node is cordoned (unschedulable)")
         return step
     step.stage_attempt = (current.attempt + 1) if current is not None else 1
+    if current is not None and not current.stopping:
+        step.superseded.append(current)  # the failed attempt's record passes to the new one: failures do not pile up
     entry.update(phase="Staging", attempts=step.stage_attempt, message="job created")
     return step
 
@@ -499,6 +519,13 @@ def _conditions(
     return [ready_verdict, Verdict("Degraded", "False", "AsExpected", "the spec is valid")]
 
 
+def _may_hold_files(entry: Mapping[str, Any]) -> bool:
+    """Whether a status.nodes entry names a node that may hold files: a staging attempt ran there, or an earlier
+    round of the removal listed it. A pool node that never staged (cordoned all along) holds nothing to clean, and
+    a cleanup Job there could wait for ever."""
+    return "name" in entry and (bool(entry.get("attempts")) or entry.get("phase") == "Removing")
+
+
 def _removal(
     inputs: Inputs,
     work: Work,
@@ -515,11 +542,13 @@ def _removal(
     if inputs.cache.spec.delete_files_on_removal:
         # Every node that may hold files: a staging or cleanup Job ran there, or status still lists it (a staging
         # Job deleted below to stop it writing is no record any more; the status written below is).
-        touched = {j.node for j in (*stage_jobs, *clean_jobs)} | set(inputs.reported_nodes)
+        touched = {j.node for j in (*stage_jobs, *clean_jobs)} | {
+            str(n["name"]) for n in inputs.reported_nodes if _may_hold_files(n)
+        }
         staged = sorted(n for n in touched if n in nodes)
         for job in stage_jobs:
-            if job.state == "Active":
-                work.delete.append(job)  # stop writing before the directory is removed
+            if job.state == "Active" and not job.stopping:
+                work.delete.append(job)  # stop writing before the directory is removed (foreground: until its pods go)
         for name in staged:
             mine = _latest([j for j in clean_jobs if j.node == name])
             if mine is not None and mine.state == "Complete":

@@ -93,6 +93,15 @@ def job_view(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> JobView:
         finished_at=_epoch(done.get("lastTransitionTime")),
         bad_source=bad_source and state == "Failed",
         message=message[:1000],
+        path=next(
+            (
+                str((v.get("hostPath") or {}).get("path") or "")
+                for v in ((job.get("spec") or {}).get("template") or {}).get("spec", {}).get("volumes") or []
+                if v.get("name") == "cache"
+            ),
+            "",
+        ),
+        stopping=bool(meta.get("deletionTimestamp")),
     )
 
 
@@ -192,7 +201,7 @@ class CacheReconciler:
                 secret_missing=missing,
                 daemonset_exists=bool(daemonsets),
                 deleting=deleting,
-                reported_nodes=[n["name"] for n in (body.get("status") or {}).get("nodes") or [] if "name" in n],
+                reported_nodes=(body.get("status") or {}).get("nodes") or [],
             )
         )
         await self._apply(cache, work, namespace, daemonsets)
@@ -216,7 +225,8 @@ class CacheReconciler:
                 f"labelled {label}={value}" if value else f"unlabelled {label}",
             )
         for job in work.delete:
-            await self.api.delete(kube.JOB, namespace, job.name, job.uid)
+            # Foreground: the Job stays listed (and counts as writing) until its pods are gone.
+            await self.api.delete(kube.JOB, namespace, job.name, job.uid, propagation="Foreground")
         for obj in work.create:
             try:
                 await self.api.create(obj)

@@ -302,13 +302,14 @@ class KubeApi:
             raise
         return result
 
-    async def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> None:
-        """Delete exactly the object we saw (uid precondition); gone already is fine."""
+    async def delete(self, kind: Kind, namespace: str, name: str, uid: str, *, propagation: str = "Background") -> None:
+        """Delete exactly the object we saw (uid precondition); gone already is fine. `propagation` Foreground keeps
+        the object (with a deletionTimestamp) until its dependents are gone."""
         body = {
             "apiVersion": "v1",
             "kind": "DeleteOptions",
             "preconditions": {"uid": uid},
-            "propagationPolicy": "Background",
+            "propagationPolicy": propagation,
         }
         try:
             await self._call("DELETE", f"{kind.collection(namespace)}/{name}", body, None, "application/json")
