@@ -341,7 +341,7 @@ def test_notes_tell_what_to_do_next() -> None:
         "kubectl describe m3d",
         "kubectl -n llm port-forward service/m3-vllm-h200-tp8-api 8000:8000",  # render's Service <name>-api
         "LeaderWorkerSet",
-        "kubectl apply --server-side -f charts/m3fleet/crds/",
+        "kubectl apply --server-side --force-conflicts -f charts/m3fleet/crds/",
         "every namespace",
     ):
         assert text in notes

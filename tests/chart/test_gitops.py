@@ -7,13 +7,15 @@ reference resolves inside this repository.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import pytest
+import yaml
 
-from tests.chart.support import CHART, ROOT, check_fields, load_yaml_docs, render
+from tests.chart.support import CHART, KUBECTL, ROOT, load_yaml_docs, render, validate_any
 
 GITOPS = ROOT / "manifests" / "gitops"
 FILES = sorted(p for p in GITOPS.rglob("*.yaml") if p.name not in ("argocd-cm-patch.yaml", "kustomization.yaml"))
@@ -30,8 +32,22 @@ def of_kind(kind: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(GITOPS)) for p in FILES])
 def test_fields(path: Path) -> None:
     for doc in load_yaml_docs(path):
-        errors = check_fields(doc)
-        assert not errors, "\n".join(errors)
+        validate_any(doc)
+
+
+def test_the_flux_fleet_builds_a_namespace_before_the_resources_in_it() -> None:
+    """Flux creates no namespace; its kustomize build reads files anywhere in the repository."""
+    result = subprocess.run(
+        [str(KUBECTL), "kustomize", "--load-restrictor=LoadRestrictionsNone", str(GITOPS / "flux" / "fleet")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    built = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert [d["kind"] for d in built] == ["Namespace", "MiniMaxM3Deployment"]
+    assert built[1]["metadata"]["namespace"] == built[0]["metadata"]["name"]
 
 
 def helm_values() -> list[tuple[str, dict[str, Any]]]:

@@ -163,7 +163,7 @@ EXERCISED = {
     SIMULATE_MEASURED,  # on a result file made from the real vLLM client's output (tests/bench/fixtures)
 }
 NEEDS_CLUSTER = {
-    "kubectl apply --server-side -f charts/m3fleet/crds/",
+    "kubectl apply --server-side --force-conflicts -f charts/m3fleet/crds/",
     "kubectl apply -k manifests/install",
     "kubectl apply -f manifests/gitops/argocd/application-operator.yaml"
     " -f manifests/gitops/argocd/application-fleet.yaml",
