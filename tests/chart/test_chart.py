@@ -435,6 +435,7 @@ CROSS_FIELD = [
         "metrics.serviceMonitor.enabled needs metrics.service.enabled=true",
     ),
     ({"serviceAccount": {"create": False}}, "serviceAccount.create=false needs serviceAccount.name"),
+    ({"webhook": {"port": 9090}}, "webhook.port: 9090 is taken by the operator's liveness (8080) or metrics (9090)"),
 ]
 
 

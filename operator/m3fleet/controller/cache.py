@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any
 
 from m3fleet.api import parse_resource
-from m3fleet.api.cache import MiniMaxM3ModelCache
+from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
 from m3fleet.api.parse import parse_cache
 from m3fleet.cache.plan import (
     ACTION_LABEL,
@@ -151,7 +151,8 @@ class CacheReconciler:
         try:
             cache = parse_cache(dict(body))
         except (SpecError, SpecErrors) as exc:  # admission checks the same: only an older CRD lets this through
-            if deleting:
+            if deleting:  # its label names no node directory any more: off every node (files: the spec is unreadable)
+                await self._unlabel_all(namespace, name)
                 return await self._release(body)
             verdicts = [("Ready", "False", "InvalidSpec", str(exc)), ("Degraded", "True", "InvalidSpec", str(exc))]
             return CacheOutcome(await self._write_status(body, {}, verdicts))
@@ -245,6 +246,12 @@ class CacheReconciler:
             for ds in daemonsets:
                 await self.api.delete(kube.DAEMON_SET, namespace, ds["metadata"]["name"], ds["metadata"]["uid"])
                 self._applied.pop((namespace, ds["metadata"]["name"]), None)
+
+    async def _unlabel_all(self, namespace: str, name: str) -> None:
+        label = node_label_key(namespace, name)
+        unlabel = {"metadata": {"labels": {label: None}}}
+        for node in await self.api.list(kube.NODE, None, label):  # a bare key selects the nodes that carry it
+            await self.api.merge_patch(kube.NODE, None, node["metadata"]["name"], unlabel)
 
     async def _release(self, body: Mapping[str, Any]) -> CacheOutcome:
         meta = body["metadata"]
