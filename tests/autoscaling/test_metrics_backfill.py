@@ -175,6 +175,17 @@ def test_trtllm_converts_blocks_to_tokens(prom: str) -> None:
     assert (r.kv_capacity_tokens, r.kv_used_tokens) == (32_000, 8_000)
 
 
+def test_trtllm_kv_overrides_are_tokens_not_blocks(prom: str) -> None:
+    """queryOverrides give kvCapacityTokens and kvUsedTokens in tokens (their names say so): never multiplied by
+    the block size again, and the other, not overridden, still converted from blocks."""
+    capacity = {"kvCapacityTokens": "sum by ($by) (trtllm_kv_cache_max_blocks$selector) * 32"}
+    r = read(prom, "trtllm", overrides=capacity)["t-0"]
+    assert (r.kv_capacity_tokens, r.kv_used_tokens, r.kv_usage) == (32_000, 8_000, 0.25)
+    used = {"kvUsedTokens": "sum by ($by) (trtllm_kv_cache_used_blocks$selector) * 32"}
+    r = read(prom, "trtllm", overrides=used)["t-0"]
+    assert (r.kv_capacity_tokens, r.kv_used_tokens, r.kv_usage) == (32_000, 8_000, 0.25)
+
+
 def test_query_override_replaces_one_signal(prom: str) -> None:
     r = read(prom, "vllm", overrides={"waiting": "sum by ($by) (gateway_queue$selector)"})["v-0"]
     assert r.waiting == 9 and r.running == 8

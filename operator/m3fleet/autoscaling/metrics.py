@@ -336,11 +336,13 @@ def combine_replica(
     ranks: Mapping[str, RankValues],
     capacity: RankCapacity | None,
     block_tokens: float | None,
+    in_tokens: frozenset[str] = frozenset(),
 ) -> dict[str, float | int | None]:
     """One replica's pool signals from its per-rank values (pure; see the module docstring).
 
     `block_tokens`: None when the engine counts tokens; tokens per block when it counts blocks (NaN
-    when it does not say how large a block is: then no token count is derived).
+    when it does not say how large a block is: then no token count is derived). `in_tokens`: the KV
+    signals given in tokens whatever the engine counts (queryOverrides say tokens).
 
     Returns running, waiting (sums over ranks), kvCapacityTokens (sum over ranks), kvCapacityPerRank
     (the largest rank), kvUsedTokens (sum over ranks: the engine's own count, else usage x capacity),
@@ -353,7 +355,9 @@ def combine_replica(
     running, waiting, usage = values("running"), values("waiting"), values("kvUsage")
     used_raw, cap_raw = values("kvUsedTokens"), values("kvCapacityTokens")
     unit = 1.0 if block_tokens is None else block_tokens  # NaN: blocks of a size the engine did not export
-    caps = {r: v * unit for r, v in cap_raw.items() if v > 0 and math.isfinite(v * unit)}
+    cap_unit = 1.0 if "kvCapacityTokens" in in_tokens else unit
+    used_unit = 1.0 if "kvUsedTokens" in in_tokens else unit
+    caps = {r: v * cap_unit for r, v in cap_raw.items() if v > 0 and math.isfinite(v * cap_unit)}
     if capacity is not None:
         caps = {**capacity.per_rank, **caps} if capacity.per_rank else caps
     rank_names = sorted(set(running) | set(waiting) | set(usage) | set(caps) | set(used_raw))
@@ -364,8 +368,8 @@ def combine_replica(
     if per_rank is None and total_cap is not None:
         per_rank = total_cap / max(1, len(rank_names))
     used: float | None = None
-    if used_raw and math.isfinite(unit):
-        used = sum(v * unit for v in used_raw.values())
+    if used_raw and math.isfinite(used_unit):
+        used = sum(v * used_unit for v in used_raw.values())
     elif usage and caps and set(usage) <= set(caps):
         used = sum(u * caps[r] for r, u in usage.items())
     elif usage and total_cap is not None:
@@ -552,9 +556,9 @@ class PrometheusAdapter:
 
             sizes = ranks.get("blockSize", {}).get(name, {})
             block_tokens = max(sizes.values()) if sizes else None
-            if self.metrics.block_size and block_tokens is None and "kvCapacityTokens" not in queries.overridden:
-                block_tokens = math.nan  # blocks of unknown size: no token counts
-            pool = combine_replica(name, ranks, info.get(name), None if block_tokens is None else block_tokens)
+            if self.metrics.block_size and block_tokens is None:
+                block_tokens = math.nan  # blocks of unknown size: no token counts (but from an override)
+            pool = combine_replica(name, ranks, info.get(name), block_tokens, queries.overridden)
             signals.append(
                 ReplicaSignals(
                     replica=name,
