@@ -106,6 +106,12 @@ def _data() -> str:
     om.gauge("trtllm_kv_cache_used_blocks", {'pod="t-0"': 250})
     om.gauge("trtllm_kv_cache_tokens_per_block", {'pod="t-0"': 32})
     om.gauge("gateway_queue", {'pod="v-0"': 9})
+    # One pod scraped by two jobs (a PodMonitor and annotation-based discovery): every series twice.
+    dup = [f'pod="v-dup",engine="0",job="{job}"' for job in ("podmonitor", "kubernetes-pods")]
+    om.gauge("vllm:num_requests_running", dict.fromkeys(dup, 2))
+    om.counter("vllm:prompt_tokens_total", dict.fromkeys(dup, 1500))  # 100 tokens/s, not 200
+    for labels in dup:
+        om.histogram("vllm:time_to_first_token_seconds", labels, ["0.5", "1.0", "+Inf"], [5, 10, 15], 12.0)
     return om.text()
 
 
@@ -184,6 +190,12 @@ def test_trtllm_kv_overrides_are_tokens_not_blocks(prom: str) -> None:
     used = {"kvUsedTokens": "sum by ($by) (trtllm_kv_cache_used_blocks$selector) * 32"}
     r = read(prom, "trtllm", overrides=used)["t-0"]
     assert (r.kv_capacity_tokens, r.kv_used_tokens, r.kv_usage) == (32_000, 8_000, 0.25)
+
+
+def test_a_pod_scraped_by_two_jobs_is_counted_once(prom: str) -> None:
+    r = read(prom, "vllm")["v-dup"]
+    assert r.running == 2 and r.prompt_tokens_rate == pytest.approx(100) and r.first_token_rate == pytest.approx(1)
+    assert r.ttft_seconds is not None and r.ttft_seconds.count == pytest.approx(60)  # 15 a step over 60 s, once
 
 
 def test_query_override_replaces_one_signal(prom: str) -> None:

@@ -116,8 +116,10 @@ def build_queries(
         # One value per (replica, rank): TP ranks of one pool repeat it, so the max is that value.
         return f"max by ({rank_by}) ({either(names)})"
 
+    # Counters: the max per (replica, rank) first, then the sum over ranks. A pod scraped by two jobs (the chart's
+    # PodMonitor and annotation-based discovery) has two copies of each series, which a plain sum would double.
     def rate(names: Names) -> str:
-        return f"sum by ({by}) ({either(names, lambda s: f'rate({s}[{rw}])')})"
+        return f"sum by ({by}) (max by ({rank_by}) ({either(names, lambda s: f'rate({s}[{rw}])')}))"
 
     scalars = {
         "up": f"max by ({by}) (up{sel})",
@@ -142,7 +144,7 @@ def build_queries(
     def histogram(names: Names) -> tuple[str, str, str]:
         def part(suffix: str, extra: str = "") -> str:
             inner = either(tuple(f"{n}_{suffix}" for n in names), lambda s: f"increase({s}[{hw}])")
-            return f"sum by ({by}{extra}) ({inner})"
+            return f"sum by ({by}{extra}) (max by ({rank_by}{extra}) ({inner}))"  # as `rate`: one copy per scrape
 
         return part("bucket", ", le"), part("sum"), part("count")
 
