@@ -51,6 +51,7 @@ from m3fleet.controller.reconcile import digest, utc_now
 from m3fleet.controller.status import condition
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
+from m3fleet.render.ownership import controlled_by
 
 Key = tuple[str, str]
 DEFAULT_STAGER_IMAGE = "ghcr.io/m3fleet/operator:0.1.0"
@@ -175,6 +176,8 @@ class CacheReconciler:
         )
         views = []
         for job in jobs:
+            if not controlled_by(job, meta["uid"]):
+                continue  # a deleted namesake's Job, not yet collected: its copy may already be cleaned away
             failed = any(
                 c.get("type") == "Failed" and c.get("status") == "True"
                 for c in (job.get("status") or {}).get("conditions") or []
