@@ -94,7 +94,7 @@ MISSING_API = {
     kube.LEADER_WORKER_SET.kind: (
         "LeaderWorkerSetNotInstalled",
         "a replica spans {nodes} nodes and needs the LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1), which this "
-        "cluster does not serve: install LeaderWorkerSet v0.6 or newer, or plan a replica that fits one node",
+        "cluster does not serve: install LeaderWorkerSet v0.9 or newer, or plan a replica that fits one node",
     ),
     kube.COMPUTE_DOMAIN.kind: (
         "ComputeDomainNotInstalled",

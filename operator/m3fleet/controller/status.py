@@ -50,7 +50,7 @@ class Workload:
         status = live.get("status") or {}
         generation = (live.get("metadata") or {}).get("generation")
         observed = status.get("observedGeneration")
-        # LWS may not report observedGeneration; then updated/ready counts alone decide.
+        # LeaderWorkerSet reports observedGeneration from v0.9 only; before, updated/ready counts alone decide.
         current = observed is None or generation is None or observed >= generation
         return cls(
             desired=desired,
