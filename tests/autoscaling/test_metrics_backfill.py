@@ -35,17 +35,22 @@ class OpenMetrics:
     def __init__(self) -> None:
         self.lines: list[str] = []
 
-    def family(self, name: str, kind: str, series: dict[str, list[float]], suffix: str = "") -> None:
+    def family(self, name: str, kind: str, series: dict[str, list[float | None]], suffix: str = "") -> None:
         """`series` maps a label string to one value per step."""
         self.lines.append(f"# TYPE {name} {kind}")
         for labels, values in series.items():
             for step, value in enumerate(values):
-                self.lines.append(f"{name}{suffix}{{{labels}}} {value} {T0 + 15 * step}")
+                if value is not None:  # None: not scraped at that step
+                    self.lines.append(f"{name}{suffix}{{{labels}}} {value} {T0 + 15 * step}")
 
-    def gauge(self, name: str, series: dict[str, float | tuple[float, int]]) -> None:
-        """`series`: label string -> a value at every step, or (value, steps) for a series that stops early."""
-        expanded = {}
+    def gauge(self, name: str, series: dict[str, float | tuple[float, int] | list[float | None]]) -> None:
+        """`series`: label string -> a value at every step, (value, steps) for a series that stops early, or one
+        value (None: no sample) per step."""
+        expanded: dict[str, list[float | None]] = {}
         for labels, value in series.items():
+            if isinstance(value, list):
+                expanded[labels] = value
+                continue
             v, steps = value if isinstance(value, tuple) else (value, STEPS)
             expanded[labels] = [v] * steps
         self.family(name, "gauge", expanded)
@@ -75,9 +80,18 @@ def _data() -> str:
     # vLLM, new names, two DP engines; replica v-1 exports only the old KV name; v-2 exports both.
     # A replica whose last sample is 90 s before END (inside Prometheus's 5 min lookback): stale.
     stale = 'pod="stale-0"'
-    om.gauge("vllm:num_requests_running", {e0: 3, e1: 5, 'pod="v-1"': 2, 'pod="v-2"': 1, stale: (1, 3)})
-    om.gauge("vllm:num_requests_waiting", {e0: 1, e1: 0, 'pod="v-1"': 0, 'pod="v-2"': 0, stale: (0, 3)})
-    om.gauge("vllm:kv_cache_usage_perc", {e0: 0.4, e1: 0.6, 'pod="v-2"': 0.3, stale: (0.5, 3)})
+    every_minute: list[float | None] = [1 if step % 4 == 0 else None for step in range(STEPS)]  # a 60 s scrape
+    running = {e0: 3, e1: 5, 'pod="v-1"': 2, 'pod="v-2"': 1, stale: (1, 3), 'pod="v-sparse"': every_minute}
+    om.gauge("vllm:num_requests_running", running)
+    every_minute_zero = [None if v is None else 0.0 for v in every_minute]
+    om.gauge(
+        "vllm:num_requests_waiting",
+        {e0: 1, e1: 0, 'pod="v-1"': 0, 'pod="v-2"': 0, stale: (0, 3), 'pod="v-sparse"': every_minute_zero},
+    )
+    om.gauge(
+        "vllm:kv_cache_usage_perc",
+        {e0: 0.4, e1: 0.6, 'pod="v-2"': 0.3, stale: (0.5, 3), 'pod="v-sparse"': every_minute_zero},
+    )
     om.gauge("vllm:gpu_cache_usage_perc", {'pod="v-1"': 0.9, 'pod="v-2"': 0.8})
     om.gauge(
         "vllm:cache_config_info",
@@ -196,6 +210,21 @@ def test_a_pod_scraped_by_two_jobs_is_counted_once(prom: str) -> None:
     r = read(prom, "vllm")["v-dup"]
     assert r.running == 2 and r.prompt_tokens_rate == pytest.approx(100) and r.first_token_rate == pytest.approx(1)
     assert r.ttft_seconds is not None and r.ttft_seconds.count == pytest.approx(60)  # 15 a step over 60 s, once
+
+
+def test_a_scrape_interval_as_long_as_the_rate_window_is_said(prom: str) -> None:
+    """Scraped every 60 s, a 60 s window holds one sample (read 5 s after a scrape, so whether the range is open at
+    its start, as from Prometheus 3, or closed, does not matter): every rate() is empty. The policy says so."""
+    at = END - 5
+    snapshot = PrometheusAdapter.for_engine("vllm", prom, rate_window=WINDOW).read(at=at)
+    replicas = {r.replica: r for r in snapshot.replicas}
+    assert replicas["v-sparse"].scrapes_in_window == 1 and replicas["v-0"].scrapes_in_window == 4
+    adapter = PrometheusAdapter.for_engine("vllm", prom, selector={"pod": "v-sparse"}, rate_window=WINDOW)
+    decision, _ = decide(
+        config(), PolicyState(), adapter.read(at=at), FleetState(now=at, current_replicas=1, ready_replicas=1)
+    )
+    assert "1 replicas have fewer than two scrapes in the 60s rate window" in decision.reason
+    assert "every 30s or less" in decision.reason
 
 
 def test_query_override_replaces_one_signal(prom: str) -> None:

@@ -124,6 +124,8 @@ def build_queries(
     scalars = {
         "up": f"max by ({by}) (up{sel})",
         "sampleTime": f"max by ({by}) (timestamp({either(metrics.running)}))",
+        # Scrapes per rate window: with fewer than two, every rate() is empty (a 1-minute scrape interval).
+        "scrapesInWindow": f"max by ({by}) ({either(metrics.running, lambda s: f'count_over_time({s}[{rw}])')})",
         "running": rank_gauge(metrics.running),
         "waiting": rank_gauge(metrics.waiting),
         "kvUsage": rank_gauge(metrics.kv_usage),
@@ -566,6 +568,7 @@ class PrometheusAdapter:
                     replica=name,
                     up=up.get(name, 1.0) >= 1.0,
                     sample_time=get("sampleTime"),
+                    scrapes_in_window=get("scrapesInWindow"),
                     kv_usage=_opt(pool["kvUsage"]),
                     kv_capacity_tokens=_opt(pool["kvCapacityTokens"]),
                     kv_capacity_tokens_per_rank=_opt(pool["kvCapacityPerRank"]),

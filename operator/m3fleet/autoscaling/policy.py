@@ -1239,6 +1239,13 @@ def decide(
         notes.append(f"{health.missing} ready replicas have no fresh metrics: no scale-down")
     if terms.capacity.warning:
         notes.append("KV capacity reported unlike the plan (see capacity)")
+    sparse = sum(1 for r in health.fresh if r.scrapes_in_window is not None and r.scrapes_in_window < 2)
+    if sparse:
+        window = snapshot.window_seconds
+        notes.append(
+            f"{sparse} replicas have fewer than two scrapes in the {window:.0f}s rate window, so their token and "
+            f"request rates are unknown: scrape engine pods every {window / 2:.0f}s or less"
+        )
 
     if _forgets_burst(config, terms) and state.history:
         notes.append(WINDOW_RELEASED)

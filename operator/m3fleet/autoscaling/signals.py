@@ -122,6 +122,7 @@ class ReplicaSignals:
     replica: str
     up: bool = True  # the last scrape succeeded
     sample_time: float | None = None  # newest gauge sample (Unix s); staleness is judged against it
+    scrapes_in_window: float | None = None  # samples of a gauge within the rate window: rates need two
     kv_usage: float | None = None  # 0..1
     kv_capacity_tokens: float | None = None  # what the engine reports the replica holds (sum over its KV pools)
     kv_capacity_tokens_per_rank: float | None = None  # one KV pool (a DP rank, or the TP group)
