@@ -436,6 +436,7 @@ CROSS_FIELD = [
     ),
     ({"serviceAccount": {"create": False}}, "serviceAccount.create=false needs serviceAccount.name"),
     ({"webhook": {"port": 9090}}, "webhook.port: 9090 is taken by the operator's liveness (8080) or metrics (9090)"),
+    ({"podLabels": {"app.kubernetes.io/name": "x"}}, "podLabels: app.kubernetes.io/name is the Deployment's selector"),
 ]
 
 

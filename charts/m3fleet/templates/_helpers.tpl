@@ -79,6 +79,11 @@ Cross-field rules the JSON schema cannot phrase clearly; each message names the 
 {{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.service.enabled) -}}
 {{- fail "metrics.serviceMonitor.enabled needs metrics.service.enabled=true: the ServiceMonitor scrapes that Service" -}}
 {{- end -}}
+{{- range $key := list "app.kubernetes.io/name" "app.kubernetes.io/instance" -}}
+{{- if hasKey $.Values.podLabels $key -}}
+{{- fail (printf "podLabels: %s is the Deployment's selector label, set by the chart; remove it from podLabels (nameOverride changes the name)" $key) -}}
+{{- end -}}
+{{- end -}}
 {{- if has (int .Values.webhook.port) (list 8080 9090) -}}
 {{- fail (printf "webhook.port: %d is taken by the operator's liveness (8080) or metrics (9090) endpoint in the same container; pick another, e.g. 9443" (int .Values.webhook.port)) -}}
 {{- end -}}

@@ -7,7 +7,8 @@
 Hugging Face: the repo's file list at the pinned commit comes from the Hub API (`huggingface_hub`, the client
 the Hub documents), with what the Hub publishes per file: its size, and the sha256 of LFS files or the git blob
 sha1 of the others. Every file already in DIR that matches is kept; every other one is downloaded with
-`hf_hub_download` (resumable, HF_ENDPOINT and HF_TOKEN honoured) and then checked; a file that does not match is
+`hf_hub_download` (from its first byte: a file that failed is fetched whole again; HF_ENDPOINT and HF_TOKEN
+honoured) and then checked; a file that does not match is
 deleted and the run fails. Copy: the files of the source directory, checked against `m3fleet-manifest.json` in
 it when present (path, size and sha256 of each file), else against the source files' sizes; a file only a size
 describes is kept only when DIR was staged from this same source (`.m3fleet-staging.json`, written first), else
