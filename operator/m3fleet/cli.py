@@ -17,14 +17,20 @@ from m3fleet.api import KIND, MiniMaxM3Deployment, Plan, parse_resource
 from m3fleet.api.cache import CACHE_KIND, MiniMaxM3ModelCache
 from m3fleet.api.crd import crd_yaml
 from m3fleet.api.parse import parse_cache
-from m3fleet.documents import EXIT_INVALID, EXIT_OK, InputError, dump, guarded, label, read_inputs, report
+from m3fleet.documents import (
+    EXIT_INVALID,
+    EXIT_OK,
+    InputError,
+    dump,
+    guarded,
+    is_cache,
+    label,
+    read_inputs,
+    report,
+)
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
 from m3fleet.render import cache_mount, check, render
-
-
-def is_cache(body: Any) -> bool:
-    return isinstance(body, dict) and body.get("kind") == CACHE_KIND
 
 
 def process(

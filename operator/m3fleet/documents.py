@@ -203,7 +203,7 @@ def read_documents(target: str) -> list[Document]:
 def one_deployment(target: str, command: str) -> Document:
     """The one MiniMaxM3Deployment document in `target`, for commands that take one (`simulate`, `bench`);
     MiniMaxM3ModelCaches beside it are skipped, as `plan` skips them."""
-    docs = [doc for doc in read_documents(target) if not _is_kind(doc, CACHE_KIND)]
+    docs = [doc for doc in read_documents(target) if not is_cache(doc.body)]
     if len(docs) != 1:
         raise InputError(
             target,
@@ -213,8 +213,9 @@ def one_deployment(target: str, command: str) -> Document:
     return docs[0]
 
 
-def _is_kind(doc: Document, kind: str) -> bool:
-    return isinstance(doc.body, dict) and doc.body.get("kind") == kind
+def is_cache(body: Any) -> bool:
+    """A MiniMaxM3ModelCache document: validated by `plan`, skipped by the commands that take one deployment."""
+    return isinstance(body, dict) and body.get("kind") == CACHE_KIND
 
 
 class ResourceError(Exception):

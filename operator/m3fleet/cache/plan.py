@@ -53,6 +53,7 @@ BLOCKED_RECHECK_SECONDS = 60.0  # a missing Secret is looked for again (Secrets 
 STOP_RECHECK_SECONDS = 10.0  # a deleted staging Job's pods are looked at again until they are gone
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 STAGE_MOUNT = "/cache"
+CACHE_VOLUME = "cache"  # the Job's hostPath volume: the node directory it writes
 SOURCE_MOUNT = "/source"
 PHASES = ("Pending", "Staging", "Ready", "Failed", "Removing")
 
@@ -207,9 +208,9 @@ def stage_command(cache: MiniMaxM3ModelCache) -> tuple[list[str], list[dict[str,
 def _job(inputs: Inputs, node: str, action: str, attempt: int) -> dict[str, Any]:
     cache, content = inputs.cache, inputs.cache.spec.content_digest()
     volumes: list[dict[str, Any]] = [
-        {"name": "cache", "hostPath": {"path": cache.spec.path, "type": "DirectoryOrCreate"}}
+        {"name": CACHE_VOLUME, "hostPath": {"path": cache.spec.path, "type": "DirectoryOrCreate"}}
     ]
-    mounts: list[dict[str, Any]] = [{"name": "cache", "mountPath": STAGE_MOUNT}]
+    mounts: list[dict[str, Any]] = [{"name": CACHE_VOLUME, "mountPath": STAGE_MOUNT}]
     if action == STAGE:
         command, env = stage_command(cache)
         if cache.spec.source.pvc is not None:
@@ -274,6 +275,15 @@ def _job(inputs: Inputs, node: str, action: str, attempt: int) -> dict[str, Any]
             },
         },
     }
+
+
+def written_path(job: Mapping[str, Any]) -> str:
+    """The node directory a Job made by `_job` writes ("" when it names none)."""
+    volumes = ((job.get("spec") or {}).get("template") or {}).get("spec", {}).get("volumes") or []
+    for volume in volumes:
+        if volume.get("name") == CACHE_VOLUME:
+            return str((volume.get("hostPath") or {}).get("path") or "")
+    return ""
 
 
 def _daemonset(inputs: Inputs) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from m3fleet.cache.plan import (
     NodeView,
     Work,
     plan_cache,
+    written_path,
 )
 from m3fleet.controller import kube
 from m3fleet.controller.kube import ApiError, KubeApi
@@ -94,14 +95,7 @@ def job_view(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> JobView:
         finished_at=_epoch(done.get("lastTransitionTime")),
         bad_source=bad_source and state == "Failed",
         message=message[:1000],
-        path=next(
-            (
-                str((v.get("hostPath") or {}).get("path") or "")
-                for v in ((job.get("spec") or {}).get("template") or {}).get("spec", {}).get("volumes") or []
-                if v.get("name") == "cache"
-            ),
-            "",
-        ),
+        path=written_path(job),
         stopping=bool(meta.get("deletionTimestamp")),
     )
 

@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
-from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, NodeAffinityMode, Plan
+from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, ModelCacheRef, NodeAffinityMode, Plan
 from m3fleet.engines import Context, EngineLaunch, Role, launch
 from m3fleet.engines.base import SERVING_PORT, CacheMount
 from m3fleet.errors import SpecError
@@ -230,8 +230,13 @@ def cache_mount(resource: MiniMaxM3Deployment, cache: MiniMaxM3ModelCache | None
             f"create it (kubectl get m3cache -n {namespace} lists them) or correct the name; for m3fleet render, "
             "put the cache in the same input",
         )
+    return _mount(namespace, ref, cache.spec.path)
+
+
+def _mount(namespace: str, ref: ModelCacheRef, path: str) -> CacheMount:
+    """The pods' view of the cache `ref` names, its copy in the node directory `path`."""
     label = node_label_key(namespace, ref.name)
-    return CacheMount(ref.name, cache.spec.path, label, ref.node_affinity == NodeAffinityMode.REQUIRED)
+    return CacheMount(ref.name, path, label, ref.node_affinity == NodeAffinityMode.REQUIRED)
 
 
 # The node-local directory a cache named by spec.model.cacheRef is assumed to hold when it is not at hand (`check`).
@@ -245,10 +250,8 @@ def check(resource: MiniMaxM3Deployment, plan: Plan, cache: MiniMaxM3ModelCache 
     ref = resource.spec.model.cache_ref
     if ref is None or cache is not None:
         render(resource, plan, cache=cache_mount(resource, cache))
-        return
-    label = node_label_key(resource.metadata.namespace, ref.name)
-    stand_in = CacheMount(ref.name, STAND_IN_CACHE_PATH, label, ref.node_affinity == NodeAffinityMode.REQUIRED)
-    render(resource, plan, cache=stand_in)
+    else:
+        render(resource, plan, cache=_mount(resource.metadata.namespace, ref, STAND_IN_CACHE_PATH))
 
 
 def required_secrets(resource: MiniMaxM3Deployment, plan: Plan) -> list[str]:
