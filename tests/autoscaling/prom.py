@@ -259,18 +259,34 @@ def vllm_exposition(reading: Reading, dp: int = 1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sglang_text(state: EngineState, elapsed: float, tp: int = 8, dp: int = 1, all_schedulers: bool = True) -> str:
-    return sglang_exposition(state.reading(elapsed, one_two_five_buckets(1_048_576)), tp, dp, all_schedulers)
+def sglang_text(
+    state: EngineState,
+    elapsed: float,
+    tp: int = 8,
+    dp: int = 1,
+    all_schedulers: bool = True,
+    nodes: int = 1,
+    node_rank: int = 0,
+) -> str:
+    reading = state.reading(elapsed, one_two_five_buckets(1_048_576))
+    return sglang_exposition(reading, tp, dp, all_schedulers, nodes, node_rank)
 
 
-def sglang_exposition(reading: Reading, tp: int = 8, dp: int = 1, all_schedulers: bool = True) -> str:
+def sglang_exposition(
+    reading: Reading, tp: int = 8, dp: int = 1, all_schedulers: bool = True, nodes: int = 1, node_rank: int = 0
+) -> str:
     """SGLang /metrics of one replica: `--tp tp` and, with dp > 1, `--dp dp --enable-dp-attention`
     (attention TP = tp / dp, one KV pool per DP rank). Only attention-TP rank 0 of each pool emits,
-    unless `all_schedulers` (--enable-metrics-for-all-schedulers): then every rank repeats its pool."""
+    unless `all_schedulers` (--enable-metrics-for-all-schedulers): then every rank repeats its pool.
+    A replica over `nodes` nodes: the pod of `node_rank` has the schedulers of its tp / nodes ranks, and only
+    node 0 the tokenizer's series (prompt and generation tokens, TTFT, end-to-end latency, prompt lengths);
+    a worker node's come from the health server SGLang runs there (srt/utils/common.py,
+    launch_dummy_health_check_server)."""
     model = 'model_name="MiniMaxAI/MiniMax-M3",engine_type="unified"'
     attn_tp = tp // dp
+    per_node = tp // nodes
     ranks = []
-    for rank in range(tp):
+    for rank in range(node_rank * per_node, (node_rank + 1) * per_node):
         pool = rank // attn_tp
         if rank % attn_tp and not all_schedulers:
             continue
@@ -282,7 +298,6 @@ def sglang_exposition(reading: Reading, tp: int = 8, dp: int = 1, all_schedulers
     def gauge(value: float) -> list[tuple[str, float]]:
         return [(labels, value) for labels, _ in ranks]
 
-    finished = reading.finished
     lines = [
         *_family("sglang:num_running_reqs", "gauge", gauge(reading.running * share)),
         *_family("sglang:num_queue_reqs", "gauge", gauge(reading.waiting * share)),
@@ -291,6 +306,16 @@ def sglang_exposition(reading: Reading, tp: int = 8, dp: int = 1, all_schedulers
         *_family("sglang:max_total_num_tokens", "gauge", gauge(pool_tokens)),
         *_family("sglang:page_size", "gauge", gauge(1)),
         *_family("sglang:num_retracted_requests_total", "counter", gauge(reading.preemptions * share)),
+    ]
+    if node_rank == 0:
+        lines += _sglang_tokenizer(reading, model)
+    return "\n".join(lines) + "\n"
+
+
+def _sglang_tokenizer(reading: Reading, model: str) -> list[str]:
+    """The tokenizer manager's series (node 0 only)."""
+    finished = reading.finished
+    lines = [
         *_family(
             "sglang:prompt_tokens_total",
             "counter",
@@ -310,7 +335,7 @@ def sglang_exposition(reading: Reading, tp: int = 8, dp: int = 1, all_schedulers
     lines += _histogram(
         "sglang:prompt_tokens_histogram", model, reading.prompt_bounds, reading.prompt_buckets, reading.prompt_sum
     )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def trtllm_text(state: EngineState, elapsed: float, tokens_per_block: int = 64, export_block_size: bool = True) -> str:

@@ -93,6 +93,12 @@ TARGETS = {
     ("outage", "outage-1"): lambda t: (503, "engine restarting\n"),
     ("sglang-tp8", "sglang-tp8-0"): lambda t: (200, sglang_text(POOLED, t, tp=8, dp=1)),
     ("sglang-dp8", "sglang-dp8-0"): lambda t: (200, sglang_text(POOLED, t, tp=8, dp=8)),
+    # One DP8 replica over two nodes (a LeaderWorkerSet group): the leader pod m3-0 and its worker m3-0-1 each
+    # export their own four DP ranks; only the leader runs the tokenizer.
+    ("sglang-2n", "m3-0"): lambda t: (200, sglang_text(POOLED, t, tp=8, dp=8, nodes=2, node_rank=0)),
+    ("sglang-2n", "m3-0-1"): lambda t: (200, sglang_text(POOLED, t, tp=8, dp=8, nodes=2, node_rank=1)),
+    ("sglang-2n-down", "m3x-0"): lambda t: (200, sglang_text(POOLED, t, tp=8, dp=8, nodes=2, node_rank=0)),
+    ("sglang-2n-down", "m3x-0-1"): lambda t: (503, "worker restarting\n"),
     ("trtllm", "trtllm-0"): lambda t: (200, trtllm_text(TRTLLM, t, tokens_per_block=64)),
     ("trtllm-noblock", "trtllm-noblock-0"): lambda t: (200, trtllm_text(TRTLLM, t, export_block_size=False)),
     ("gateway", "epp-0"): lambda t: (200, GATEWAY.text()),
@@ -112,9 +118,17 @@ def _config(port: int) -> str:
     return "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n" + "".join(jobs)
 
 
-def adapter(url: str, engine: str, scenario: str, gateway: Gateway | None = None) -> PrometheusAdapter:
+def adapter(
+    url: str, engine: str, scenario: str, gateway: Gateway | None = None, workers_of: str | None = None
+) -> PrometheusAdapter:
     return PrometheusAdapter.for_engine(
-        engine, url, selector={"scenario": scenario}, rate_window=WINDOW, histogram_window=WINDOW, gateway=gateway
+        engine,
+        url,
+        selector={"scenario": scenario},
+        rate_window=WINDOW,
+        histogram_window=WINDOW,
+        gateway=gateway,
+        workers_of=workers_of,
     )
 
 
@@ -216,6 +230,27 @@ def test_sglang_dp8_sums_the_dp_ranks(prom: str) -> None:
     # The policy takes it as the plan's DP8 shape: no capacity mismatch.
     policy = config(kv_tokens_per_replica=800_000, kv_tokens_per_rank=100_000, ranks_per_replica=8)
     assert _decide(snapshot, current=1, policy=policy)[2].warnings == ()
+
+
+def test_sglang_dp8_over_two_nodes_reads_the_workers_ranks_as_the_leaders_replica(prom: str) -> None:
+    snapshot = adapter(prom, "sglang", "sglang-2n", workers_of="m3").read()
+    (r,) = snapshot.replicas
+    assert r.replica == "m3-0" and r.up
+    assert (r.running, r.waiting, r.kv_ranks) == (16, 8, 8)
+    assert (r.kv_capacity_tokens, r.kv_capacity_tokens_per_rank) == (800_000, 100_000)
+    assert r.kv_used_tokens == 400_000
+    assert r.finished_rate == pytest.approx(3, rel=0.2)  # the tokenizer's, on the leader only
+    assert r.prompt_tokens is not None and r.prompt_tokens.mean() == pytest.approx(2_500)
+    policy = config(kv_tokens_per_replica=800_000, kv_tokens_per_rank=100_000, ranks_per_replica=8)
+    assert _decide(snapshot, current=1, policy=policy)[2].warnings == ()
+    # Read as pods, the leader holds half the replica and the worker looks like a replica of its own.
+    by_pod = {x.replica: x for x in adapter(prom, "sglang", "sglang-2n").read().replicas}
+    assert set(by_pod) == {"m3-0", "m3-0-1"} and by_pod["m3-0"].kv_capacity_tokens == 400_000
+
+
+def test_a_replica_whose_worker_pod_fails_its_scrape_is_not_up(prom: str) -> None:
+    (r,) = adapter(prom, "sglang", "sglang-2n-down", workers_of="m3x").read().replicas
+    assert r.replica == "m3x-0" and not r.up  # half its DP ranks unseen: the policy holds rather than misread it
 
 
 def test_trtllm_adapter_counts_blocks_of_the_size_the_engine_exports(prom: str) -> None:

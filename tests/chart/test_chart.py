@@ -8,6 +8,7 @@ Pod Security "restricted" and to the `m3fleet run` command line it must match.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import helm_python as helm
@@ -270,11 +271,20 @@ def test_service_monitor_scrapes_the_metrics_service() -> None:
     assert endpoint["honorLabels"] is True  # keep the metrics' own namespace/name labels
 
 
+def _vllm_over_two_nodes() -> dict[str, Any]:
+    """No sample spans nodes on vLLM: the H200 TP8 one at 1M tokens for three sequences (TP16, two nodes)."""
+    document = load_sample(next(p for p in SAMPLE_FILES if p.name == "vllm-h200-tp8.yaml"))
+    document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
+    document["spec"]["context"] = {"maxModelLen": 1_048_576, "minSequencesAtMaxLen": 3}
+    document["spec"]["parallelism"] = {"strategy": "tp", "tensorParallelSize": 0}
+    return document
+
+
 def _engine_pods() -> list[dict[str, Any]]:
-    """Pod templates of every sample, as the operator renders them."""
+    """Pod templates of every sample (and of vLLM over two nodes), as the operator renders them."""
     pods = []
-    for path in SAMPLE_FILES:
-        resource = parse_resource(load_sample(path))
+    for document in [*(load_sample(path) for path in SAMPLE_FILES), _vllm_over_two_nodes()]:
+        resource = parse_resource(document)
         for obj in render_engine(resource, plan(resource.spec)):
             if obj["kind"] == "Deployment":
                 pods.append(obj["spec"]["template"])
@@ -284,19 +294,30 @@ def _engine_pods() -> list[dict[str, Any]]:
     return pods
 
 
-def _kept(endpoint: dict[str, Any], pod_labels: dict[str, str]) -> bool:
+SCRAPE_ANNOTATION = "__meta_kubernetes_pod_annotation_prometheus_io_scrape"
+
+
+def _kept(endpoint: dict[str, Any], pod: dict[str, Any]) -> bool:
+    """Whether the endpoint's keep rules (Prometheus's relabelling, the two meta labels it reads) keep this pod."""
+    meta = {
+        SCRAPE_ANNOTATION: (pod["metadata"].get("annotations") or {}).get("prometheus.io/scrape", ""),
+        "__meta_kubernetes_pod_label_m3fleet_dev_engine": pod["metadata"]["labels"].get(render_labels.ENGINE, ""),
+    }
     keep = [r for r in endpoint["relabelings"] if r["action"] == "keep"]
-    assert [r["sourceLabels"] for r in keep] == [["__meta_kubernetes_pod_label_m3fleet_dev_engine"]]
-    return pod_labels.get(render_labels.ENGINE) == keep[0]["regex"]
+    assert [r["sourceLabels"] for r in keep] == [
+        [SCRAPE_ANNOTATION],
+        ["__meta_kubernetes_pod_label_m3fleet_dev_engine"],
+    ]
+    return all(re.fullmatch(r["regex"], meta[r["sourceLabels"][0]]) for r in keep)
 
 
-def test_pod_monitor_scrapes_every_engines_serving_pods() -> None:
+def test_pod_monitor_scrapes_every_pod_that_exports_engine_metrics() -> None:
     monitor = one(render(CASES["monitoring"]), "PodMonitor")
     selector = monitor["spec"]["selector"]["matchLabels"]
-    assert selector == {render_labels.MANAGED_BY: render_labels.MANAGER, render_labels.SERVING: "true"}
+    assert selector == {render_labels.MANAGED_BY: render_labels.MANAGER}
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     endpoints = monitor["spec"]["podMetricsEndpoints"]
-    assert {e["relabelings"][0]["regex"]: e["path"] for e in endpoints} == {
+    assert {e["relabelings"][1]["regex"]: e["path"] for e in endpoints} == {
         str(name): facts.metrics_path for name, facts in ENGINES.items()
     }
     assert {e["path"] for e in endpoints} == {"/metrics", "/prometheus/metrics"}
@@ -305,10 +326,17 @@ def test_pod_monitor_scrapes_every_engines_serving_pods() -> None:
         assert targets == {"m3fleet_dev_name", "m3fleet_dev_engine", "m3fleet_dev_accelerator"}
 
     pods = _engine_pods()
-    serving = [p for p in pods if selector.items() <= p["metadata"]["labels"].items()]
-    assert serving and len(serving) < len(pods)  # multi-node workers do not serve HTTP
-    for pod in serving:
-        (endpoint,) = [e for e in endpoints if _kept(e, pod["metadata"]["labels"])]
+    scraped = [p for p in pods if any(_kept(e, p) for e in endpoints)]
+    serving = [p for p in pods if p["metadata"]["labels"].get(render_labels.SERVING) == "true"]
+    workers = [p for p in pods if p["metadata"]["labels"][render_labels.ROLE] == "worker"]
+    # Every serving pod, and of the multi-node workers SGLang's only (its worker nodes' DP ranks export there;
+    # vLLM's headless workers and TensorRT-LLM's MPI ranks serve nothing).
+    assert all(p in scraped for p in serving)
+    assert {p["metadata"]["labels"][render_labels.ENGINE] for p in workers} >= {"vllm", "sglang", "trtllm"}
+    for pod in workers:
+        assert (pod in scraped) == (pod["metadata"]["labels"][render_labels.ENGINE] == "sglang")
+    for pod in scraped:
+        (endpoint,) = [e for e in endpoints if _kept(e, pod)]
         ports = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
         annotations = pod["metadata"]["annotations"]
         assert endpoint["port"] in ports

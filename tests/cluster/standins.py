@@ -55,11 +55,15 @@ def fleet(name: str, mode: str, stem: str = "vllm-h200-tp8") -> dict[str, Any]:
     return document
 
 
-def exposition(plan: Plan, reading: Reading) -> str:
-    """One replica's /metrics in its engine's own format. SGLang repeats its gauges on every TP rank (as with
-    --enable-metrics-for-all-schedulers), so the adapter must not sum them."""
+def exposition(plan: Plan, reading: Reading, node_rank: int = 0) -> str:
+    """One replica's /metrics in its engine's own format, as its pod on `node_rank` exports it. SGLang repeats its
+    gauges on every TP rank (as with --enable-metrics-for-all-schedulers), so the adapter must not sum them; over
+    several nodes each pod has its own node's ranks (with DP attention, its DP ranks' pools)."""
     if plan.engine == "sglang":
-        return sglang_exposition(reading, tp=plan.tensor_parallel_size, dp=plan.data_parallel_size)
+        world = plan.tensor_parallel_size * plan.data_parallel_size  # SGLang's --tp-size with DP attention
+        return sglang_exposition(
+            reading, world, plan.data_parallel_size, nodes=plan.nodes_per_replica, node_rank=node_rank
+        )
     if plan.engine == "trtllm":
         return trtllm_exposition(reading)
     return vllm_exposition(reading)
@@ -107,15 +111,30 @@ class SteppedDemand:
         return state.reading(elapsed, one_two_five_buckets(plan.max_model_len))
 
 
+LWS_NAME, LWS_GROUP, LWS_WORKER = (
+    f"leaderworkerset.sigs.k8s.io/{key}" for key in ("name", "group-index", "worker-index")
+)
+
+
+def replica_and_node_rank(pod: dict[str, Any]) -> tuple[str, int]:
+    """The replica a pod is part of (a LeaderWorkerSet group's is its leader's name) and its node rank."""
+    labels = pod["metadata"]["labels"]
+    if LWS_NAME not in labels:
+        return pod["metadata"]["name"], 0
+    return f"{labels[LWS_NAME]}-{labels[LWS_GROUP]}", int(labels.get(LWS_WORKER) or 0)
+
+
 class StandIns:
-    """One stand-in per running engine pod of the `plans`' fleets (of a multi-node replica, its leader: the
-    only pod that serves metrics), exporting what the `load` says of it (by default a `SteppedDemand`: set
-    `demand`), and the target list Prometheus reads."""
+    """One stand-in per running engine pod of the `plans`' fleets that exports metrics (the pods the chart's
+    PodMonitor keeps: annotated prometheus.io/scrape; of a multi-node replica, its leader, and on SGLang its
+    workers too), exporting what the `load` says of its replica (by default a `SteppedDemand`: set `demand`)
+    from that pod's node, and the target list Prometheus reads."""
 
     def __init__(self, cluster: Cluster, targets: Path, plans: dict[str, Plan], load: Load | None = None) -> None:
         self.cluster, self.targets, self.plans = cluster, targets, plans
         self.load: Load = load or SteppedDemand(plans)
         self.servers: dict[str, tuple[str, MetricsServer]] = {}  # pod -> (fleet, its stand-in)
+        self.replicas: dict[str, tuple[str, int]] = {}  # pod -> (its replica, its node rank)
         self.started: list[str] = []  # pods a stand-in was started for, in order
         self.stopped: list[str] = []
         self._stop = threading.Event()
@@ -129,26 +148,32 @@ class StandIns:
         return self.load.demand
 
     def _metrics(self, fleet: str, pod: str, elapsed: float) -> tuple[int, str]:
-        return 200, exposition(self.plans[fleet], self.load.reading(fleet, pod, elapsed))
+        replica, node_rank = self.replicas[pod]
+        return 200, exposition(self.plans[fleet], self.load.reading(fleet, replica, elapsed), node_rank)
 
     def up(self, fleet: str) -> int:
+        """The fleet's replicas with a stand-in on their leader (or single pod)."""
         with self._lock:
-            return sum(1 for f, _ in self.servers.values() if f == fleet)
+            return sum(1 for pod, (f, _) in self.servers.items() if f == fleet and self.replicas[pod][0] == pod)
 
     def _follow(self) -> None:
         while not self._stop.is_set():
             try:
-                running = {
-                    p["metadata"]["name"]: p["metadata"]["labels"]["m3fleet.dev/name"]
-                    for p in self.cluster.list("pods", NAMESPACE, "m3fleet.dev/name,m3fleet.dev/role!=worker")
+                listed = [
+                    p
+                    for p in self.cluster.list("pods", NAMESPACE, "m3fleet.dev/name")
                     if p["metadata"]["labels"]["m3fleet.dev/name"] in self.plans
+                    and (p["metadata"].get("annotations") or {}).get("prometheus.io/scrape") == "true"
                     and not p["metadata"].get("deletionTimestamp")
                     and (p.get("status") or {}).get("phase") == "Running"
-                }
+                ]
             except Exception:  # the apiserver busy for a moment: try again
                 time.sleep(0.5)
                 continue
+            running = {p["metadata"]["name"]: p["metadata"]["labels"]["m3fleet.dev/name"] for p in listed}
             changed = False
+            for p in listed:
+                self.replicas.setdefault(p["metadata"]["name"], replica_and_node_rank(p))
             for pod in [p for p in self.servers if p not in running]:
                 with self._lock:
                     _, server = self.servers.pop(pod)
@@ -164,7 +189,8 @@ class StandIns:
                     changed = True
             if changed:
                 for name in self.plans:
-                    self.load.follow(name, [p for p, (f, _) in self.servers.items() if f == name])
+                    members = [self.replicas[p][0] for p, (f, _) in self.servers.items() if f == name]
+                    self.load.follow(name, list(dict.fromkeys(members)))
                 self._write()
             self._stop.wait(0.5)
 

@@ -222,52 +222,79 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
                 delete(chart, name, NAMESPACE)
 
 
-def test_a_leaderworkerset_fleet_grows_and_shrinks_by_a_group(
+def _group_fleets() -> dict[str, dict[str, object]]:
+    """Two fleets whose replica spans two nodes: vLLM TP16 over two H200 nodes (its headless worker exports nothing)
+    and SGLang with DP attention, DP2 x TP8 over two MI355X nodes (its worker pod exports the second DP rank)."""
+    vllm = fleet("loop-groups", "act")
+    # 1M tokens, three full-length sequences: a replica spans two H200 nodes (as tests/cluster/test_multinode.py).
+    vllm["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
+    vllm["spec"]["context"] = {"maxModelLen": 1_048_576, "minSequencesAtMaxLen": 3}
+    vllm["spec"]["parallelism"] = {"strategy": "tp", "tensorParallelSize": 0}
+    sglang = fleet("loop-dp-groups", "act", "sglang-mi355x-mxfp8-tp8-ep8")
+    sglang["spec"]["context"] = {"maxModelLen": 1_048_576}
+    sglang["spec"]["parallelism"] = {"strategy": "dp-ep", "dataParallelSize": 2, "tensorParallelSize": 8}
+    for document in (vllm, sglang):
+        document["spec"]["autoscaling"]["maxReplicas"] = 2
+    return {"loop-groups": vllm, "loop-dp-groups": sglang}
+
+
+def test_leaderworkerset_fleets_grow_and_shrink_by_a_group(
     chart: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    name = "loop-groups"
-    document = fleet(name, "act")
-    # 1M tokens, three full-length sequences: a replica spans two H200 nodes (as tests/cluster/test_multinode.py).
-    document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
-    document["spec"]["context"] = {"maxModelLen": 1_048_576, "minSequencesAtMaxLen": 3}
-    document["spec"]["parallelism"] = {"strategy": "tp", "tensorParallelSize": 0}
-    document["spec"]["autoscaling"]["maxReplicas"] = 2
-    plan = make_plan(parse_resource(document).spec)
-    assert plan.nodes_per_replica == 2
+    """Up by a group and down by one. SGLang's worker pod exports its own DP rank: read as part of its leader's
+    replica, the capacity is the whole group's (as the plan says), not the leader's half."""
+    documents = _group_fleets()
+    plans = {name: make_plan(parse_resource(document).spec) for name, document in documents.items()}
+    assert all(p.nodes_per_replica == 2 for p in plans.values())
+    assert plans["loop-dp-groups"].data_parallel_size == 2
     targets = tmp_path / "targets.json"
     workdir = tmp_path / "prom"
     workdir.mkdir()
 
-    def groups() -> int:
+    def groups(name: str) -> int:
         body = chart.get("leaderworkerset", name, NAMESPACE) or {}
         return int((body.get("spec") or {}).get("replicas") or 0)
 
-    with StandIns(chart, targets, {name: plan}) as standins, prometheus(workdir, scrape_config(targets)) as url:
+    with StandIns(chart, targets, plans) as standins, prometheus(workdir, scrape_config(targets)) as url:
         try:
-            document["spec"]["autoscaling"]["prometheus"]["url"] = url
-            chart.apply(document)
-            wait_ready(chart, name, NAMESPACE, timeout=240)
-            eventually("the leader's stand-in", lambda: standins.up(name) == 1, 30)
-            assert len(pods(chart, name, NAMESPACE)) == 2  # one group: a leader and a worker
+            for document in documents.values():
+                document["spec"]["autoscaling"]["prometheus"]["url"] = url  # type: ignore[index]
+                chart.apply(document)
+            for name in documents:
+                wait_ready(chart, name, NAMESPACE, timeout=240)
+                eventually(f"{name}: the leader's stand-in", lambda n=name: standins.up(n) == 1, 30)
+                assert len(pods(chart, name, NAMESPACE)) == 2  # one group: a leader and a worker
 
             for demand, count in ((1.5, 2), (QUIET, 1)):  # demand rises: a second group; falls: back to one
-                standins.demand[name] = demand
-                eventually(
-                    f"{count} group(s), a stand-in each",
-                    lambda n=count: groups() == n and standins.up(name) == n,
-                    120,
-                    lambda: autoscaling(chart, name),
-                )
-                eventually(f"{2 * count} pods", lambda n=count: len(pods(chart, name, NAMESPACE)) == 2 * n, 60)
-            messages = events(chart, name, "Scaled")
-            assert any("scale-up 1 -> 2" in m for m in messages) and any("scale-down 2 -> 1" in m for m in messages)
-            assert standins.started == [f"{name}-0", f"{name}-1"], standins.started  # the leaders only
-            assert standins.stopped == [f"{name}-1"], standins.stopped
-            body = chart.get("m3d", name, NAMESPACE) or {}
-            assert body["metadata"]["generation"] == 1 and body["spec"]["replicas"] == 1
-            assert spec_managers(chart, name) == {"kubectl"}
+                standins.demand.update(dict.fromkeys(documents, demand))
+                for name in documents:
+                    eventually(
+                        f"{name}: {count} group(s), a stand-in each",
+                        lambda n=name, c=count: groups(n) == c and standins.up(n) == c,
+                        120,
+                        lambda n=name: autoscaling(chart, n),
+                    )
+                    eventually(
+                        f"{name}: {2 * count} pods", lambda n=name, c=count: len(pods(chart, n, NAMESPACE)) == 2 * c, 60
+                    )
+            for name in documents:
+                messages = events(chart, name, "Scaled")
+                assert any("scale-up 1 -> 2" in m for m in messages), messages
+                assert any("scale-down 2 -> 1" in m for m in messages), messages
+                body = chart.get("m3d", name, NAMESPACE) or {}
+                assert body["metadata"]["generation"] == 1 and body["spec"]["replicas"] == 1
+                assert spec_managers(chart, name) == {"kubectl"}
+            vllm_pods = [p for p in standins.started if p.startswith("loop-groups-")]
+            assert vllm_pods == ["loop-groups-0", "loop-groups-1"], standins.started  # the leaders only
+            sglang_pods = sorted(p for p in standins.started if p.startswith("loop-dp-groups-"))
+            assert sglang_pods == ["loop-dp-groups-0", "loop-dp-groups-0-1", "loop-dp-groups-1", "loop-dp-groups-1-1"]
+            assert events(chart, "loop-dp-groups", "KVCapacityMismatch") == []
+            capacity = autoscaling(chart, "loop-dp-groups").get("capacity") or {}
+            assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, capacity
+            assert abs(capacity["ratio"] - 1.0) < 0.02, capacity  # both DP ranks, the worker's included
         finally:
-            delete(chart, name, NAMESPACE)
+            for name in documents:
+                delete(chart, name, NAMESPACE)
 
 
 def _engine_fleets() -> dict[str, dict[str, object]]:

@@ -2,8 +2,8 @@
 
 `PrometheusAdapter.for_engine("vllm", url, selector={...}).read()` runs a fixed set of instant
 queries (all at one evaluation time) and folds the results into a `ReplicaSignals` per replica,
-grouped by `replica_label` (default `pod`; for a multi-node replica that is its leader, the only
-pod that serves metrics).
+grouped by `replica_label` (default `pod`; for a multi-node replica, its leader: the series of its
+worker pods, which export metrics on SGLang, are renamed to the leader's, `workers_of`).
 
 Per-rank series are combined the way each pinned engine means them (read from its metrics code):
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -104,13 +105,25 @@ def build_queries(
     rate_window: float,
     histogram_window: float,
     overrides: Mapping[str, str] | None = None,
+    workers_of: str | None = None,
 ) -> Queries:
+    """`workers_of` names a LeaderWorkerSet whose worker pods export metrics too: their series count for their
+    group's leader (see `worker_pod_pattern`)."""
     sel = selector_string(selector)
     rw, hw = f"{int(rate_window)}s", f"{int(histogram_window)}s"
     rank_by = f"{by}, {metrics.rank_label}" if metrics.rank_label else by
 
     def either(names: Names, wrap: Callable[[str], str] = lambda s: s) -> str:
-        return " or ".join(wrap(f"{n}{sel}") for n in names)
+        # Each pod's series first (the wrap: a rate, a timestamp), then renamed to their replica: a function of a
+        # renamed vector would no longer see the samples' own timestamps.
+        return replica_of(" or ".join(wrap(f"{n}{sel}") for n in names))
+
+    def replica_of(vector: str) -> str:
+        if workers_of is None:
+            return vector
+        # The pod's own name kept aside first: a leader's and its worker's series must stay two series.
+        pod = f'label_replace({vector}, "{POD_KEPT_AS}", "$1", "{by}", "(.+)")'
+        return f'label_replace({pod}, "{by}", "$1", "{by}", "{worker_pod_pattern(workers_of)}")'
 
     def rank_gauge(names: Names) -> str:
         # One value per (replica, rank): TP ranks of one pool repeat it, so the max is that value.
@@ -122,8 +135,9 @@ def build_queries(
         return f"sum by ({by}) (max by ({rank_by}) ({either(names, lambda s: f'rate({s}[{rw}])')}))"
 
     scalars = {
-        "up": f"max by ({by}) (up{sel})",
-        "sampleTime": f"max by ({by}) (timestamp({either(metrics.running)}))",
+        # A replica is up when each of its pods is (a pod scraped by two jobs: when either scrape works).
+        "up": f"min by ({by}) ({replica_of(f'max by ({by}) (up{sel})')})",
+        "sampleTime": f"max by ({by}) ({either(metrics.running, lambda s: f'timestamp({s})')})",
         # Scrapes per rate window: with fewer than two, every rate() is empty (a 1-minute scrape interval).
         "scrapesInWindow": f"max by ({by}) ({either(metrics.running, lambda s: f'count_over_time({s}[{rw}])')})",
         "running": rank_gauge(metrics.running),
@@ -159,7 +173,7 @@ def build_queries(
         if name in OVERRIDABLE:
             scalars[name] = Template(template).safe_substitute(selector=sel, window=rw, by=by)
             overridden.add(name)
-    info = f"{metrics.capacity_info}{sel}" if metrics.capacity_info else None
+    info = replica_of(f"{metrics.capacity_info}{sel}") if metrics.capacity_info else None
     return Queries(
         scalars=scalars,
         histograms=histograms,
@@ -167,6 +181,16 @@ def build_queries(
         rank_label=metrics.rank_label,
         overridden=frozenset(overridden),
     )
+
+
+POD_KEPT_AS: Final = "m3fleet_pod"  # where a worker's series keep their pod's name once renamed to the leader's
+
+
+def worker_pod_pattern(leader_worker_set: str) -> str:
+    """The names of a LeaderWorkerSet's worker pods, `<name>-<group>-<index>`, capturing their leader's
+    `<name>-<group>` (an RE2 pattern, anchored as Prometheus anchors them; a Kubernetes name has no regex
+    metacharacter but the dot, and no backslash a PromQL string would need escaped)."""
+    return f"({leader_worker_set.replace('.', '[.]')}-[0-9]+)-[0-9]+"
 
 
 @dataclass(frozen=True)
@@ -406,6 +430,9 @@ class PrometheusAdapter:
     histogram_window: float = HISTOGRAM_WINDOW_SECONDS
     overrides: Mapping[str, str] = field(default_factory=dict)
     gateway: Gateway | None = None
+    # A multi-node fleet's LeaderWorkerSet: its worker pods' series count for their leader (SGLang's worker nodes
+    # export their own DP ranks). A `queryOverrides` answer is taken for the leaders only.
+    workers_of: str | None = None
     timeout_seconds: float = 5.0
     tls: Tls = field(default_factory=Tls)
     client: Any = (
@@ -421,7 +448,13 @@ class PrometheusAdapter:
 
     def queries(self) -> Queries:
         return build_queries(
-            self.metrics, self.selector, self.replica_label, self.rate_window, self.histogram_window, self.overrides
+            self.metrics,
+            self.selector,
+            self.replica_label,
+            self.rate_window,
+            self.histogram_window,
+            self.overrides,
+            self.workers_of,
         )
 
     def _client(self) -> Any:
@@ -552,6 +585,9 @@ class PrometheusAdapter:
         info = _safe(self._capacity_from_info, queries.capacity_info, at) if queries.capacity_info else {}
 
         replicas = sorted(set(up) | set(ranks.get("running", {})) | set(ranks.get("kvUsage", {})))
+        if self.workers_of is not None:  # only in an override's answer: the built-in queries name the leader
+            worker = re.compile(worker_pod_pattern(self.workers_of))
+            replicas = [name for name in replicas if not worker.fullmatch(name)]
         signals = []
         for name in replicas:
 

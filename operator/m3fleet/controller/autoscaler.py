@@ -62,7 +62,9 @@ class MetricsSource(Protocol):
     def read(self, at: float | None = None) -> MetricsSnapshot: ...
 
 
-AdapterFactory = Callable[[str, str, Mapping[str, str], Mapping[str, str], Tls, Gateway | None], MetricsSource]
+AdapterFactory = Callable[
+    [str, str, Mapping[str, str], Mapping[str, str], Tls, Gateway | None, str | None], MetricsSource
+]
 
 
 def prometheus_adapter(
@@ -72,9 +74,16 @@ def prometheus_adapter(
     overrides: Mapping[str, str],
     tls: Tls,
     gateway: Gateway | None = None,
+    workers_of: str | None = None,
 ) -> MetricsSource:
     return PrometheusAdapter.for_engine(
-        engine, url, selector=dict(selector), overrides=dict(overrides), tls=tls, gateway=gateway
+        engine,
+        url,
+        selector=dict(selector),
+        overrides=dict(overrides),
+        tls=tls,
+        gateway=gateway,
+        workers_of=workers_of,
     )
 
 
@@ -157,7 +166,9 @@ class Autoscaler:
         secret = await self.api.get(kube.SECRET, namespace, ref.name)
         return Tls(ca_pem=ca_from_secret(secret, ref.name, ref.key))
 
-    async def _source(self, body: Mapping[str, Any], engine: str, scaling: AutoscalingSpec) -> MetricsSource:
+    async def _source(
+        self, body: Mapping[str, Any], engine: str, scaling: AutoscalingSpec, multi_node: bool
+    ) -> MetricsSource:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         prometheus = scaling.prometheus
         try:
@@ -166,11 +177,14 @@ class Autoscaler:
             return Unreadable(engine, str(exc))
         overrides = prometheus.query_overrides
         gateway = gateway_of(scaling)
-        signature = (engine, prometheus.url, tuple(sorted(overrides.items())), tls, gateway)
+        # A multi-node replica's worker pods are named after the LeaderWorkerSet, which is named after the resource.
+        workers_of = key[1] if multi_node else None
+        signature = (engine, prometheus.url, tuple(sorted(overrides.items())), tls, gateway, workers_of)
         cached = self._sources.get(key)
         if cached is None or cached[0] != signature:
             selector = {"namespace": key[0], FLEET_LABEL: key[1]}
-            cached = (signature, self.adapters(engine, prometheus.url, selector, overrides, tls, gateway))
+            source = self.adapters(engine, prometheus.url, selector, overrides, tls, gateway, workers_of)
+            cached = (signature, source)
             self._sources[key] = cached
             if tls.insecure_skip_verify:  # said once per source (and in the log), not every tick
                 self.events.warn(body, "InsecureSkipVerify", INSECURE_MESSAGE)
@@ -229,7 +243,7 @@ class Autoscaler:
             return Tick(gone=not await kube.still_exists(self.api, body))  # never tick it again
         pods = await self.api.list(kube.POD, namespace, labels.owned_selector(name))
         key = (namespace, name)
-        source = await self._source(body, str(plan.engine), scaling)
+        source = await self._source(body, str(plan.engine), scaling, plan.nodes_per_replica > 1)
         snapshot = await asyncio.to_thread(source.read)
         status = body.get("status") or {}
         previous = status.get("autoscaling") or {}

@@ -140,6 +140,8 @@ class Container:
     # env name -> (Secret, key): values the kubelet reads from a Secret (never in the pod spec or a ConfigMap)
     secret_env: dict[str, tuple[str, str]] = field(default_factory=dict)
     runs_as_root: bool = False  # the image's launch needs root (sshd); otherwise the pod runs as NON_ROOT_UID
+    # Scraped for metrics without serving (SGLang's worker nodes: their DP ranks' schedulers export there).
+    exports_metrics: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,9 +195,11 @@ def node_rank_launch(
     group_args: list[str],
     worker_args: tuple[str, ...] = (),
     secrets: dict[str, tuple[str, str]] | None = None,
+    worker_metrics: bool = False,
 ) -> EngineLaunch:
     """The launch shape vLLM and SGLang share: one pod per replica, or a leader (node rank 0, serves
-    HTTP) plus workers (node rank from the LWS environment, headless: no port, no HTTP probes)."""
+    HTTP) plus workers (node rank from the LWS environment, headless: no HTTP probes). With `worker_metrics` a
+    worker exports its own node's metrics on the engine port (SGLang); otherwise it opens no port."""
     extra = [literal(arg) for arg in ctx.spec.engine.extra_args]
     port = ctx.engine.port
     refs = secrets or {}
@@ -207,7 +211,16 @@ def node_rank_launch(
     return EngineLaunch(
         {
             Role.LEADER: Container(command, leader_args, env, probes, {SERVING_PORT: port}, True, secret_env=refs),
-            Role.WORKER: Container(command, worker_args_all, env, NO_PROBES, {}, False, secret_env=refs),
+            Role.WORKER: Container(
+                command,
+                worker_args_all,
+                env,
+                NO_PROBES,
+                {SERVING_PORT: port} if worker_metrics else {},
+                False,
+                exports_metrics=worker_metrics,
+                secret_env=refs,
+            ),
         }
     )
 

@@ -173,4 +173,7 @@ def launch(ctx: Context) -> EngineLaunch:
     probes = http_probes(port, ctx.engine.live_path, ctx.engine.ready_path, ready_period=30, ready_timeout=60)
     group = ["--dist-init-addr", f"{LWS_LEADER_ADDRESS}:{DIST_INIT_PORT}", "--nnodes", LWS_GROUP_SIZE]
     keys = secret_env(ctx, API_KEY_VAR, ADMIN_API_KEY_VAR)
-    return node_rank_launch(ctx, COMMAND, serve_args(ctx), env(ctx), probes, group, secrets=keys)
+    # A worker node's schedulers (with DP attention, its DP ranks: their queues and KV pools) export on that node
+    # only, through the health server SGLang starts on non-zero node ranks (srt/entrypoints/engine.py,
+    # launch_dummy_health_check_server, with /metrics under --enable-metrics).
+    return node_rank_launch(ctx, COMMAND, serve_args(ctx), env(ctx), probes, group, secrets=keys, worker_metrics=True)

@@ -380,7 +380,7 @@ def pod_template(
         # A changed ConfigMap alone changes no pod (the kubelet only swaps the mounted files under running engines,
         # which read them at start): its digest in the template rolls the pods, as a changed flag would.
         annotations[CONFIG_DIGEST_ANNOTATION] = config
-    if container.serves_http:
+    if container.serves_http or container.exports_metrics:
         annotations.update(
             {
                 "prometheus.io/scrape": "true",
