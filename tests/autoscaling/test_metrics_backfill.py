@@ -224,7 +224,13 @@ def test_a_scrape_interval_as_long_as_the_rate_window_is_said(prom: str) -> None
         config(), PolicyState(), adapter.read(at=at), FleetState(now=at, current_replicas=1, ready_replicas=1)
     )
     assert "1 replicas have fewer than two scrapes in the 60s rate window" in decision.reason
-    assert "every 30s or less" in decision.reason
+    assert "every 30s or less, or raise spec.autoscaling.prometheus.rateWindowSeconds" in decision.reason
+    # spec.autoscaling.prometheus.rateWindowSeconds: a window of twice the interval holds two scrapes.
+    longer = PrometheusAdapter.for_engine("vllm", prom, selector={"pod": "v-sparse"}, rate_window=2 * WINDOW)
+    snapshot = longer.read(at=at)
+    assert snapshot.window_seconds == 2 * WINDOW and snapshot.replicas[0].scrapes_in_window == 2
+    decision, _ = decide(config(), PolicyState(), snapshot, FleetState(now=at, current_replicas=1, ready_replicas=1))
+    assert "scrapes in the" not in decision.reason
 
 
 def test_query_override_replaces_one_signal(prom: str) -> None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import replace
 
 import pytest
 
+from m3fleet.api import parse_resource
 from m3fleet.autoscaling import simulate as sim
 from m3fleet.autoscaling.scenarios import Mixture, Request
 from m3fleet.autoscaling.signals import FleetState, GatewaySignals, MetricsSnapshot
@@ -15,6 +17,7 @@ from tests.bench.autoscaling import learning as bench_learning
 from tests.bench.autoscaling import oracle as bench_oracle
 from tests.bench.autoscaling import report as bench_report
 from tests.bench.autoscaling.baselines import Schedule
+from tests.conftest import SAMPLES_DIR, load_sample
 
 from .plans import sample_plan
 
@@ -149,6 +152,26 @@ def test_policies_see_only_adapter_signals() -> None:
     assert seen and all(s.queued_request_tokens == () and s.error is None for s in seen)
     late = [r for s in seen if s.time - setup.clock_offset > 40 * 60 for r in s.replicas]
     assert late and all(r.prompt_tokens is not None and r.kv_capacity_tokens for r in late)
+
+
+def test_rates_are_over_the_resources_rate_window() -> None:
+    """spec.autoscaling.prometheus.rateWindowSeconds: the snapshots say the window, and the rates average over it
+    (steady chat, one replica: four times the window, about half the spread of its arrival rate)."""
+
+    def rates(window: int) -> tuple[list[float], float]:
+        document = load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml")
+        document["spec"]["autoscaling"] = {"enabled": True, "prometheus": {"rateWindowSeconds": window}}
+        setup = sim.prepare("steady-chat", resource=parse_resource(document), minutes=20)
+        seen = snapshots_seen(setup)
+        assert {s.window_seconds for s in seen} == {float(window)}
+        steady = [r.finished_rate for s in seen if s.time - setup.clock_offset > 300 for r in s.replicas]
+        return [x for x in steady if x is not None], sim.parameters(setup)["simulator"]["rateWindowSeconds"]
+
+    (short, said_short), (long, said_long) = rates(60), rates(240)
+    assert (said_short, said_long) == (60, 240)
+    assert len(short) == len(long) > 50
+    assert statistics.pstdev(long) < 0.7 * statistics.pstdev(short)
+    assert statistics.mean(long) == pytest.approx(statistics.mean(short), rel=0.15)  # the same traffic
 
 
 def test_a_gateway_is_modelled_only_when_the_resource_names_one() -> None:

@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from m3fleet.api import parse_resource
+from m3fleet.autoscaling.metrics import PrometheusAdapter, Tls
 from m3fleet.autoscaling.policy import RECORD_HEARTBEAT_SECONDS, replicas_to_apply, worth_recording
 from m3fleet.autoscaling.readiness import fleet_from
-from m3fleet.controller.autoscaler import interval_of
+from m3fleet.controller.autoscaler import interval_of, prometheus_adapter, source_spec
 from m3fleet.controller.manager import backoff, newer, worth_reconciling
 from m3fleet.controller.peering import verdict
 from m3fleet.controller.reconcile import digest, missing_api, what_matters
@@ -280,3 +281,19 @@ def test_status_says_which_model_cache_the_pods_mount() -> None:
         "path": "/mnt/nvme/m3",
     }
     assert model_cache_record(None, None) is None
+
+
+def test_the_spec_says_how_metrics_are_read() -> None:
+    """The rate window comes from the spec (a slow scrape needs a longer one); a multi-node fleet's worker pods
+    count for their leaders, named after its LeaderWorkerSet (the resource's name)."""
+    body = doc(autoscaling={"enabled": True, "prometheus": {"url": "http://prom:9090", "rateWindowSeconds": 240}})
+    scaling = parse_resource(body).spec.autoscaling
+    single = source_spec("llm", "m3", "sglang", scaling, False, Tls())
+    assert (single.rate_window_seconds, single.workers_of) == (240.0, None)
+    assert single.selector == (("namespace", "llm"), ("m3fleet_dev_name", "m3"))
+    adapter = prometheus_adapter(source_spec("llm", "m3", "sglang", scaling, True, Tls()))
+    assert isinstance(adapter, PrometheusAdapter)
+    assert (adapter.rate_window, adapter.histogram_window, adapter.workers_of) == (240.0, 300.0, "m3")
+    body["spec"]["autoscaling"]["prometheus"]["rateWindowSeconds"] = 600
+    longest = prometheus_adapter(source_spec("llm", "m3", "vllm", parse_resource(body).spec.autoscaling, False, Tls()))
+    assert isinstance(longest, PrometheusAdapter) and longest.histogram_window == 600.0  # never shorter than a rate

@@ -523,6 +523,14 @@ class PrometheusSpec(CamelModel):
         description="Do not verify Prometheus's TLS certificate (testing only: anyone on the path can answer). "
         "The operator posts an InsecureSkipVerify warning Event.",
     )
+    rate_window_seconds: int = Field(
+        default=60,
+        ge=10,
+        le=900,
+        description="Window of the rates read from Prometheus (rate(...[w])). It must hold at least two scrapes of "
+        "each engine pod: keep it at 4x the scrape interval or more (60 for the chart's 15 s PodMonitor, 240 for "
+        "Prometheus's default 1-minute interval). Longer windows see a burst later.",
+    )
     query_overrides: dict[str, str] = Field(
         default_factory=dict, description="PromQL per signal name, replacing the engine adapter's query."
     )

@@ -1244,7 +1244,8 @@ def decide(
         window = snapshot.window_seconds
         notes.append(
             f"{sparse} replicas have fewer than two scrapes in the {window:.0f}s rate window, so their token and "
-            f"request rates are unknown: scrape engine pods every {window / 2:.0f}s or less"
+            f"request rates are unknown: scrape engine pods every {window / 2:.0f}s or less, or raise "
+            "spec.autoscaling.prometheus.rateWindowSeconds to 4x the scrape interval"
         )
 
     if _forgets_burst(config, terms) and state.history:

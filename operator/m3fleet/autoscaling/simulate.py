@@ -192,10 +192,11 @@ def prepare(
         Day(tuple(scenario.requests(seed, duration, day)), opening - (measured_day - day) * DAY)
         for day in range(measured_day)
     )
-    settings = SimSettings()
+    exported = None
     if resource.spec.autoscaling.gateway is not None:
-        bytes_per_token = random.Random(f"{seed}:gateway").uniform(*GATEWAY_BYTES_PER_TOKEN)
-        settings = SimSettings(gateway=GatewayModel(bytes_per_token, seed))
+        exported = GatewayModel(random.Random(f"{seed}:gateway").uniform(*GATEWAY_BYTES_PER_TOKEN), seed)
+    window = float(resource.spec.autoscaling.prometheus.rate_window_seconds)
+    settings = SimSettings(gateway=exported, rate_window_seconds=window)
     return Setup(
         scenario=scenario,
         seed=seed,

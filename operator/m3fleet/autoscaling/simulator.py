@@ -452,6 +452,11 @@ class SimSettings:
     # A draining replica's work in flight is cut off where the engine pod stops draining (vLLM's --shutdown-timeout).
     drain_deadline_seconds: float = float(IN_FLIGHT_DEADLINE_SECONDS)
     gateway: GatewayModel | None = None  # spec.autoscaling.gateway: the gateway's request sizes are exported
+    rate_window_seconds: float = RATE_WINDOW_SECONDS  # spec.autoscaling.prometheus.rateWindowSeconds
+
+    @property
+    def histogram_window_seconds(self) -> float:
+        return max(HISTOGRAM_WINDOW_SECONDS, self.rate_window_seconds)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -459,8 +464,8 @@ class SimSettings:
             "tickSeconds": self.tick_seconds,
             "scrapeSeconds": self.scrape_seconds,
             "tickReadsScrapeAgeSeconds": self.tick_offset_seconds,
-            "rateWindowSeconds": RATE_WINDOW_SECONDS,
-            "histogramWindowSeconds": HISTOGRAM_WINDOW_SECONDS,
+            "rateWindowSeconds": self.rate_window_seconds,
+            "histogramWindowSeconds": self.histogram_window_seconds,
             "tailSeconds": self.tail_seconds,
             "drainDeadlineSeconds": self.drain_deadline_seconds,
             "drain": (
@@ -767,15 +772,13 @@ class Simulation:
             replicas=tuple(
                 replace(s, sample_time=None if s.sample_time is None else s.sample_time + off)
                 for s in (
-                    signals_from_scrapes(r.name, r.scrapes, self.settings.scrape_seconds, self.prompt_bounds)
+                    signals_from_scrapes(r.name, r.scrapes, self.settings, self.prompt_bounds)
                     for r in self._serving()
                     if r.scrapes
                 )
             ),
-            window_seconds=RATE_WINDOW_SECONDS,
-            gateway=gateway_signals(self.gateway_scrapes, self.settings.scrape_seconds)
-            if self.gateway_scrapes
-            else None,
+            window_seconds=self.settings.rate_window_seconds,
+            gateway=gateway_signals(self.gateway_scrapes, self.settings) if self.gateway_scrapes else None,
         )
 
     def fleet(self) -> FleetState:
@@ -825,12 +828,12 @@ class Simulation:
 
 
 def signals_from_scrapes(
-    name: str, scrapes: Sequence[Scrape], interval: float, prompt_bounds: Sequence[float]
+    name: str, scrapes: Sequence[Scrape], settings: SimSettings, prompt_bounds: Sequence[float]
 ) -> ReplicaSignals:
     """What a Prometheus adapter reads for one replica: gauges now, rates and histograms over windows."""
     latest = scrapes[-1]
-    rate_base = _base(scrapes, interval, RATE_WINDOW_SECONDS)
-    hist_base = _base(scrapes, interval, HISTOGRAM_WINDOW_SECONDS)
+    rate_base = _base(scrapes, settings.scrape_seconds, settings.rate_window_seconds)
+    hist_base = _base(scrapes, settings.scrape_seconds, settings.histogram_window_seconds)
 
     def rate(field_: Callable[[Scrape], float]) -> float | None:
         if rate_base is None:
@@ -867,9 +870,9 @@ def signals_from_scrapes(
     )
 
 
-def gateway_signals(scrapes: Sequence[tuple[float, int, float]], interval: float) -> GatewaySignals:
+def gateway_signals(scrapes: Sequence[tuple[float, int, float]], settings: SimSettings) -> GatewaySignals:
     """What `rate` and `irate` over the rate window read from the gateway's request-size histogram."""
-    base = _base(scrapes, interval, RATE_WINDOW_SECONDS)
+    base = _base(scrapes, settings.scrape_seconds, settings.rate_window_seconds)
     if base is None:
         return GatewaySignals()
     (t1, n1, b1), (t0, n0, b0), (tb, nb, bb) = scrapes[-1], scrapes[-2], base

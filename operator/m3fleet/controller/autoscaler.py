@@ -43,7 +43,7 @@ from m3fleet.autoscaling.policy import (
     decide,
     worth_recording,
 )
-from m3fleet.autoscaling.signals import MetricsSnapshot
+from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
 from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events
 from m3fleet.controller.kube import ApiError, KubeApi
@@ -62,28 +62,52 @@ class MetricsSource(Protocol):
     def read(self, at: float | None = None) -> MetricsSnapshot: ...
 
 
-AdapterFactory = Callable[
-    [str, str, Mapping[str, str], Mapping[str, str], Tls, Gateway | None, str | None], MetricsSource
-]
+@dataclass(frozen=True)
+class SourceSpec:
+    """Where and how one resource's engine metrics are read; a changed spec builds a new source."""
+
+    engine: str
+    url: str
+    selector: tuple[tuple[str, str], ...]
+    overrides: tuple[tuple[str, str], ...]
+    tls: Tls
+    gateway: Gateway | None = None
+    workers_of: str | None = None  # the LeaderWorkerSet whose worker pods count for their leader
+    rate_window_seconds: float = RATE_WINDOW_SECONDS
 
 
-def prometheus_adapter(
-    engine: str,
-    url: str,
-    selector: Mapping[str, str],
-    overrides: Mapping[str, str],
-    tls: Tls,
-    gateway: Gateway | None = None,
-    workers_of: str | None = None,
-) -> MetricsSource:
-    return PrometheusAdapter.for_engine(
-        engine,
-        url,
-        selector=dict(selector),
-        overrides=dict(overrides),
+AdapterFactory = Callable[[SourceSpec], MetricsSource]
+
+
+def source_spec(
+    namespace: str, name: str, engine: str, scaling: AutoscalingSpec, multi_node: bool, tls: Tls
+) -> SourceSpec:
+    """How the resource's spec says its metrics are read."""
+    prometheus = scaling.prometheus
+    return SourceSpec(
+        engine=engine,
+        url=prometheus.url,
+        selector=(("namespace", namespace), (FLEET_LABEL, name)),
+        overrides=tuple(sorted(prometheus.query_overrides.items())),
         tls=tls,
-        gateway=gateway,
-        workers_of=workers_of,
+        gateway=gateway_of(scaling),
+        # A multi-node replica's worker pods are named after its LeaderWorkerSet, named after the resource.
+        workers_of=name if multi_node else None,
+        rate_window_seconds=float(prometheus.rate_window_seconds),
+    )
+
+
+def prometheus_adapter(source: SourceSpec) -> MetricsSource:
+    return PrometheusAdapter.for_engine(
+        source.engine,
+        source.url,
+        selector=dict(source.selector),
+        overrides=dict(source.overrides),
+        tls=source.tls,
+        gateway=source.gateway,
+        workers_of=source.workers_of,
+        rate_window=source.rate_window_seconds,
+        histogram_window=max(HISTOGRAM_WINDOW_SECONDS, source.rate_window_seconds),
     )
 
 
@@ -154,7 +178,7 @@ class Autoscaler:
     adapters: AdapterFactory = prometheus_adapter
     clock: Callable[[], float] = time.time
     _states: dict[tuple[str, str], PolicyState] = field(default_factory=dict)
-    _sources: dict[tuple[str, str], tuple[tuple[Any, ...], MetricsSource]] = field(default_factory=dict)
+    _sources: dict[tuple[str, str], tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
     _demand: dict[tuple[str, str], DemandRecord] = field(default_factory=dict)
 
     async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
@@ -175,16 +199,10 @@ class Autoscaler:
             tls = await self._tls(key[0], prometheus)
         except ValueError as exc:
             return Unreadable(engine, str(exc))
-        overrides = prometheus.query_overrides
-        gateway = gateway_of(scaling)
-        # A multi-node replica's worker pods are named after the LeaderWorkerSet, which is named after the resource.
-        workers_of = key[1] if multi_node else None
-        signature = (engine, prometheus.url, tuple(sorted(overrides.items())), tls, gateway, workers_of)
+        wanted = source_spec(key[0], key[1], engine, scaling, multi_node, tls)
         cached = self._sources.get(key)
-        if cached is None or cached[0] != signature:
-            selector = {"namespace": key[0], FLEET_LABEL: key[1]}
-            source = self.adapters(engine, prometheus.url, selector, overrides, tls, gateway, workers_of)
-            cached = (signature, source)
+        if cached is None or cached[0] != wanted:
+            cached = (wanted, self.adapters(wanted))
             self._sources[key] = cached
             if tls.insecure_skip_verify:  # said once per source (and in the log), not every tick
                 self.events.warn(body, "InsecureSkipVerify", INSECURE_MESSAGE)
