@@ -468,6 +468,16 @@ CROSS_FIELD = [
 ]
 
 
+def test_a_release_name_starting_with_a_digit_is_refused_with_the_fix() -> None:
+    """Helm allows it; a Service name (DNS-1035) does not."""
+    with pytest.raises(helm.HelmRenderError) as exc:
+        render(name="1fleet")
+    assert 'the name "1fleet-m3fleet", which starts with a digit' in str(exc.value)
+    assert "set fullnameOverride" in str(exc.value)
+    (service,) = [o for o in render({"fullnameOverride": "fleet"}, name="1fleet") if o["kind"] == "Service"][:1]
+    assert service["metadata"]["name"].startswith("fleet")
+
+
 @pytest.mark.parametrize(("values", "message"), CROSS_FIELD, ids=[m.split(" ")[0] for _, m in CROSS_FIELD])
 def test_cross_field_rules_fail_with_a_fix(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmRenderError) as exc:

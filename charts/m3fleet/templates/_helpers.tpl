@@ -87,6 +87,10 @@ Cross-field rules the JSON schema cannot phrase clearly; each message names the 
 {{- if has (int .Values.webhook.port) (list 8080 9090) -}}
 {{- fail (printf "webhook.port: %d is taken by the operator's liveness (8080) or metrics (9090) endpoint in the same container; pick another, e.g. 9443" (int .Values.webhook.port)) -}}
 {{- end -}}
+{{- $fullname := include "m3fleet.fullname" . -}}
+{{- if regexMatch "^[0-9]" $fullname -}}
+{{- fail (printf "the release name (or fullnameOverride) gives the objects the name %q, which starts with a digit, but the chart's Services are named after it and a Service name must start with a letter; install under a name that starts with a letter, or set fullnameOverride" $fullname) -}}
+{{- end -}}
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
 {{- fail "serviceAccount.create=false needs serviceAccount.name: the existing ServiceAccount the operator runs as" -}}
 {{- end -}}
