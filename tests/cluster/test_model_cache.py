@@ -66,6 +66,11 @@ def cache(name: str, pool: str, **spec: Any) -> dict[str, Any]:
     }
 
 
+def host_path(job: dict[str, Any]) -> str:
+    (volume,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if "hostPath" in v]
+    return str(volume["hostPath"]["path"])
+
+
 def label_node(cluster: Cluster, node: str, key: str, value: str | None) -> None:
     cluster.kubectl("label", "node", node, f"{key}={value}" if value is not None else f"{key}-", "--overwrite")
 
@@ -172,6 +177,32 @@ def test_staged_labelled_used_and_removed(chart: Cluster, operator: OperatorProc
         label_node(chart, "h200-3", POOL_LABEL, "a")
         eventually("the new node labelled", lambda: node_labels(chart, "h200-3").get(NODE_LABEL) == "ready", 90)
         eventually("3/3", lambda: status(chart, "m3").get("nodesSummary") == "3/3", 60)
+
+        # A new path: staged there on every node, the deployment mounts it, and (deleteFilesOnRemoval) the old
+        # directory is removed by a cleanup Job on each node once the new copy is complete there.
+        seen: dict[str, set[str]] = {}  # cleanup Job -> its node and the directory it empties (they go once done)
+
+        def moved() -> bool:
+            for job in chart.list("jobs", NAMESPACE, "m3fleet.dev/cache=m3,m3fleet.dev/cache-action=clean"):
+                seen[job["metadata"]["name"]] = {job_node(job), host_path(job)}
+            staged = {job_node(j) for j in jobs(chart, "m3") if host_path(j) == "/mnt/nvme/m3fleet/m3-v2"}
+            return staged == {*pool, "h200-3"} and all(host_path(j).endswith("m3-v2") for j in jobs(chart, "m3"))
+
+        patch = {"spec": {"path": "/mnt/nvme/m3fleet/m3-v2"}}
+        chart.kubectl("patch", "m3cache", "m3", "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
+        eventually("staged at the new path, the old Jobs gone", moved, 120, 0.2)
+        assert sorted(map(sorted, seen.values())) == sorted(
+            sorted([n, "/mnt/nvme/m3fleet/m3"]) for n in (*pool, "h200-3")
+        ), seen
+        eventually("3/3 at the new path", lambda: status(chart, "m3").get("nodesSummary") == "3/3", 60)
+        assert all(node_labels(chart, n).get(NODE_LABEL) == "ready" for n in (*pool, "h200-3"))
+
+        def mounted() -> str:
+            template = (chart.get("deployment", "cached", NAMESPACE) or {})["spec"]["template"]["spec"]
+            (volume,) = [v for v in template["volumes"] if v["name"] == "model-cache"]
+            return str(volume["hostPath"]["path"])
+
+        eventually("the deployment mounts the new path", lambda: mounted() == "/mnt/nvme/m3fleet/m3-v2", 60)
 
         # Bad input: a Secret that does not exist, then a pool with no nodes. Reported; nothing staged is touched.
         before = sorted(j["metadata"]["uid"] for j in jobs(chart, "m3"))

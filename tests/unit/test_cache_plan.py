@@ -196,7 +196,7 @@ def test_removal_drops_labels_and_cleans_files_when_asked() -> None:
     assert [j["metadata"]["labels"]["m3fleet.dev/cache-action"] for j in work.create] == [CLEAN]
     assert work.create[0]["spec"]["template"]["spec"]["containers"][0]["command"][:3] == ["m3fleet", "stage", "clean"]
     assert not work.release
-    cleaned = JobView("c", "cu", "h200-0", cache.spec.content_digest(), CLEAN, 1, "Complete")
+    cleaned = JobView("c", "cu", "h200-0", cache.spec.content_digest(), CLEAN, 1, "Complete", path=cache.spec.path)
     done = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=[*staged, cleaned], deleting=True))
     assert done.release and done.create == []
 
@@ -365,3 +365,67 @@ def test_removal_cleans_cordoned_nodes_that_staged_and_skips_those_that_never_di
     assert created["metadata"]["annotations"]["m3fleet.dev/node"] == "h200-0"
     tolerations = created["spec"]["template"]["spec"]["tolerations"]
     assert {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+
+
+def _host_path(created: dict[str, Any]) -> str:
+    (volume,) = [v for v in created["spec"]["template"]["spec"]["volumes"] if "hostPath" in v]
+    return str(volume["hostPath"]["path"])
+
+
+def test_a_path_change_removes_the_old_directory_once_the_new_copy_is_complete() -> None:
+    old = the_cache(deleteFilesOnRemoval=True)
+    new = the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/m3-v2")
+    before = job("h200-0", "Complete", cache=old)
+    staging = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, job("h200-0", "Active", 2, cache=new)]))
+    assert staging.create == [] and staging.delete == []  # the pods may still use the old copy: nothing goes yet
+
+    staged = job("h200-0", "Complete", 2, cache=new)
+    work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, staged]))
+    (cleanup,) = work.create
+    assert cleanup["metadata"]["labels"]["m3fleet.dev/cache-action"] == CLEAN and _host_path(cleanup) == "/mnt/nvme/m3"
+    assert cleanup["metadata"]["labels"]["m3fleet.dev/cache-content"] == old.spec.content_digest()
+    assert work.delete == [] and work.labels == {"h200-0": "ready"}  # the old Job stays the record of the old copy
+    assert work.nodes[0]["phase"] == "Ready" and "removing the copy in /mnt/nvme/m3" in work.nodes[0]["message"]
+
+    def cleaned(state: str, **kw: Any) -> JobView:
+        return JobView("c", "cu", "h200-0", old.spec.content_digest(), CLEAN, 1, state, path="/mnt/nvme/m3", **kw)
+
+    running = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, staged, cleaned("Active")]))
+    assert running.create == [] and running.delete == []
+    failed = cleaned("Failed", finished_at=NOW, message="permission denied")
+    waiting = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, staged, failed]))
+    assert (
+        waiting.create == [] and waiting.requeue_after == retry_delay(1) and "permission denied" in str(waiting.nodes)
+    )
+    later = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, staged, failed], now=NOW + retry_delay(1)))
+    assert [(_host_path(j), j["metadata"]["annotations"]["m3fleet.dev/attempt"]) for j in later.create] == [
+        ("/mnt/nvme/m3", "2")
+    ]
+    done = cleaned("Complete")
+    finished = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, staged, done]))
+    assert finished.create == [] and finished.delete == [before, done] and finished.nodes[0]["message"] == ""
+
+
+def test_a_path_change_keeps_the_old_files_unless_asked_and_never_touches_a_nested_directory() -> None:
+    for old, new in (
+        (the_cache(), the_cache(path="/mnt/nvme/m3-v2")),  # deleteFilesOnRemoval is off: files are the user's
+        (the_cache(deleteFilesOnRemoval=True), the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/m3/v2")),
+        (the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/m3/v2"), the_cache(deleteFilesOnRemoval=True)),
+    ):
+        before, staged = job("h200-0", "Complete", cache=old), job("h200-0", "Complete", 2, cache=new)
+        work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, staged]))
+        assert work.create == [] and work.delete == [before], new.spec.path
+
+
+def test_removal_cleans_a_directory_a_path_change_left_behind_too() -> None:
+    old = the_cache(deleteFilesOnRemoval=True)
+    new = the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/m3-v2")
+    jobs = [job("h200-0", "Complete", cache=old), job("h200-0", "Complete", 2, cache=new)]
+    work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=jobs, deleting=True))
+    assert sorted(_host_path(j) for j in work.create) == ["/mnt/nvme/m3", "/mnt/nvme/m3-v2"] and not work.release
+    cleaned = [
+        JobView(f"c{i}", f"cu{i}", "h200-0", c.spec.content_digest(), CLEAN, 1, "Complete", path=c.spec.path)
+        for i, c in enumerate((old, new))
+    ]
+    assert plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[*jobs, *cleaned[1:]], deleting=True)).release is False
+    assert plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[*jobs, *cleaned], deleting=True)).release

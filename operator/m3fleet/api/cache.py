@@ -170,7 +170,8 @@ class MiniMaxM3ModelCacheSpec(CamelModel):
     delete_files_on_removal: bool = Field(
         default=False,
         description="When the cache is deleted, also delete the files on each node (a cleanup Job per node); "
-        "node labels are always removed.",
+        "node labels are always removed. After a change of path, the old directory on each node once the new copy "
+        "is complete there.",
     )
     stager_image: str = Field(
         default="",

@@ -18,8 +18,11 @@ Rules:
   content is complete keeps (or gets back) its label while the new content's source is rejected, since the
   staging program checks the source before it writes a byte.
 * Jobs are deleted only when their node is gone, or when a newer content's Job completed on their node.
-* Deleting the cache removes every label; with `deleteFilesOnRemoval`, one cleanup Job per node that ran a
-  staging Job removes the directory, and the finalizer goes once they completed (or their node is gone).
+* With `deleteFilesOnRemoval`, a copy left in a directory the cache no longer uses (`spec.path` changed) is
+  removed by a cleanup Job on its node once the new copy is complete there; the old Jobs stay as the record of
+  where it is until then. A directory inside the new one, or holding it, is left alone.
+* Deleting the cache removes every label; with `deleteFilesOnRemoval`, one cleanup Job per node and directory a
+  staging Job wrote removes it, and the finalizer goes once they completed (or their node is gone).
 """
 
 from __future__ import annotations
@@ -205,11 +208,14 @@ def stage_command(cache: MiniMaxM3ModelCache) -> tuple[list[str], list[dict[str,
     return ["m3fleet", "stage", "copy", "--from", origin, "--dest", STAGE_MOUNT], []
 
 
-def _job(inputs: Inputs, node: str, action: str, attempt: int) -> dict[str, Any]:
-    cache, content = inputs.cache, inputs.cache.spec.content_digest()
-    volumes: list[dict[str, Any]] = [
-        {"name": CACHE_VOLUME, "hostPath": {"path": cache.spec.path, "type": "DirectoryOrCreate"}}
-    ]
+def _job(
+    inputs: Inputs, node: str, action: str, attempt: int, directory: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """A Job on `node` for the cache's directory, or for `directory` (path, the content staged there) when
+    cleaning one the cache no longer uses."""
+    cache = inputs.cache
+    path, content = directory or (cache.spec.path, cache.spec.content_digest())
+    volumes: list[dict[str, Any]] = [{"name": CACHE_VOLUME, "hostPath": {"path": path, "type": "DirectoryOrCreate"}}]
     mounts: list[dict[str, Any]] = [{"name": CACHE_VOLUME, "mountPath": STAGE_MOUNT}]
     if action == STAGE:
         command, env = stage_command(cache)
@@ -352,6 +358,46 @@ def _latest(jobs: Sequence[JobView]) -> JobView | None:
     return max(jobs, key=lambda j: j.attempt) if jobs else None
 
 
+def _nested(a: str, b: str) -> bool:
+    """Whether one directory holds the other (or they are one)."""
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
+
+
+@dataclass
+class _Cleanup:
+    """Where removing one directory on one node stands."""
+
+    done: bool = False
+    create: dict[str, Any] | None = None  # the cleanup Job to create
+    wait: float | None = None  # seconds until a failed cleanup is retried
+    failure: str = ""  # the last attempt's message
+
+
+def _cleanup(inputs: Inputs, node: str, directory: tuple[str, str], cleans: Sequence[JobView]) -> _Cleanup:
+    """The cleanup Job of `directory` (path, the content staged there) on `node`: done, running, due or waiting."""
+    mine = _latest([j for j in cleans if j.node == node and j.path == directory[0]])
+    if mine is None:
+        return _Cleanup(create=_job(inputs, node, CLEAN, 1, directory))
+    if mine.state == "Complete":
+        return _Cleanup(done=True)
+    if mine.state == "Active":
+        return _Cleanup()
+    due = (mine.finished_at or 0.0) + retry_delay(mine.attempt)
+    if due > inputs.now:
+        return _Cleanup(wait=due - inputs.now, failure=mine.message)
+    return _Cleanup(create=_job(inputs, node, CLEAN, mine.attempt + 1, directory), failure=mine.message)
+
+
+def _left_behind(inputs: Inputs, jobs: Sequence[JobView]) -> dict[str, str]:
+    """Directories (path -> the content staged there) that Jobs wrote on a node and the cache no longer uses:
+    removed only with deleteFilesOnRemoval, and never one inside the current directory or holding it."""
+    path = inputs.cache.spec.path
+    if not inputs.cache.spec.delete_files_on_removal:
+        return {}
+    return {j.path: j.content for j in sorted(jobs, key=lambda j: j.attempt) if j.path and not _nested(j.path, path)}
+
+
 @dataclass
 class _NodeStep:
     """What one pool node needs this round: its status entry, whether it holds a ready copy, and what to do."""
@@ -363,9 +409,12 @@ class _NodeStep:
     wait: float | None = None  # seconds until the next attempt is due
     stage_attempt: int | None = None  # create the staging Job of this attempt
     superseded: list[JobView] = field(default_factory=list)  # Jobs whose record a newer one replaces
+    cleanups: list[dict[str, Any]] = field(default_factory=list)  # cleanup Jobs of directories left behind
 
 
-def _node_step(inputs: Inputs, name: str, jobs: list[JobView], content: str, in_pool: bool) -> _NodeStep:
+def _node_step(
+    inputs: Inputs, name: str, jobs: list[JobView], content: str, in_pool: bool, cleans: Sequence[JobView] = ()
+) -> _NodeStep:
     current = _latest([j for j in jobs if j.content == content])
     # A copy staged before stands for this content only in the directory the pods mount now.
     path = inputs.cache.spec.path
@@ -374,7 +423,28 @@ def _node_step(inputs: Inputs, name: str, jobs: list[JobView], content: str, in_
     entry = step.entry
     if current is not None and current.state == "Complete":
         entry["phase"] = "Ready"
-        step.ready, step.superseded = True, [j for j in jobs if j is not current and not j.stopping]
+        step.ready = True
+        # The new copy is complete: a directory left behind by a path change goes, then the Jobs recording it.
+        left = _left_behind(inputs, [j for j in jobs if j is not current])
+        pending: set[str] = set()
+        waits: list[float] = []
+        for old_path, old_content in sorted(left.items()):
+            if any(j.path == old_path and j.state == "Active" for j in jobs):
+                pending.add(old_path)  # a Job of the old spec still stopping there: never clean under a writer
+                waits.append(STOP_RECHECK_SECONDS)
+                continue
+            cleanup = _cleanup(inputs, name, (old_path, old_content), cleans)
+            if cleanup.done:
+                continue
+            pending.add(old_path)
+            step.cleanups.extend([cleanup.create] if cleanup.create else [])
+            waits.extend([cleanup.wait] if cleanup.wait is not None else [])
+            failed = f" (the last attempt failed: {cleanup.failure}; retried)" if cleanup.failure else ""
+            entry["message"] = f"removing the copy in {old_path}, which the cache no longer uses{failed}"
+        step.wait = min(waits) if waits else None
+        old = [j for j in jobs if j is not current and j.path not in pending]
+        cleaned = [j for j in cleans if j.path not in pending and j.path != inputs.cache.spec.path]
+        step.superseded = [j for j in (*old, *cleaned) if not j.stopping]
         return step
     writing = [j for j in jobs if j.content != content and j.state == "Active"]
     if writing and not (current is not None and current.state == "Active"):
@@ -453,7 +523,8 @@ def plan_cache(inputs: Inputs) -> Work:
     for name in sorted(set(pool) | set(by_node)):
         if name not in nodes:
             continue
-        step = _node_step(inputs, name, by_node.get(name, []), content, name in pool)
+        cleans = [j for j in clean_jobs if j.node == name]
+        step = _node_step(inputs, name, by_node.get(name, []), content, name in pool, cleans)
         statuses[name] = step.entry
         work.delete.extend(step.superseded)
         ready.update([name] if step.ready else [])
@@ -462,6 +533,7 @@ def plan_cache(inputs: Inputs) -> Work:
         waiting.extend([step.wait] if step.wait is not None else [])
         if step.stage_attempt is not None:
             work.create.append(_job(inputs, name, STAGE, step.stage_attempt))
+        work.create.extend(step.cleanups)
 
     for name in sorted(labelled - ready):
         work.labels[name] = None  # removed before any Job is created (the shell applies labels first)
@@ -545,7 +617,7 @@ def _removal(
     stage_jobs: Sequence[JobView],
     clean_jobs: Sequence[JobView],
 ) -> Work:
-    """The cache is being deleted: labels off; optionally the files, one cleanup Job per node that had any."""
+    """The cache is being deleted: labels off; optionally the files, one cleanup Job per node and directory."""
     for name in sorted(labelled):
         work.labels[name] = None
     pending: list[str] = []
@@ -559,17 +631,18 @@ def _removal(
         for job in stage_jobs:
             if job.state == "Active" and not job.stopping:
                 work.delete.append(job)  # stop writing before the directory is removed (foreground: until its pods go)
+        spec = inputs.cache.spec
         for name in staged:
-            mine = _latest([j for j in clean_jobs if j.node == name])
-            if mine is not None and mine.state == "Complete":
+            # The directory in use, and any a path change left behind that no cleanup has removed yet.
+            written = [j for j in stage_jobs if j.node == name]
+            directories = {spec.path: spec.content_digest(), **_left_behind(inputs, written)}
+            cleanups = [_cleanup(inputs, name, d, clean_jobs) for d in sorted(directories.items())]
+            if all(c.done for c in cleanups):
                 continue
             pending.append(name)
-            if any(j.node == name and j.state == "Active" for j in stage_jobs):
+            if any(j.state == "Active" for j in written):
                 continue  # the cleanup starts once the staging Job is gone
-            if mine is None or (
-                mine.state == "Failed" and (mine.finished_at or 0) + retry_delay(mine.attempt) <= inputs.now
-            ):
-                work.create.append(_job(inputs, name, CLEAN, (mine.attempt + 1) if mine else 1))
+            work.create.extend(c.create for c in cleanups if c.create is not None)
     work.nodes = [{"name": n, "phase": "Removing", "attempts": 0, "message": "removing the copy"} for n in pending]
     work.conditions = [Verdict("Ready", "False", "Deleting", f"removing labels; {len(pending)} node(s) still cleaning")]
     work.release = not pending and not labelled
