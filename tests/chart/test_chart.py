@@ -465,7 +465,22 @@ CROSS_FIELD = [
     ({"serviceAccount": {"create": False}}, "serviceAccount.create=false needs serviceAccount.name"),
     ({"webhook": {"port": 9090}}, "webhook.port: 9090 is taken by the operator's liveness (8080) or metrics (9090)"),
     ({"podLabels": {"app.kubernetes.io/name": "x"}}, "podLabels: app.kubernetes.io/name is the Deployment's selector"),
+    (
+        {"metrics": {"podMonitor": {"enabled": True, "interval": "15s", "scrapeTimeout": "1m"}}},
+        "metrics.podMonitor.scrapeTimeout: 1m is longer than its interval 15s",
+    ),
+    (
+        {"metrics": {"serviceMonitor": {"enabled": True, "interval": "1m", "scrapeTimeout": "1m500ms"}}},
+        "metrics.serviceMonitor.scrapeTimeout: 1m500ms is longer than its interval 1m",
+    ),
 ]
+
+
+def test_scrape_timeouts_up_to_the_interval_render() -> None:
+    for interval, timeout in (("15s", "15s"), ("1m", "59s"), ("1m30s", "1m"), ("2s", "1500ms")):
+        monitor = {"enabled": True, "interval": interval, "scrapeTimeout": timeout}
+        (rendered,) = [o for o in render({"metrics": {"podMonitor": monitor}}) if o["kind"] == "PodMonitor"]
+        assert rendered["spec"]["podMetricsEndpoints"][0]["scrapeTimeout"] == timeout
 
 
 def test_a_release_name_starting_with_a_digit_is_refused_with_the_fix() -> None:

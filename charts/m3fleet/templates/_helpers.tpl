@@ -60,6 +60,19 @@ app.kubernetes.io/part-of: m3fleet
 {{- define "m3fleet.peeringName" -}}m3fleet{{- end -}}
 
 {{/*
+A Prometheus duration (the schema's pattern: 1m30s, 500ms, ...) in milliseconds.
+*/}}
+{{- define "m3fleet.durationMs" -}}
+{{- $total := 0 -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 -}}
+{{- range regexFindAll "[0-9]+(ms|s|m|h)" . -1 -}}
+{{- $number := regexFind "^[0-9]+" . -}}
+{{- $total = add $total (mul (atoi $number) (get $units (trimPrefix $number .))) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+
+{{/*
 Cross-field rules the JSON schema cannot phrase clearly; each message names the value and the fix.
 */}}
 {{- define "m3fleet.validate" -}}
@@ -90,6 +103,12 @@ Cross-field rules the JSON schema cannot phrase clearly; each message names the 
 {{- $fullname := include "m3fleet.fullname" . -}}
 {{- if regexMatch "^[0-9]" $fullname -}}
 {{- fail (printf "the release name (or fullnameOverride) gives the objects the name %q, which starts with a digit, but the chart's Services are named after it and a Service name must start with a letter; install under a name that starts with a letter, or set fullnameOverride" $fullname) -}}
+{{- end -}}
+{{- range $monitor := list "serviceMonitor" "podMonitor" -}}
+{{- $values := get $.Values.metrics $monitor -}}
+{{- if and $values.enabled (gt (atoi (include "m3fleet.durationMs" $values.scrapeTimeout)) (atoi (include "m3fleet.durationMs" $values.interval))) -}}
+{{- fail (printf "metrics.%s.scrapeTimeout: %s is longer than its interval %s, and Prometheus refuses such a scrape; set a timeout no longer than the interval" $monitor $values.scrapeTimeout $values.interval) -}}
+{{- end -}}
 {{- end -}}
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
 {{- fail "serviceAccount.create=false needs serviceAccount.name: the existing ServiceAccount the operator runs as" -}}
