@@ -372,3 +372,57 @@ def test_failures_are_retried_never_labelled_and_a_rejected_source_is_reported(
         for name in ("flaky", "unknown"):
             chart.kubectl("delete", "m3cache", name, "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         chart.kubectl("delete", "node", MANUAL_NODE, "--ignore-not-found", "--wait=false", check=False)
+
+
+GONE_NODE = "h200-gone"  # no kwok, no kubelet: its Ready condition Unknown for an hour
+
+
+def test_removal_leaves_the_copy_on_a_node_long_not_ready_and_says_so(
+    chart: Cluster, operator: OperatorProcess
+) -> None:
+    """Nothing runs on a node whose kubelet is gone: the removal stops waiting for it (after 15 minutes not Ready),
+    leaves its copy there and says so in a Warning Event, instead of keeping the cache for ever."""
+    chart.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": GONE_NODE,
+                "labels": {
+                    "kubernetes.io/arch": "amd64",
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/hostname": GONE_NODE,
+                    "nvidia.com/gpu.product": "NVIDIA-H200",
+                    POOL_LABEL: "gone",
+                },
+            },
+        }
+    )
+    hour_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    unknown = {
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": hour_ago,
+        "lastTransitionTime": hour_ago,
+    }
+    patch = {"status": {"conditions": [unknown], "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"}}}
+    chart.kubectl("patch", "node", GONE_NODE, "--subresource=status", "--type=merge", "-p", json.dumps(patch))
+    body = cache("gone", "gone")
+    del body["spec"]["source"]["huggingFace"]["tokenSecretRef"]
+    try:
+        chart.apply(body)
+        eventually("a staging Job on the node", lambda: [job_node(j) for j in jobs(chart, "gone")] == [GONE_NODE], 60)
+        chart.kubectl("delete", "m3cache", "gone", "-n", NAMESPACE, "--wait=false")
+        eventually("the cache gone", lambda: chart.get("m3cache", "gone", NAMESPACE) is None, 90)
+        messages = [
+            str(e.get("message"))
+            for e in chart.list("events", NAMESPACE)
+            if e.get("reason") == "CopyLeftOnNode" and e["involvedObject"].get("name") == "gone"
+        ]
+        assert len(messages) == 1 and f"node {GONE_NODE} has not been Ready for" in messages[0], messages
+        assert "its copy in /mnt/nvme/m3fleet/m3 is left there" in messages[0]
+    finally:
+        chart.kubectl("delete", "m3cache", "gone", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        chart.kubectl("delete", "node", GONE_NODE, "--ignore-not-found", "--wait=false", check=False)

@@ -15,6 +15,7 @@ from m3fleet.cache.plan import (
     BAD_SOURCE_EXIT_CODE,
     CLEAN,
     STAGE,
+    UNREACHABLE_SECONDS,
     Inputs,
     JobView,
     NodeView,
@@ -429,3 +430,19 @@ def test_removal_cleans_a_directory_a_path_change_left_behind_too() -> None:
     ]
     assert plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[*jobs, *cleaned[1:]], deleting=True)).release is False
     assert plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[*jobs, *cleaned], deleting=True)).release
+
+
+def test_removal_waits_for_a_node_that_is_not_ready_then_leaves_its_copy_and_says_so() -> None:
+    cache = the_cache(deleteFilesOnRemoval=True)
+    staged = [job("h200-0", "Complete", cache=cache), job("h200-1", "Complete", cache=cache)]
+    down = NodeView("h200-1", dict(H200), True, not_ready_since=NOW - UNREACHABLE_SECONDS + 60)
+    cleaned = JobView("c", "cu", "h200-0", cache.spec.content_digest(), CLEAN, 1, "Complete", path=cache.spec.path)
+    jobs = [*staged, cleaned]
+    waiting = plan_cache(inputs(cache, nodes=[*nodes("h200-0"), down], jobs=jobs, deleting=True))
+    assert [j["metadata"]["annotations"]["m3fleet.dev/node"] for j in waiting.create] == ["h200-1"]
+    assert not waiting.release and waiting.left_behind == []  # a reboot: it may come back
+    later = plan_cache(inputs(cache, nodes=[*nodes("h200-0"), down], jobs=jobs, deleting=True, now=NOW + 60))
+    assert later.release and later.create == []
+    (message,) = later.left_behind
+    assert "node h200-1 has not been Ready for 15 minutes: its copy in /mnt/nvme/m3 is left there" in message
+    assert "remove it by hand" in message

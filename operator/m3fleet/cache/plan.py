@@ -22,7 +22,9 @@ Rules:
   removed by a cleanup Job on its node once the new copy is complete there; the old Jobs stay as the record of
   where it is until then. A directory inside the new one, or holding it, is left alone.
 * Deleting the cache removes every label; with `deleteFilesOnRemoval`, one cleanup Job per node and directory a
-  staging Job wrote removes it, and the finalizer goes once they completed (or their node is gone).
+  staging Job wrote removes it, and the finalizer goes once they completed (or their node is gone). A node not
+  Ready for UNREACHABLE_SECONDS holds the removal no longer: no Job runs there until its kubelet is back, so its
+  copy is left there and said so (`Work.left_behind`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ JOB_BACKOFF_LIMIT = 3  # pod retries inside one Job (the job controller's own ba
 RETRY_SECONDS = (60.0, 1800.0)  # a failed Job's next attempt: after 1 min, doubling up to 30 min
 BLOCKED_RECHECK_SECONDS = 60.0  # a missing Secret is looked for again (Secrets are not watched)
 STOP_RECHECK_SECONDS = 10.0  # a deleted staging Job's pods are looked at again until they are gone
+# A cache's removal waits this long for a node that is not Ready (a kubelet restarting, a node rebooting), then
+# leaves its copy there rather than keep the cache (and its namespace) from going away for ever.
+UNREACHABLE_SECONDS = 900.0
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 STAGE_MOUNT = "/cache"
 CACHE_VOLUME = "cache"  # the Job's hostPath volume: the node directory it writes
@@ -66,6 +71,7 @@ class NodeView:
     name: str
     labels: Mapping[str, str]
     schedulable: bool = True
+    not_ready_since: float | None = None  # epoch seconds its Ready condition has not been True (None: Ready)
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,7 @@ class Work:
     status: dict[str, Any] = field(default_factory=dict)  # the rest of status
     requeue_after: float | None = None
     release: bool = False  # deletion: every label is gone and cleanup is done: drop the finalizer
+    left_behind: list[str] = field(default_factory=list)  # deletion: copies left on nodes long not Ready (say so)
 
 
 def _hash(*parts: str) -> str:
@@ -639,12 +646,26 @@ def _removal(
             cleanups = [_cleanup(inputs, name, d, clean_jobs) for d in sorted(directories.items())]
             if all(c.done for c in cleanups):
                 continue
+            since = nodes[name].not_ready_since
+            if since is not None and inputs.now - since >= UNREACHABLE_SECONDS:
+                paths = ", ".join(
+                    path for (path, _), c in zip(sorted(directories.items()), cleanups, strict=True) if not c.done
+                )
+                minutes = (inputs.now - since) / 60
+                work.left_behind.append(
+                    f"node {name} has not been Ready for {minutes:.0f} minutes: its copy in {paths} is left there; "
+                    "remove it by hand when the node is back, or delete the node if it is gone"
+                )
+                continue
             pending.append(name)
             if any(j.state == "Active" for j in written):
                 continue  # the cleanup starts once the staging Job is gone
             work.create.extend(c.create for c in cleanups if c.create is not None)
     work.nodes = [{"name": n, "phase": "Removing", "attempts": 0, "message": "removing the copy"} for n in pending]
-    work.conditions = [Verdict("Ready", "False", "Deleting", f"removing labels; {len(pending)} node(s) still cleaning")]
+    cleaning = f"removing labels; {len(pending)} node(s) still cleaning"
+    if work.left_behind:
+        cleaning += f"; {len(work.left_behind)} left: {work.left_behind[0]}"
+    work.conditions = [Verdict("Ready", "False", "Deleting", cleaning)]
     work.release = not pending and not labelled
     work.requeue_after = None if work.release else 10.0
     return work

@@ -45,6 +45,7 @@ from m3fleet.cache.plan import (
     written_path,
 )
 from m3fleet.controller import kube
+from m3fleet.controller.events import Events, KopfEvents
 from m3fleet.controller.kube import ApiError, KubeApi
 from m3fleet.controller.manager import backoff, key_of, newer
 from m3fleet.controller.queue import WorkQueue
@@ -100,11 +101,19 @@ def job_view(job: Mapping[str, Any], pods: list[dict[str, Any]]) -> JobView:
     )
 
 
-def node_view(node: Mapping[str, Any]) -> NodeView:
+def node_view(node: Mapping[str, Any], now: float) -> NodeView:
+    """A node as the plan sees it; not Ready since its Ready condition last changed (a node that reports no
+    Ready condition yet is taken as Ready: it has just registered)."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    not_ready_since = None
+    if ready is not None and ready.get("status") != "True":
+        not_ready_since = _epoch(ready.get("lastTransitionTime")) or now
     return NodeView(
         node["metadata"]["name"],
         dict(node["metadata"].get("labels") or {}),
         not (node.get("spec") or {}).get("unschedulable", False),
+        not_ready_since,
     )
 
 
@@ -131,9 +140,12 @@ class CacheOutcome:
 
 
 class CacheReconciler:
-    def __init__(self, api: KubeApi, stager_image: str, clock: Callable[[], str] = utc_now) -> None:
+    def __init__(
+        self, api: KubeApi, stager_image: str, events: Events | None = None, clock: Callable[[], str] = utc_now
+    ) -> None:
         self.api = api
         self.stager_image = stager_image
+        self.events: Events = events or KopfEvents()
         self.clock = clock
         # Per DaemonSet: (digest of our intent, the generation the apply returned). Quiet at rest: applied again
         # only when the intent changes or someone changed its spec (a new generation).
@@ -187,14 +199,15 @@ class CacheReconciler:
         secret = hf.token_secret_ref if hf is not None and not deleting else None
         if secret is not None and not await self.api.exists(kube.SECRET, namespace, secret.name):
             missing = secret.name
+        now = time.time()
         work = plan_cache(
             Inputs(
                 cache=cache,
                 uid=meta["uid"],
-                nodes=[node_view(n) for n in nodes],
+                nodes=[node_view(n, now) for n in nodes],
                 jobs=views,
                 images=images_for(cache, deployments),
-                now=time.time(),
+                now=now,
                 stager_image=self.stager_image,
                 secret_missing=missing,
                 daemonset_exists=bool(daemonsets),
@@ -204,6 +217,9 @@ class CacheReconciler:
         )
         await self._apply(cache, work, namespace, daemonsets)
         if deleting and work.release:
+            for message in work.left_behind:  # the resource goes with its status: the Event is what stays
+                self.events.warn(body, "CopyLeftOnNode", message)
+                log.warning("%s/%s: %s", namespace, name, message)
             return await self._release(body)
         status = {**work.status, "nodes": work.nodes}
         verdicts = [(v.type, v.status, v.reason, v.message) for v in work.conditions]
