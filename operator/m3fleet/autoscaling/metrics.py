@@ -134,12 +134,14 @@ def build_queries(
     def rate(names: Names) -> str:
         return f"sum by ({by}) (max by ({rank_by}) ({either(names, lambda s: f'rate({s}[{rw}])')}))"
 
+    scrapes = " or ".join(f"count_over_time({n}{sel}[{rw}])" for n in metrics.running)
     scalars = {
         # A replica is up when each of its pods is (a pod scraped by two jobs: when either scrape works).
         "up": f"min by ({by}) ({replica_of(f'max by ({by}) (up{sel})')})",
         "sampleTime": f"max by ({by}) ({either(metrics.running, lambda s: f'timestamp({s})')})",
-        # Scrapes per rate window: with fewer than two, every rate() is empty (a 1-minute scrape interval).
-        "scrapesInWindow": f"max by ({by}) ({either(metrics.running, lambda s: f'count_over_time({s}[{rw}])')})",
+        # Scrapes per rate window: with fewer than two, every rate() is empty (a 1-minute scrape interval). The
+        # fewest of a replica's pods (each pod's most: two jobs scraping it), since any pod short of two lacks rates.
+        "scrapesInWindow": f"min by ({by}) ({replica_of(f'max by ({by}) ({scrapes})')})",
         "running": rank_gauge(metrics.running),
         "waiting": rank_gauge(metrics.waiting),
         "kvUsage": rank_gauge(metrics.kv_usage),
