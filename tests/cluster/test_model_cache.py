@@ -190,7 +190,7 @@ def test_staged_labelled_used_and_removed(chart: Cluster, operator: OperatorProc
 
         patch = {"spec": {"path": "/mnt/nvme/m3fleet/m3-v2"}}
         chart.kubectl("patch", "m3cache", "m3", "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
-        eventually("staged at the new path, the old Jobs gone", moved, 120, 0.2)
+        eventually("staged at the new path, the old Jobs gone", moved, 240, 0.2)
         assert sorted(map(sorted, seen.values())) == sorted(
             sorted([n, "/mnt/nvme/m3fleet/m3"]) for n in (*pool, "h200-3")
         ), seen

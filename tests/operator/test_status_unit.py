@@ -12,6 +12,7 @@ from m3fleet.autoscaling.metrics import PrometheusAdapter, Tls
 from m3fleet.autoscaling.policy import RECORD_HEARTBEAT_SECONDS, replicas_to_apply, worth_recording
 from m3fleet.autoscaling.readiness import fleet_from
 from m3fleet.controller.autoscaler import interval_of, prometheus_adapter, source_spec
+from m3fleet.controller.cache import mounts_of, node_view
 from m3fleet.controller.manager import backoff, newer, worth_reconciling
 from m3fleet.controller.peering import verdict
 from m3fleet.controller.reconcile import digest, missing_api, what_matters
@@ -297,3 +298,29 @@ def test_the_spec_says_how_metrics_are_read() -> None:
     body["spec"]["autoscaling"]["prometheus"]["rateWindowSeconds"] = 600
     longest = prometheus_adapter(source_spec("llm", "m3", "vllm", parse_resource(body).spec.autoscaling, False, Tls()))
     assert isinstance(longest, PrometheusAdapter) and longest.histogram_window == 600.0  # never shorter than a rate
+
+
+def test_the_cache_sees_what_engine_pods_mount_and_since_when_a_node_is_not_ready() -> None:
+    def pod(node: str, path: str, phase: str = "Running", **labels: str) -> dict[str, Any]:
+        volume = {"name": "model-cache", "hostPath": {"path": path, "type": "Directory"}}
+        spec = {"nodeName": node, "volumes": [volume, {"name": "shm", "emptyDir": {}}]}
+        return {"metadata": {"labels": labels}, "spec": spec, "status": {"phase": phase}}
+
+    pods = [
+        pod("n0", "/mnt/nvme/m3"),
+        pod("n0", "/mnt/nvme/done", "Succeeded"),  # gone in all but name
+        pod("n1", "/mnt/nvme/m3", **{"m3fleet.dev/cache": "m3"}),  # the cache's own Job
+        {"metadata": {}, "spec": {"volumes": []}, "status": {"phase": "Pending"}},  # not scheduled
+    ]
+    assert mounts_of(pods) == {"n0": ["/mnt/nvme/m3"]}
+
+    def node(status: str | None, **stamps: str) -> dict[str, Any]:
+        conditions = [] if status is None else [{"type": "Ready", "status": status, **stamps}]
+        return {"metadata": {"name": "n0"}, "status": {"conditions": conditions}}
+
+    assert node_view(node("True", lastTransitionTime=T0), 5.0).not_ready_since is None
+    assert node_view(node(None), 5.0).not_ready_since is None  # just registered
+    since = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    assert node_view(node("Unknown", lastTransitionTime=T0), 5.0).not_ready_since == since
+    assert node_view(node("False", lastHeartbeatTime=T0), 5.0).not_ready_since == since
+    assert node_view(node("False"), 5.0).not_ready_since == 5.0

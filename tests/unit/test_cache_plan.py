@@ -446,3 +446,117 @@ def test_removal_waits_for_a_node_that_is_not_ready_then_leaves_its_copy_and_say
     (message,) = later.left_behind
     assert "node h200-1 has not been Ready for 15 minutes: its copy in /mnt/nvme/m3 is left there" in message
     assert "remove it by hand" in message
+
+
+def test_a_directory_another_cache_uses_is_never_cleaned() -> None:
+    old = the_cache(deleteFilesOnRemoval=True)
+    new = the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/m3-v2")
+    before, staged = job("h200-0", "Complete", cache=old), job("h200-0", "Complete", 2, cache=new)
+    for other in ("/mnt/nvme/m3", "/mnt/nvme/m3/weights", "/mnt/nvme"):  # the old directory, inside it, holding it
+        work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, staged], other_paths={"llm/b": other}))
+        assert work.create == [] and work.delete == [before], other
+    moved = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, staged], other_paths={"llm/b": "/srv/b"}))
+    assert [_host_path(j) for j in moved.create] == ["/mnt/nvme/m3"]  # an unrelated directory changes nothing
+
+    shared = plan_cache(
+        inputs(old, nodes=nodes("h200-0"), jobs=[before], deleting=True, other_paths={"team/b": "/mnt/nvme/m3"})
+    )
+    assert shared.create == [] and shared.release
+    assert shared.left_behind == ["the files in /mnt/nvme/m3 are left on every node: cache team/b uses them"]
+
+
+def _cleaned(cache: MiniMaxM3ModelCache, state: str, attempt: int = 1, **kw: Any) -> JobView:
+    content = cache.spec.content_digest()
+    return JobView(f"c{attempt}", f"cu{attempt}", "h200-0", content, CLEAN, attempt, state, path=cache.spec.path, **kw)
+
+
+def test_a_path_changed_back_to_a_directory_being_emptied_waits_then_stages_again() -> None:
+    a = the_cache(deleteFilesOnRemoval=True)
+    b = the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/m3-v2")
+    staged_a = job("h200-0", "Complete", cache=a, finished_at=NOW - 600)
+    staged_b = job("h200-0", "Complete", 2, cache=b, finished_at=NOW - 300)
+    jobs = [staged_a, staged_b]
+    labelled = nodes("h200-0", labelled=("h200-0",))
+    waiting = plan_cache(inputs(a, nodes=labelled, jobs=[*jobs, _cleaned(a, "Active")]))
+    assert waiting.create == [] and waiting.delete == [] and waiting.labels == {"h200-0": None}
+    assert "waiting for cleanup job c1" in waiting.nodes[0]["message"] and waiting.requeue_after is not None
+
+    emptied = _cleaned(a, "Complete", finished_at=NOW - 60)  # after A's copy completed: that copy is gone
+    again = plan_cache(inputs(a, nodes=nodes("h200-0"), jobs=[*jobs, emptied]))
+    (created,) = again.create
+    assert created["metadata"]["labels"]["m3fleet.dev/cache-action"] == STAGE and _host_path(created) == "/mnt/nvme/m3"
+    assert created["metadata"]["annotations"]["m3fleet.dev/attempt"] == "2"  # a new attempt: a new Job name
+    assert staged_a in again.delete and emptied in again.delete and again.labels == {}
+
+    restaged = job("h200-0", "Complete", 2, cache=a, finished_at=NOW)
+    ready = plan_cache(inputs(a, nodes=nodes("h200-0"), jobs=[staged_b, restaged]))
+    assert ready.labels == {"h200-0": "ready"} and [_host_path(j) for j in ready.create] == ["/mnt/nvme/m3-v2"]
+
+
+def test_no_staging_into_a_directory_inside_one_being_emptied() -> None:
+    a = the_cache(deleteFilesOnRemoval=True)
+    inner = the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/m3/sub")
+    work = plan_cache(inputs(inner, nodes=nodes("h200-0"), jobs=[_cleaned(a, "Active")]))
+    assert work.create == [] and "waiting for cleanup job" in work.nodes[0]["message"]
+
+
+def test_the_old_directory_stays_while_engine_pods_on_the_node_mount_it() -> None:
+    old = the_cache(deleteFilesOnRemoval=True)
+    new = the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/m3-v2")
+    jobs = [job("h200-0", "Complete", cache=old), job("h200-0", "Complete", 2, cache=new)]
+    mounted = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=jobs, mounts={"h200-0": ["/mnt/nvme/m3"]}))
+    assert mounted.create == [] and mounted.delete == [] and mounted.requeue_after == 60.0
+    assert "keeping the copy in /mnt/nvme/m3 while pods on the node mount it" in mounted.nodes[0]["message"]
+    elsewhere = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=jobs, mounts={"h200-1": ["/mnt/nvme/m3"]}))
+    assert [_host_path(j) for j in elsewhere.create] == ["/mnt/nvme/m3"]
+
+
+def test_removal_does_not_trust_a_cleanup_older_than_the_last_copy() -> None:
+    cache = the_cache(deleteFilesOnRemoval=True)
+    staged = job("h200-0", "Complete", 2, cache=cache, finished_at=NOW - 60)
+    stale = _cleaned(cache, "Complete", finished_at=NOW - 600)
+    work = plan_cache(inputs(cache, nodes=nodes("h200-0"), jobs=[staged, stale], deleting=True))
+    assert [j["metadata"]["annotations"]["m3fleet.dev/attempt"] for j in work.create] == ["2"] and not work.release
+
+
+def test_removal_with_a_shared_directory_still_cleans_one_only_it_left_behind() -> None:
+    old = the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/old")
+    new = the_cache(deleteFilesOnRemoval=True)
+    jobs = [job("h200-0", "Complete", cache=old), job("h200-0", "Complete", 2, cache=new)]
+    work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=jobs, deleting=True, other_paths={"x/b": "/mnt/nvme/m3"}))
+    assert [_host_path(j) for j in work.create] == ["/mnt/nvme/old"]
+
+
+def test_a_copy_stopped_half_way_by_a_path_change_is_remembered_and_emptied() -> None:
+    old = the_cache(deleteFilesOnRemoval=True)
+    new = the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/m3-v2")
+    writer = job("h200-0", "Active", cache=old)
+    stopping = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[writer]))
+    assert stopping.delete == [writer] and stopping.nodes[0]["leftBehind"] == ["/mnt/nvme/m3"]
+
+    # The Job is gone: status is the record. It is carried through staging, then emptied once the new copy is in.
+    staging = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[], reported_nodes=stopping.nodes))
+    assert [_host_path(j) for j in staging.create] == ["/mnt/nvme/m3-v2"]
+    assert staging.nodes[0]["leftBehind"] == ["/mnt/nvme/m3"]
+    staged = job("h200-0", "Complete", cache=new)
+    work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[staged], reported_nodes=staging.nodes))
+    (cleanup,) = work.create
+    assert cleanup["metadata"]["labels"]["m3fleet.dev/cache-action"] == CLEAN and _host_path(cleanup) == "/mnt/nvme/m3"
+    assert work.nodes[0]["leftBehind"] == ["/mnt/nvme/m3"]
+    content = cleanup["metadata"]["labels"]["m3fleet.dev/cache-content"]
+    done = JobView("c", "cu", "h200-0", content, CLEAN, 1, "Complete", path="/mnt/nvme/m3", finished_at=NOW)
+    finished = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[staged, done], reported_nodes=work.nodes))
+    assert finished.create == [] and finished.delete == [done] and "leftBehind" not in finished.nodes[0]
+
+    # Deleted before that: the removal empties both directories, and keeps the record until both are done.
+    removal = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[staged], deleting=True, reported_nodes=work.nodes))
+    assert sorted(_host_path(j) for j in removal.create) == ["/mnt/nvme/m3", "/mnt/nvme/m3-v2"]
+    assert removal.nodes == [
+        {
+            "name": "h200-0",
+            "phase": "Removing",
+            "attempts": 0,
+            "message": "removing the copy",
+            "leftBehind": ["/mnt/nvme/m3"],
+        }
+    ]

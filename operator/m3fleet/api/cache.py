@@ -202,6 +202,12 @@ class CacheNodeStatus(CamelModel):
     )
     attempts: int = Field(default=0, description="Staging Jobs run for the current content.")
     message: str = Field(default="", max_length=4096, description="The last failure, or what is under way.")
+    left_behind: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Directories a change of path left on the node whose staging was stopped before any record "
+        "of it completed; emptied with deleteFilesOnRemoval once the new copy is complete.",
+    )
 
 
 class MiniMaxM3ModelCacheStatus(CamelModel):

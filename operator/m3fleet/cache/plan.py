@@ -19,8 +19,10 @@ Rules:
   staging program checks the source before it writes a byte.
 * Jobs are deleted only when their node is gone, or when a newer content's Job completed on their node.
 * With `deleteFilesOnRemoval`, a copy left in a directory the cache no longer uses (`spec.path` changed) is
-  removed by a cleanup Job on its node once the new copy is complete there; the old Jobs stay as the record of
-  where it is until then. A directory inside the new one, or holding it, is left alone.
+  removed by a cleanup Job on its node once the new copy is complete there and no engine pod on the node mounts
+  it; the old Jobs stay as the record of where it is until then (status.nodes[].leftBehind, for a copy whose
+  staging was stopped half way). Never a directory inside the new one or holding it, nor one another cache uses.
+  A path changed back to a directory being emptied waits for that cleanup, then stages again.
 * Deleting the cache removes every label; with `deleteFilesOnRemoval`, one cleanup Job per node and directory a
   staging Job wrote removes it, and the finalizer goes once they completed (or their node is gone). A node not
   Ready for UNREACHABLE_SECONDS holds the removal no longer: no Job runs there until its kubelet is back, so its
@@ -59,6 +61,7 @@ STOP_RECHECK_SECONDS = 10.0  # a deleted staging Job's pods are looked at again 
 # A cache's removal waits this long for a node that is not Ready (a kubelet restarting, a node rebooting), then
 # leaves its copy there rather than keep the cache (and its namespace) from going away for ever.
 UNREACHABLE_SECONDS = 900.0
+MOUNT_RECHECK_SECONDS = 60.0  # a directory engine pods still mount is looked at again (a rollout takes minutes)
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 STAGE_MOUNT = "/cache"
 CACHE_VOLUME = "cache"  # the Job's hostPath volume: the node directory it writes
@@ -105,6 +108,11 @@ class Inputs:
     daemonset_exists: bool = False
     deleting: bool = False  # metadata.deletionTimestamp is set
     reported_nodes: Sequence[Mapping[str, Any]] = ()  # status.nodes as last written (see `_may_hold_files`)
+    # spec.path of every other model cache the operator can see, by namespace/name: a directory one of them uses
+    # (or one inside it, or holding it) is never cleaned.
+    other_paths: Mapping[str, str] = field(default_factory=dict)
+    # node -> the hostPath directories engine pods there mount (not the cache's own Jobs): never cleaned under them.
+    mounts: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -381,11 +389,17 @@ class _Cleanup:
     failure: str = ""  # the last attempt's message
 
 
-def _cleanup(inputs: Inputs, node: str, directory: tuple[str, str], cleans: Sequence[JobView]) -> _Cleanup:
-    """The cleanup Job of `directory` (path, the content staged there) on `node`: done, running, due or waiting."""
+def _cleanup(
+    inputs: Inputs, node: str, directory: tuple[str, str], cleans: Sequence[JobView], written: Sequence[JobView]
+) -> _Cleanup:
+    """The cleanup Job of `directory` (path, the content staged there) on `node`: done, running, due or waiting.
+    A cleanup that finished before the last staging Job there (`written`) finished emptied an older copy."""
     mine = _latest([j for j in cleans if j.node == node and j.path == directory[0]])
     if mine is None:
         return _Cleanup(create=_job(inputs, node, CLEAN, 1, directory))
+    last_write = max((j.finished_at or inputs.now for j in written if j.path == directory[0]), default=0.0)
+    if mine.state == "Complete" and (mine.finished_at or inputs.now) < last_write:
+        return _Cleanup(create=_job(inputs, node, CLEAN, mine.attempt + 1, directory))
     if mine.state == "Complete":
         return _Cleanup(done=True)
     if mine.state == "Active":
@@ -396,13 +410,29 @@ def _cleanup(inputs: Inputs, node: str, directory: tuple[str, str], cleans: Sequ
     return _Cleanup(create=_job(inputs, node, CLEAN, mine.attempt + 1, directory), failure=mine.message)
 
 
+def _used_by_another(inputs: Inputs, path: str) -> str | None:
+    """The other cache (namespace/name) whose directory is `path`, is inside it or holds it."""
+    return next((name for name, other in sorted(inputs.other_paths.items()) if _nested(path, other)), None)
+
+
+def _may_clean(inputs: Inputs, directory: str) -> bool:
+    """A directory the cache no longer uses may be emptied: only with deleteFilesOnRemoval, and never one inside the
+    current directory or holding it, nor one another cache uses."""
+    return (
+        inputs.cache.spec.delete_files_on_removal
+        and not _nested(directory, inputs.cache.spec.path)
+        and _used_by_another(inputs, directory) is None
+    )
+
+
 def _left_behind(inputs: Inputs, jobs: Sequence[JobView]) -> dict[str, str]:
-    """Directories (path -> the content staged there) that Jobs wrote on a node and the cache no longer uses:
-    removed only with deleteFilesOnRemoval, and never one inside the current directory or holding it."""
-    path = inputs.cache.spec.path
-    if not inputs.cache.spec.delete_files_on_removal:
-        return {}
-    return {j.path: j.content for j in sorted(jobs, key=lambda j: j.attempt) if j.path and not _nested(j.path, path)}
+    """Directories (path -> the content staged there) that Jobs wrote on a node and the cache may empty."""
+    return {j.path: j.content for j in sorted(jobs, key=lambda j: j.attempt) if j.path and _may_clean(inputs, j.path)}
+
+
+def _left_behind_paths(paths: Sequence[str]) -> dict[str, str]:
+    """Directories known from status only (path -> a stand-in content: it names their cleanup Jobs)."""
+    return {path: _hash("left", path) for path in paths}
 
 
 @dataclass
@@ -428,36 +458,43 @@ def _node_step(
     older_complete = [j for j in jobs if j.content != content and j.state == "Complete" and j.path == path]
     step = _NodeStep({"name": name, "attempts": current.attempt if current else 0, "message": ""})
     entry = step.entry
-    if current is not None and current.state == "Complete":
+    # Directories a stopped staging Job wrote in part: status is their only record once the Job is gone.
+    reported = next((n for n in inputs.reported_nodes if n.get("name") == name), {})
+    carried = [p for p in reported.get("leftBehind") or [] if isinstance(p, str) and _may_clean(inputs, p)]
+    if carried:
+        entry["leftBehind"] = carried
+    # The path changed back to a directory a cleanup empties (or one holding it, or inside it): nothing is staged or
+    # trusted there until that cleanup has finished, and a copy completed before it finished is gone.
+    here = [c for c in cleans if _nested(c.path, path)]
+    if emptying := [c for c in here if c.state == "Active"]:
+        entry.update(phase="Pending", message=f"waiting for cleanup job {emptying[0].name} of {emptying[0].path}")
+        step.wait = STOP_RECHECK_SECONDS
+        return step
+    emptied = max((c.finished_at or inputs.now for c in here), default=None)
+    complete = current is not None and current.state == "Complete"
+    if complete and current is not None and emptied is not None and (current.finished_at or 0.0) <= emptied:
+        complete = False  # staged again below, as a new attempt
+        entry["message"] = "the copy here was removed by a cleanup"
+    if complete and current is not None:
         entry["phase"] = "Ready"
         step.ready = True
-        # The new copy is complete: a directory left behind by a path change goes, then the Jobs recording it.
-        left = _left_behind(inputs, [j for j in jobs if j is not current])
-        pending: set[str] = set()
-        waits: list[float] = []
-        for old_path, old_content in sorted(left.items()):
-            if any(j.path == old_path and j.state == "Active" for j in jobs):
-                pending.add(old_path)  # a Job of the old spec still stopping there: never clean under a writer
-                waits.append(STOP_RECHECK_SECONDS)
-                continue
-            cleanup = _cleanup(inputs, name, (old_path, old_content), cleans)
-            if cleanup.done:
-                continue
-            pending.add(old_path)
-            step.cleanups.extend([cleanup.create] if cleanup.create else [])
-            waits.extend([cleanup.wait] if cleanup.wait is not None else [])
-            failed = f" (the last attempt failed: {cleanup.failure}; retried)" if cleanup.failure else ""
-            entry["message"] = f"removing the copy in {old_path}, which the cache no longer uses{failed}"
-        step.wait = min(waits) if waits else None
+        pending = _clean_left_behind(inputs, name, [j for j in jobs if j is not current], cleans, step, carried)
+        entry.pop("leftBehind", None)
+        if kept := sorted(p for p in pending if p in carried):
+            entry["leftBehind"] = kept
         old = [j for j in jobs if j is not current and j.path not in pending]
-        cleaned = [j for j in cleans if j.path not in pending and j.path != inputs.cache.spec.path]
-        step.superseded = [j for j in (*old, *cleaned) if not j.stopping]
+        done = [c for c in cleans if c.state != "Active" and c.path not in pending]  # older than this copy
+        step.superseded = [j for j in (*old, *done) if not j.stopping]
         return step
     writing = [j for j in jobs if j.content != content and j.state == "Active"]
     if writing and not (current is not None and current.state == "Active"):
         # The spec changed while a Job of the old one stages here: two Jobs must never write one directory.
         entry.update(phase="Pending", message=f"waiting for job {writing[0].name} of the previous spec to stop")
         step.superseded, step.wait = [j for j in writing if not j.stopping], STOP_RECHECK_SECONDS
+        # Stopped, such a Job is no record of the directory it wrote in part: status keeps it, to be emptied later.
+        partial = [j.path for j in writing if j.path and _may_clean(inputs, j.path)]
+        if partial:
+            entry["leftBehind"] = sorted({*carried, *partial})
         return step
     if current is not None and current.state == "Failed" and current.bad_source:
         entry.update(phase="Failed", message=current.message)
@@ -488,8 +525,47 @@ def _node_step(
     step.stage_attempt = (current.attempt + 1) if current is not None else 1
     if current is not None and not current.stopping:
         step.superseded.append(current)  # the failed attempt's record passes to the new one: failures do not pile up
+    step.superseded.extend(c for c in here if not c.stopping)  # finished before this attempt: no longer a record
     entry.update(phase="Staging", attempts=step.stage_attempt, message="job created")
     return step
+
+
+def _clean_left_behind(
+    inputs: Inputs,
+    node: str,
+    older: Sequence[JobView],
+    cleans: Sequence[JobView],
+    step: _NodeStep,
+    carried: Sequence[str] = (),
+) -> set[str]:
+    """Clean the directories a path change left on a node whose new copy is complete (those `older` Jobs wrote and
+    those status `carried`); returns those still pending (their Jobs, or status, stay the record of them)."""
+    pending: set[str] = set()
+    waits: list[float] = []
+    notes: list[str] = []
+    mounted = inputs.mounts.get(node, ())
+    directories = {**_left_behind_paths(carried), **_left_behind(inputs, older)}
+    for old_path, old_content in sorted(directories.items()):
+        if any(j.path == old_path and j.state == "Active" for j in older):
+            pending.add(old_path)  # a Job of the old spec still stopping there: never clean under a writer
+            waits.append(STOP_RECHECK_SECONDS)
+            continue
+        if any(_nested(old_path, m) for m in mounted):
+            pending.add(old_path)  # an engine pod of the old spec still runs from it: wait for the rollout
+            waits.append(MOUNT_RECHECK_SECONDS)
+            notes.append(f"keeping the copy in {old_path} while pods on the node mount it")
+            continue
+        cleanup = _cleanup(inputs, node, (old_path, old_content), cleans, older)
+        if cleanup.done:
+            continue
+        pending.add(old_path)
+        step.cleanups.extend([cleanup.create] if cleanup.create else [])
+        waits.extend([cleanup.wait] if cleanup.wait is not None else [])
+        failed = f" (the last attempt failed: {cleanup.failure}; retried)" if cleanup.failure else ""
+        notes.append(f"removing the copy in {old_path}, which the cache no longer uses{failed}")
+    step.wait = min(waits) if waits else None
+    step.entry["message"] = "; ".join(notes)
+    return pending
 
 
 def plan_cache(inputs: Inputs) -> Work:
@@ -612,7 +688,9 @@ def _may_hold_files(entry: Mapping[str, Any]) -> bool:
     """Whether a status.nodes entry names a node that may hold files: a staging attempt ran there, or an earlier
     round of the removal listed it. A pool node that never staged (cordoned all along) holds nothing to clean, and
     a cleanup Job there could wait for ever."""
-    return "name" in entry and (bool(entry.get("attempts")) or entry.get("phase") == "Removing")
+    return "name" in entry and (
+        bool(entry.get("attempts")) or entry.get("phase") == "Removing" or bool(entry.get("leftBehind"))
+    )
 
 
 def _removal(
@@ -627,7 +705,7 @@ def _removal(
     """The cache is being deleted: labels off; optionally the files, one cleanup Job per node and directory."""
     for name in sorted(labelled):
         work.labels[name] = None
-    pending: list[str] = []
+    pending: list[dict[str, Any]] = []
     if inputs.cache.spec.delete_files_on_removal:
         # Every node that may hold files: a staging or cleanup Job ran there, or status still lists it (a staging
         # Job deleted below to stop it writing is no record any more; the status written below is).
@@ -639,11 +717,18 @@ def _removal(
             if job.state == "Active" and not job.stopping:
                 work.delete.append(job)  # stop writing before the directory is removed (foreground: until its pods go)
         spec = inputs.cache.spec
+        shared = _used_by_another(inputs, spec.path)
+        if shared is not None:
+            # Another cache stages there too: emptying the directory would delete its copy.
+            work.left_behind.append(f"the files in {spec.path} are left on every node: cache {shared} uses them")
         for name in staged:
             # The directory in use, and any a path change left behind that no cleanup has removed yet.
             written = [j for j in stage_jobs if j.node == name]
-            directories = {spec.path: spec.content_digest(), **_left_behind(inputs, written)}
-            cleanups = [_cleanup(inputs, name, d, clean_jobs) for d in sorted(directories.items())]
+            current = {} if shared is not None else {spec.path: spec.content_digest()}
+            reported = next((n for n in inputs.reported_nodes if n.get("name") == name), {})
+            carried = [p for p in reported.get("leftBehind") or [] if isinstance(p, str) and _may_clean(inputs, p)]
+            directories = {**current, **_left_behind_paths(carried), **_left_behind(inputs, written)}
+            cleanups = [_cleanup(inputs, name, d, clean_jobs, written) for d in sorted(directories.items())]
             if all(c.done for c in cleanups):
                 continue
             since = nodes[name].not_ready_since
@@ -657,11 +742,16 @@ def _removal(
                     "remove it by hand when the node is back, or delete the node if it is gone"
                 )
                 continue
-            pending.append(name)
+            entry: dict[str, Any] = {"name": name, "phase": "Removing", "attempts": 0, "message": "removing the copy"}
+            # Status keeps every other directory still to empty: the Jobs that recorded them may be gone next round.
+            others = [path for (path, _), c in zip(sorted(directories.items()), cleanups, strict=True) if not c.done]
+            if others := [path for path in others if path != spec.path]:
+                entry["leftBehind"] = others
+            pending.append(entry)
             if any(j.state == "Active" for j in written):
                 continue  # the cleanup starts once the staging Job is gone
             work.create.extend(c.create for c in cleanups if c.create is not None)
-    work.nodes = [{"name": n, "phase": "Removing", "attempts": 0, "message": "removing the copy"} for n in pending]
+    work.nodes = pending
     cleaning = f"removing labels; {len(pending)} node(s) still cleaning"
     if work.left_behind:
         cleaning += f"; {len(work.left_behind)} left: {work.left_behind[0]}"

@@ -108,13 +108,28 @@ def node_view(node: Mapping[str, Any], now: float) -> NodeView:
     ready = next((c for c in conditions if c.get("type") == "Ready"), None)
     not_ready_since = None
     if ready is not None and ready.get("status") != "True":
-        not_ready_since = _epoch(ready.get("lastTransitionTime")) or now
+        not_ready_since = _epoch(ready.get("lastTransitionTime")) or _epoch(ready.get("lastHeartbeatTime")) or now
     return NodeView(
         node["metadata"]["name"],
         dict(node["metadata"].get("labels") or {}),
         not (node.get("spec") or {}).get("unschedulable", False),
         not_ready_since,
     )
+
+
+def mounts_of(pods: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """node -> the hostPath directories the running engine pods there mount (the cache's own Job pods aside)."""
+    mounts: dict[str, list[str]] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or CACHE_LABEL in (pod["metadata"].get("labels") or {}):
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            if (host := (volume.get("hostPath") or {}).get("path")) is not None:
+                mounts.setdefault(node, []).append(str(host))
+    return mounts
 
 
 def images_for(cache: MiniMaxM3ModelCache, deployments: list[dict[str, Any]]) -> list[str]:
@@ -150,6 +165,7 @@ class CacheReconciler:
         # Per DaemonSet: (digest of our intent, the generation the apply returned). Quiet at rest: applied again
         # only when the intent changes or someone changed its spec (a new generation).
         self._applied: dict[tuple[str, str], tuple[str, int]] = {}
+        self._cluster_wide = True  # until a cluster-wide list of caches is refused (the chart's namespace scope)
 
     async def reconcile(self, body: Mapping[str, Any]) -> CacheOutcome:
         meta = body["metadata"]
@@ -174,11 +190,13 @@ class CacheReconciler:
                 return CacheOutcome(gone=True)
 
         selector = f"{CACHE_LABEL}={name},{MANAGED_BY}={MANAGER}"
-        nodes, jobs, daemonsets, deployments = await asyncio.gather(
+        nodes, jobs, daemonsets, deployments, others, pods = await asyncio.gather(
             self.api.list(kube.NODE, None, ""),
             self.api.list(kube.JOB, namespace, selector),
             self.api.list(kube.DAEMON_SET, namespace, selector),
             self.api.list(kube.M3D, namespace, ""),
+            self._other_paths(namespace, name),
+            self.api.list(kube.POD, namespace, f"{MANAGED_BY}={MANAGER}"),
         )
         views = []
         for job in jobs:
@@ -213,17 +231,40 @@ class CacheReconciler:
                 daemonset_exists=bool(daemonsets),
                 deleting=deleting,
                 reported_nodes=(body.get("status") or {}).get("nodes") or [],
+                other_paths=others,
+                mounts=mounts_of(pods),
             )
         )
         await self._apply(cache, work, namespace, daemonsets)
         if deleting and work.release:
+            released = await self._release(body)
             for message in work.left_behind:  # the resource goes with its status: the Event is what stays
                 self.events.warn(body, "CopyLeftOnNode", message)
                 log.warning("%s/%s: %s", namespace, name, message)
-            return await self._release(body)
+            return released
         status = {**work.status, "nodes": work.nodes}
         verdicts = [(v.type, v.status, v.reason, v.message) for v in work.conditions]
         return CacheOutcome(await self._write_status(body, status, verdicts), work.requeue_after)
+
+    async def _other_paths(self, namespace: str, name: str) -> dict[str, str]:
+        """spec.path of every other cache the operator may read (all namespaces, or its own in namespace scope):
+        a directory another cache uses is never cleaned."""
+        caches: list[dict[str, Any]] = []
+        if self._cluster_wide:
+            try:
+                caches = await self.api.list(kube.CACHE, None, "")
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                self._cluster_wide = False
+        if not self._cluster_wide:
+            caches = await self.api.list(kube.CACHE, namespace, "")
+        paths = {}
+        for other in caches:
+            meta, path = other["metadata"], (other.get("spec") or {}).get("path")
+            if (meta["namespace"], meta["name"]) != (namespace, name) and isinstance(path, str) and path:
+                paths[f"{meta['namespace']}/{meta['name']}"] = path
+        return paths
 
     async def _apply(
         self, cache: MiniMaxM3ModelCache, work: Work, namespace: str, daemonsets: list[dict[str, Any]]
