@@ -119,6 +119,9 @@ def test_staged_labelled_used_and_removed(chart: Cluster, operator: OperatorProc
     chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x")
     deployment = renamed(sample("vllm-h200-tp8"), "cached", NAMESPACE)
     deployment["spec"]["model"]["cacheRef"] = {"name": "m3"}
+    # The old pod stays until its replacement is ready (on a node holding the new copy): the path change below
+    # must not empty the old directory under it.
+    deployment["spec"]["rollout"] = {"maxSurge": 1, "maxUnavailable": 0}
     try:
         chart.apply(cache("m3", "a"))
 
@@ -179,18 +182,51 @@ def test_staged_labelled_used_and_removed(chart: Cluster, operator: OperatorProc
         eventually("3/3", lambda: status(chart, "m3").get("nodesSummary") == "3/3", 60)
 
         # A new path: staged there on every node, the deployment mounts it, and (deleteFilesOnRemoval) the old
-        # directory is removed by a cleanup Job on each node once the new copy is complete there.
+        # directory is removed by a cleanup Job on each node once the new copy is complete there and no engine pod
+        # there mounts it. The other pool nodes cordoned: the engine pod's replacement has nowhere to go (its own
+        # node's GPUs are the old pod's), so the old pod stays, and its node's old directory with it.
         seen: dict[str, set[str]] = {}  # cleanup Job -> its node and the directory it empties (they go once done)
+        [engine] = chart.list("pods", NAMESPACE, "m3fleet.dev/name=cached")
+        engine_node = engine["spec"]["nodeName"]
+        others = sorted({*pool, "h200-3"} - {engine_node})
+        new_path = "/mnt/nvme/m3fleet/m3-v2"
 
-        def moved() -> bool:
+        def cleanups() -> dict[str, set[str]]:
             for job in chart.list("jobs", NAMESPACE, "m3fleet.dev/cache=m3,m3fleet.dev/cache-action=clean"):
                 seen[job["metadata"]["name"]] = {job_node(job), host_path(job)}
-            staged = {job_node(j) for j in jobs(chart, "m3") if host_path(j) == "/mnt/nvme/m3fleet/m3-v2"}
-            return staged == {*pool, "h200-3"} and all(host_path(j).endswith("m3-v2") for j in jobs(chart, "m3"))
+            return seen
 
-        patch = {"spec": {"path": "/mnt/nvme/m3fleet/m3-v2"}}
-        chart.kubectl("patch", "m3cache", "m3", "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch))
-        eventually("staged at the new path, the old Jobs gone", moved, 240, 0.2)
+        def new_copy_on(node: str) -> bool:
+            return any(
+                job_node(j) == node and host_path(j) == new_path and condition(j, "Complete").get("status") == "True"
+                for j in jobs(chart, "m3")
+            )
+
+        for node in others:
+            chart.kubectl("cordon", node)
+        chart.kubectl(
+            "patch", "m3cache", "m3", "-n", NAMESPACE, "--type=merge", "-p", json.dumps({"spec": {"path": new_path}})
+        )
+        eventually("the new copy on the engine pod's node", lambda: new_copy_on(engine_node), 90)
+        eventually(
+            "status: the old copy kept under the engine pod",
+            lambda: (
+                "while pods on the node mount it"
+                in next(n["message"] for n in status(chart, "m3")["nodes"] if n["name"] == engine_node)
+            ),
+            60,
+        )
+        assert chart.get("pod", engine["metadata"]["name"], NAMESPACE) is not None
+        assert not any(engine_node in v for v in cleanups().values()), seen  # not emptied under it
+        for node in others:
+            chart.kubectl("uncordon", node)
+
+        def moved() -> bool:
+            cleanups()
+            staged = {job_node(j) for j in jobs(chart, "m3") if host_path(j) == new_path}
+            return staged == {*pool, "h200-3"} and all(host_path(j) == new_path for j in jobs(chart, "m3"))
+
+        eventually("staged at the new path, the old pod replaced, the old Jobs gone", moved, 240, 0.2)
         assert sorted(map(sorted, seen.values())) == sorted(
             sorted([n, "/mnt/nvme/m3fleet/m3"]) for n in (*pool, "h200-3")
         ), seen
@@ -244,6 +280,7 @@ def test_staged_labelled_used_and_removed(chart: Cluster, operator: OperatorProc
         chart.kubectl("delete", "m3cache", "m3", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         for node in ("h200-3", *pool):
             label_node(chart, node, POOL_LABEL, None)
+            chart.kubectl("uncordon", node, check=False)
 
 
 def manual_node(cluster: Cluster) -> None:

@@ -190,7 +190,7 @@ class CacheReconciler:
                 return CacheOutcome(gone=True)
 
         selector = f"{CACHE_LABEL}={name},{MANAGED_BY}={MANAGER}"
-        nodes, jobs, daemonsets, deployments, others, pods = await asyncio.gather(
+        nodes, jobs, daemonsets, deployments, others, running = await asyncio.gather(
             self.api.list(kube.NODE, None, ""),
             self.api.list(kube.JOB, namespace, selector),
             self.api.list(kube.DAEMON_SET, namespace, selector),
@@ -232,7 +232,7 @@ class CacheReconciler:
                 deleting=deleting,
                 reported_nodes=(body.get("status") or {}).get("nodes") or [],
                 other_paths=others,
-                mounts=mounts_of(pods),
+                mounts=mounts_of(running),
             )
         )
         await self._apply(cache, work, namespace, daemonsets)
