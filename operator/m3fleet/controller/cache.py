@@ -156,16 +156,21 @@ class CacheOutcome:
 
 class CacheReconciler:
     def __init__(
-        self, api: KubeApi, stager_image: str, events: Events | None = None, clock: Callable[[], str] = utc_now
+        self,
+        api: KubeApi,
+        stager_image: str,
+        events: Events | None = None,
+        clock: Callable[[], str] = utc_now,
+        scope: str | None = None,
     ) -> None:
         self.api = api
         self.stager_image = stager_image
+        self.scope = scope  # the namespace the operator watches (None: all): where it may list other caches
         self.events: Events = events or KopfEvents()
         self.clock = clock
         # Per DaemonSet: (digest of our intent, the generation the apply returned). Quiet at rest: applied again
         # only when the intent changes or someone changed its spec (a new generation).
         self._applied: dict[tuple[str, str], tuple[str, int]] = {}
-        self._cluster_wide = True  # until a cluster-wide list of caches is refused (the chart's namespace scope)
 
     async def reconcile(self, body: Mapping[str, Any]) -> CacheOutcome:
         meta = body["metadata"]
@@ -247,18 +252,9 @@ class CacheReconciler:
         return CacheOutcome(await self._write_status(body, status, verdicts), work.requeue_after)
 
     async def _other_paths(self, namespace: str, name: str) -> dict[str, str]:
-        """spec.path of every other cache the operator may read (all namespaces, or its own in namespace scope):
-        a directory another cache uses is never cleaned."""
-        caches: list[dict[str, Any]] = []
-        if self._cluster_wide:
-            try:
-                caches = await self.api.list(kube.CACHE, None, "")
-            except ApiError as exc:
-                if exc.status != 403:
-                    raise
-                self._cluster_wide = False
-        if not self._cluster_wide:
-            caches = await self.api.list(kube.CACHE, namespace, "")
+        """spec.path of every other cache the operator may read (all namespaces, or the one it watches): a
+        directory another cache uses is never cleaned."""
+        caches = await self.api.list(kube.CACHE, self.scope, "")
         paths = {}
         for other in caches:
             meta, path = other["metadata"], (other.get("spec") or {}).get("path")

@@ -116,7 +116,8 @@ def run(
     reconciler = Reconciler(api)
     manager = Manager(reconciler, Autoscaler(api, reconciler.events), StartupTimer(api))
     stager_image = os.environ.get(STAGER_IMAGE_VARIABLE) or DEFAULT_STAGER_IMAGE
-    caches = CacheManager(CacheReconciler(api, stager_image, reconciler.events), on_change=manager.cache_changed)
+    cache_reconciler = CacheReconciler(api, stager_image, reconciler.events, scope=scope)
+    caches = CacheManager(cache_reconciler, on_change=manager.cache_changed)
     if not standalone:  # one gate for both queues: a paused peer stages nothing either
         caches.queue.pause()  # until the gate has looked at the peering object (as the manager's queue)
         manager.gate = PeeringGate(
