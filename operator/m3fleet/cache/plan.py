@@ -430,6 +430,12 @@ def _left_behind(inputs: Inputs, jobs: Sequence[JobView]) -> dict[str, str]:
     return {j.path: j.content for j in sorted(jobs, key=lambda j: j.attempt) if j.path and _may_clean(inputs, j.path)}
 
 
+def _carried(inputs: Inputs, node: str) -> list[str]:
+    """Directories status records as left on `node` (status.nodes[].leftBehind) that the cache may still empty."""
+    reported = next((n for n in inputs.reported_nodes if n.get("name") == node), {})
+    return [p for p in reported.get("leftBehind") or [] if isinstance(p, str) and _may_clean(inputs, p)]
+
+
 def _left_behind_paths(paths: Sequence[str]) -> dict[str, str]:
     """Directories known from status only (path -> a stand-in content: it names their cleanup Jobs)."""
     return {path: _hash("left", path) for path in paths}
@@ -459,8 +465,7 @@ def _node_step(
     step = _NodeStep({"name": name, "attempts": current.attempt if current else 0, "message": ""})
     entry = step.entry
     # Directories a stopped staging Job wrote in part: status is their only record once the Job is gone.
-    reported = next((n for n in inputs.reported_nodes if n.get("name") == name), {})
-    carried = [p for p in reported.get("leftBehind") or [] if isinstance(p, str) and _may_clean(inputs, p)]
+    carried = _carried(inputs, name)
     if carried:
         entry["leftBehind"] = carried
     # The path changed back to a directory a cleanup empties (or one holding it, or inside it): nothing is staged or
@@ -725,8 +730,7 @@ def _removal(
             # The directory in use, and any a path change left behind that no cleanup has removed yet.
             written = [j for j in stage_jobs if j.node == name]
             current = {} if shared is not None else {spec.path: spec.content_digest()}
-            reported = next((n for n in inputs.reported_nodes if n.get("name") == name), {})
-            carried = [p for p in reported.get("leftBehind") or [] if isinstance(p, str) and _may_clean(inputs, p)]
+            carried = _carried(inputs, name)
             directories = {**current, **_left_behind_paths(carried), **_left_behind(inputs, written)}
             cleanups = [_cleanup(inputs, name, d, clean_jobs, written) for d in sorted(directories.items())]
             if all(c.done for c in cleanups):
