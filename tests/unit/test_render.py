@@ -642,6 +642,20 @@ def test_sglang_one_million_override_keeps_rope_theta() -> None:
         assert _flag_values(argv, "--tp-size") == ["8"] and _flag_values(argv, "--pp-size") == ["2"]
 
 
+def test_sglang_workers_are_probed_on_their_health_server() -> None:
+    # A non-zero node rank serves /health (and /metrics) only once its schedulers have loaded the weights; probing
+    # it keeps the worker, and so the LeaderWorkerSet group, unready until then.
+    objs = rendered(resource_for("sglang", "h200", "bf16", "tp", "bf16", 1048576, False, "auto", 1, False))
+    lws = next(o for o in objs if o["kind"] == "LeaderWorkerSet")
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    (port,) = worker["ports"]
+    for kind in ("startup", "readiness", "liveness"):
+        assert worker[f"{kind}Probe"]["httpGet"] == {"path": "/health", "port": port["containerPort"]}
+    # Startup allows the whole weight load before liveness can restart the group.
+    startup = worker["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 60 * 60
+
+
 def test_vllm_one_million_hf_overrides_keep_rope_theta() -> None:
     objs = rendered(sample_named("vllm-mi355x-1m-fp8kv"))
     deployment = next(o for o in objs if o["kind"] == "Deployment")

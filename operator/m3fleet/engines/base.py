@@ -195,11 +195,12 @@ def node_rank_launch(
     group_args: list[str],
     worker_args: tuple[str, ...] = (),
     secrets: dict[str, tuple[str, str]] | None = None,
-    worker_metrics: bool = False,
+    worker_health: Probes | None = None,
 ) -> EngineLaunch:
     """The launch shape vLLM and SGLang share: one pod per replica, or a leader (node rank 0, serves
-    HTTP) plus workers (node rank from the LWS environment, headless: no HTTP probes). With `worker_metrics` a
-    worker exports its own node's metrics on the engine port (SGLang); otherwise it opens no port."""
+    HTTP) plus workers (node rank from the LWS environment). With `worker_health` a worker runs its own health
+    server on the engine port (SGLang): probed with those probes, and its node's metrics are scraped there;
+    otherwise a worker is headless, opens no port and has no probes."""
     extra = [literal(arg) for arg in ctx.spec.engine.extra_args]
     port = ctx.engine.port
     refs = secrets or {}
@@ -215,10 +216,10 @@ def node_rank_launch(
                 command,
                 worker_args_all,
                 env,
-                NO_PROBES,
-                {SERVING_PORT: port} if worker_metrics else {},
+                worker_health or NO_PROBES,
+                {SERVING_PORT: port} if worker_health else {},
                 False,
-                exports_metrics=worker_metrics,
+                exports_metrics=worker_health is not None,
                 secret_env=refs,
             ),
         }

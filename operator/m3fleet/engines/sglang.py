@@ -174,6 +174,11 @@ def launch(ctx: Context) -> EngineLaunch:
     group = ["--dist-init-addr", f"{LWS_LEADER_ADDRESS}:{DIST_INIT_PORT}", "--nnodes", LWS_GROUP_SIZE]
     keys = secret_env(ctx, API_KEY_VAR, ADMIN_API_KEY_VAR)
     # A worker node's schedulers (with DP attention, its DP ranks: their queues and KV pools) export on that node
-    # only, through the health server SGLang starts on non-zero node ranks (srt/entrypoints/engine.py,
-    # launch_dummy_health_check_server, with /metrics under --enable-metrics).
-    return node_rank_launch(ctx, COMMAND, serve_args(ctx), env(ctx), probes, group, secrets=keys, worker_metrics=True)
+    # only, through the health server SGLang starts on non-zero node ranks once their schedulers have loaded the
+    # weights (srt/entrypoints/engine.py, launch_dummy_health_check_server: /health, and /metrics under
+    # --enable-metrics). Probing it there keeps a worker, and so its group, unready until its weights are loaded.
+    # Its /health_generate answers 200 without a forward pass, so /health serves for readiness too.
+    worker_health = http_probes(port, ctx.engine.live_path, ctx.engine.live_path)
+    return node_rank_launch(
+        ctx, COMMAND, serve_args(ctx), env(ctx), probes, group, secrets=keys, worker_health=worker_health
+    )
