@@ -313,7 +313,8 @@ def manual_node(cluster: Cluster) -> None:
 
 
 def fail_pod(cluster: Cluster, pod: dict[str, Any], code: int, message: str) -> None:
-    """What the kubelet reports when `m3fleet stage` exits `code` after writing `message` to the termination log."""
+    """What the kubelet reports when `m3fleet stage` exits `code` after writing `message` to the termination log
+    (0: it succeeded)."""
     terminated = {
         "exitCode": code,
         "reason": "Error",
@@ -323,7 +324,7 @@ def fail_pod(cluster: Cluster, pod: dict[str, Any], code: int, message: str) -> 
     }
     patch = {
         "status": {
-            "phase": "Failed",
+            "phase": "Failed" if code else "Succeeded",
             "containerStatuses": [
                 {
                     "name": pod["spec"]["containers"][0]["name"],
@@ -351,6 +352,11 @@ def fail_pod(cluster: Cluster, pod: dict[str, Any], code: int, message: str) -> 
 
 def pods_of(cluster: Cluster, job: str) -> list[dict[str, Any]]:
     return cluster.list("pods", NAMESPACE, f"batch.kubernetes.io/job-name={job}")
+
+
+def scheduled_pod(cluster: Cluster, job: str) -> dict[str, Any]:
+    [pod] = eventually("its pod scheduled", lambda: [p for p in pods_of(cluster, job) if p["spec"].get("nodeName")], 60)
+    return pod
 
 
 def test_failures_are_retried_never_labelled_and_a_rejected_source_is_reported(
@@ -463,3 +469,96 @@ def test_removal_leaves_the_copy_on_a_node_long_not_ready_and_says_so(
     finally:
         chart.kubectl("delete", "m3cache", "gone", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         chart.kubectl("delete", "node", GONE_NODE, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_one_directory_is_the_first_caches_until_it_goes(chart: Cluster, operator: OperatorProcess) -> None:
+    """Two caches naming one directory would each overwrite the other's copy: on the nodes both pools hold, the one
+    created second stages nothing there and says why, and takes the directory once the first is gone."""
+    pool = ("h200-4", "h200-5")
+    for node in pool:
+        label_node(chart, node, POOL_LABEL, "shared")
+    chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x", check=False)
+    first_label, second_label = (f"cache.m3fleet.dev/{NAMESPACE}.{name}" for name in ("first", "second"))
+    try:
+        chart.apply(cache("first", "shared", deleteFilesOnRemoval=False))
+        eventually("first 2/2", lambda: status(chart, "first").get("nodesSummary") == "2/2", 90)
+        staged = sorted(j["metadata"]["uid"] for j in jobs(chart, "first"))
+        chart.apply(cache("second", "shared", path="/mnt/nvme/m3fleet"))  # holds the first one's directory
+        degraded = eventually(
+            "second: PathConflict",
+            lambda: (
+                (c := condition({"status": status(chart, "second")}, "Degraded")).get("reason") == "PathConflict" and c
+            ),
+            60,
+        )
+        assert f"h200-4 ({NAMESPACE}/first), h200-5 ({NAMESPACE}/first)" in degraded["message"], degraded
+        assert "fix: give this cache a directory of its own" in degraded["message"]
+        assert jobs(chart, "second") == [] and get_columns(chart, "second")["NODES"] == "0/2"
+        assert all(second_label not in node_labels(chart, n) for n in pool)
+        # The first is untouched.
+        assert sorted(j["metadata"]["uid"] for j in jobs(chart, "first")) == staged
+        assert all(node_labels(chart, n).get(first_label) == "ready" for n in pool)
+
+        # The first goes (its files stay: no deleteFilesOnRemoval); the second stages at once, without being told.
+        chart.kubectl("delete", "m3cache", "first", "-n", NAMESPACE, "--wait=false")
+        eventually("second 2/2", lambda: status(chart, "second").get("nodesSummary") == "2/2", 90)
+        assert condition({"status": status(chart, "second")}, "Degraded").get("reason") == "AsExpected"
+        assert all(node_labels(chart, n).get(second_label) == "ready" for n in pool)
+    finally:
+        for name in ("first", "second"):
+            chart.kubectl("delete", "m3cache", name, "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        eventually("both gone", lambda: not chart.list("m3cache", NAMESPACE), 90)
+        for node in pool:
+            label_node(chart, node, POOL_LABEL, None)
+
+
+def test_a_directory_another_cache_is_emptying_is_staged_after_its_cleanup(
+    chart: Cluster, operator: OperatorProcess
+) -> None:
+    """A cache moved off a directory empties it (deleteFilesOnRemoval); a cache created on that directory meanwhile
+    waits for the cleanup to end before it stages, or the cleanup would delete its new copy. On the manual node the
+    test is the kubelet: each pod ends when it says so."""
+    manual_node(chart)
+    chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x", check=False)
+    old, new = "/mnt/nvme/m3fleet/mover", "/mnt/nvme/m3fleet/mover-v2"
+    try:
+        chart.apply(cache("mover", "manual", path=old))
+        [job] = eventually("mover's staging Job", lambda: jobs(chart, "mover"), 60)
+        fail_pod(chart, scheduled_pod(chart, job["metadata"]["name"]), 0, "")
+        eventually("mover 1/1", lambda: status(chart, "mover").get("nodesSummary") == "1/1", 60)
+        patch = json.dumps({"spec": {"path": new}})
+        chart.kubectl("patch", "m3cache", "mover", "-n", NAMESPACE, "--type=merge", "-p", patch)
+        [job] = eventually(
+            "mover's staging Job at the new path",
+            lambda: [j for j in jobs(chart, "mover") if host_path(j) == new and j["metadata"]["annotations"]],
+            60,
+        )
+        fail_pod(chart, scheduled_pod(chart, job["metadata"]["name"]), 0, "")
+
+        def cleanup() -> list[dict[str, Any]]:
+            return [
+                j for j in jobs(chart, "mover") if j["metadata"]["labels"].get("m3fleet.dev/cache-action") == "clean"
+            ]
+
+        [clean] = eventually("mover's cleanup Job of the old directory", cleanup, 60)
+        assert host_path(clean) == old
+        cleanup_pod = scheduled_pod(chart, clean["metadata"]["name"])  # runs: no kubelet ends it until the test does
+
+        chart.apply(cache("newcomer", "manual", path=old, deleteFilesOnRemoval=False))
+        entry = eventually(
+            "newcomer waits for the cleanup",
+            lambda: next((n for n in status(chart, "newcomer").get("nodes", []) if "cleanup" in n["message"]), None),
+            60,
+        )
+        assert entry["message"] == f"waiting for cleanup job {clean['metadata']['name']} of {old}", entry
+        time.sleep(3)  # a few more rounds: still nothing staged under the running cleanup
+        assert jobs(chart, "newcomer") == []
+
+        fail_pod(chart, cleanup_pod, 0, "")
+        [staging] = eventually("newcomer stages once the cleanup ended", lambda: jobs(chart, "newcomer"), 60)
+        assert host_path(staging) == old
+    finally:
+        for name in ("mover", "newcomer"):
+            chart.kubectl("delete", "m3cache", name, "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        chart.kubectl("delete", "node", MANUAL_NODE, "--ignore-not-found", "--wait=false", check=False)
+        eventually("both gone", lambda: not chart.list("m3cache", NAMESPACE), 90)

@@ -19,6 +19,7 @@ from m3fleet.cache.plan import (
     Inputs,
     JobView,
     NodeView,
+    OtherCache,
     plan_cache,
     retry_delay,
 )
@@ -453,13 +454,17 @@ def test_a_directory_another_cache_uses_is_never_cleaned() -> None:
     new = the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/m3-v2")
     before, staged = job("h200-0", "Complete", cache=old), job("h200-0", "Complete", 2, cache=new)
     for other in ("/mnt/nvme/m3", "/mnt/nvme/m3/weights", "/mnt/nvme"):  # the old directory, inside it, holding it
-        work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, staged], other_paths={"llm/b": other}))
+        work = plan_cache(
+            inputs(new, nodes=nodes("h200-0"), jobs=[before, staged], others=[OtherCache("llm/b", other)])
+        )
         assert work.create == [] and work.delete == [before], other
-    moved = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=[before, staged], other_paths={"llm/b": "/srv/b"}))
+    moved = plan_cache(
+        inputs(new, nodes=nodes("h200-0"), jobs=[before, staged], others=[OtherCache("llm/b", "/srv/b")])
+    )
     assert [_host_path(j) for j in moved.create] == ["/mnt/nvme/m3"]  # an unrelated directory changes nothing
 
     shared = plan_cache(
-        inputs(old, nodes=nodes("h200-0"), jobs=[before], deleting=True, other_paths={"team/b": "/mnt/nvme/m3"})
+        inputs(old, nodes=nodes("h200-0"), jobs=[before], deleting=True, others=[OtherCache("team/b", "/mnt/nvme/m3")])
     )
     assert shared.create == [] and shared.release
     assert shared.left_behind == ["the files in /mnt/nvme/m3 are left on every node: cache team/b uses them"]
@@ -523,7 +528,9 @@ def test_removal_with_a_shared_directory_still_cleans_one_only_it_left_behind() 
     old = the_cache(deleteFilesOnRemoval=True, path="/mnt/nvme/old")
     new = the_cache(deleteFilesOnRemoval=True)
     jobs = [job("h200-0", "Complete", cache=old), job("h200-0", "Complete", 2, cache=new)]
-    work = plan_cache(inputs(new, nodes=nodes("h200-0"), jobs=jobs, deleting=True, other_paths={"x/b": "/mnt/nvme/m3"}))
+    work = plan_cache(
+        inputs(new, nodes=nodes("h200-0"), jobs=jobs, deleting=True, others=[OtherCache("x/b", "/mnt/nvme/m3")])
+    )
     assert [_host_path(j) for j in work.create] == ["/mnt/nvme/old"]
 
 
@@ -560,3 +567,75 @@ def test_a_copy_stopped_half_way_by_a_path_change_is_remembered_and_emptied() ->
             "leftBehind": ["/mnt/nvme/m3"],
         }
     ]
+
+
+def _named(name: str, **spec: Any) -> MiniMaxM3ModelCache:
+    doc = cache_doc(**spec)
+    doc["metadata"]["name"] = name
+    return MiniMaxM3ModelCache.model_validate(doc)
+
+
+def _condition(work: Any, kind: str) -> Any:
+    return next(c for c in work.conditions if c.type == kind)
+
+
+def test_the_cache_created_second_stages_nothing_into_the_first_ones_directory() -> None:
+    first = OtherCache("team/a", "/mnt/nvme", "2026-11-01T00:00:00Z", _named("a", path="/mnt/nvme"))
+    for others in ([first], [OtherCache("team/a", "/mnt/nvme/m3", first.created, first.cache)]):
+        work = plan_cache(inputs(nodes=nodes("h200-0", "h200-1"), created="2026-11-02T00:00:00Z", others=others))
+        assert work.create == [] and work.labels == {}
+        assert {n["phase"] for n in work.nodes} == {"Pending"}
+        assert "is the directory of cache team/a (created first) here" in work.nodes[0]["message"]
+        degraded = _condition(work, "Degraded")
+        assert (degraded.status, degraded.reason) == ("True", "PathConflict")
+        assert "spec.path: /mnt/nvme/m3" in degraded.message and "h200-0 (team/a), h200-1 (team/a)" in degraded.message
+        assert "fix: give this cache a directory of its own" in degraded.message
+        assert _condition(work, "Ready").reason == "PathConflict"
+    # The first cache is not held back by the second; same-second creations go by namespace/name.
+    second = OtherCache("team/b", "/mnt/nvme/m3", "2026-11-02T00:00:00Z", _named("b"))
+    assert len(plan_cache(inputs(nodes=nodes("h200-0"), created="2026-11-01T00:00:00Z", others=[second])).create) == 1
+    tie = OtherCache("llm/l", "/mnt/nvme/m3", "2026-11-01T00:00:00Z", _named("l"))
+    assert plan_cache(inputs(nodes=nodes("h200-0"), created=tie.created, others=[tie])).create == []  # llm/l < llm/m3
+    # A cache whose spec does not parse stages nothing and holds no directory.
+    broken = OtherCache("team/a", "/mnt/nvme/m3", "2026-11-01T00:00:00Z", None)
+    assert len(plan_cache(inputs(nodes=nodes("h200-0"), created="2026-11-02T00:00:00Z", others=[broken])).create) == 1
+
+
+def test_one_directory_serves_two_caches_whose_pools_do_not_meet() -> None:
+    gb200 = OtherCache("team/a", "/mnt/nvme/m3", "2026-11-01T00:00:00Z", _named("a", nodes={"accelerator": "gb200"}))
+    work = plan_cache(inputs(nodes=nodes("h200-0"), created="2026-11-02T00:00:00Z", others=[gb200]))
+    assert len(work.create) == 1 and _condition(work, "Degraded").reason == "AsExpected"
+    # Only where the pools meet: a node the first cache's nodeSelector leaves out is staged.
+    picky = _named("a", nodes={"accelerator": "h200", "nodeSelector": {"pool": "a"}})
+    mixed = [NodeView("h200-0", {**H200, "pool": "a"}), *nodes("h200-1")]
+    first = OtherCache("team/a", "/mnt/nvme/m3", "2026-11-01T00:00:00Z", picky)
+    work = plan_cache(inputs(nodes=mixed, created="2026-11-02T00:00:00Z", others=[first]))
+    assert [j["metadata"]["annotations"]["m3fleet.dev/node"] for j in work.create] == ["h200-1"]
+    assert "h200-0 (team/a)" in _condition(work, "Degraded").message
+
+
+def test_a_second_cache_stops_writing_and_drops_its_label_when_the_first_moves_onto_its_directory() -> None:
+    first = OtherCache("team/a", "/mnt/nvme/m3", "2026-11-01T00:00:00Z", _named("a"))
+    jobs = [job("h200-0", "Complete"), job("h200-1", "Active")]
+    work = plan_cache(
+        inputs(nodes=nodes("h200-0", "h200-1", labelled=("h200-0",)), jobs=jobs, created="2026-11-02", others=[first])
+    )
+    assert work.labels == {"h200-0": None} and work.delete == [jobs[1]] and work.create == []
+
+
+def test_a_directory_another_cache_is_emptying_is_staged_once_its_cleanup_ended() -> None:
+    theirs = JobView("b-clean", "ub", "h200-0", "c", CLEAN, 1, "Active", path="/mnt/nvme/m3")
+    waiting = plan_cache(inputs(nodes=nodes("h200-0"), foreign_cleans=[theirs]))
+    assert waiting.create == [] and waiting.requeue_after is not None
+    assert waiting.nodes[0]["message"] == "waiting for cleanup job b-clean of /mnt/nvme/m3"
+    done = JobView("b-clean", "ub", "h200-0", "c", CLEAN, 1, "Complete", finished_at=NOW - 5, path="/mnt/nvme/m3")
+    assert len(plan_cache(inputs(nodes=nodes("h200-0"), foreign_cleans=[done])).create) == 1
+    # A copy completed before another cache's cleanup of its directory ended is gone: staged again, never trusted.
+    staged = job("h200-0", "Complete", finished_at=NOW - 60)
+    again = plan_cache(inputs(nodes=nodes("h200-0", labelled=("h200-0",)), jobs=[staged], foreign_cleans=[done]))
+    assert again.labels == {"h200-0": None} and len(again.create) == 1 and done not in again.delete
+    # Elsewhere (another node, an unrelated directory) it changes nothing; another cache's Jobs are never deleted.
+    elsewhere = JobView("b-clean", "ub", "h200-1", "c", CLEAN, 1, "Active", path="/mnt/nvme/m3")
+    unrelated = JobView("b-clean2", "ub2", "h200-0", "c", CLEAN, 1, "Active", path="/mnt/nvme/other")
+    work = plan_cache(inputs(nodes=nodes("h200-0"), foreign_cleans=[elsewhere, unrelated]))
+    assert len(work.create) == 1 and work.delete == []

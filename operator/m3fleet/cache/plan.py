@@ -23,6 +23,9 @@ Rules:
   it; the old Jobs stay as the record of where it is until then (status.nodes[].leftBehind, for a copy whose
   staging was stopped half way). Never a directory inside the new one or holding it, nor one another cache uses.
   A path changed back to a directory being emptied waits for that cleanup, then stages again.
+* Two caches never write one directory: on a node both pools hold, a directory (or one inside it, or holding it)
+  is the cache's created first; the other stages nothing there and reports `PathConflict` until one of them moves
+  or goes. A directory another cache's cleanup Job is emptying on a node is staged only once that Job finished.
 * Deleting the cache removes every label; with `deleteFilesOnRemoval`, one cleanup Job per node and directory a
   staging Job wrote removes it, and the finalizer goes once they completed (or their node is gone). A node not
   Ready for UNREACHABLE_SECONDS holds the removal no longer: no Job runs there until its kubelet is back, so its
@@ -96,6 +99,16 @@ class JobView:
 
 
 @dataclass(frozen=True)
+class OtherCache:
+    """Another model cache the operator can see."""
+
+    key: str  # namespace/name
+    path: str  # its spec.path
+    created: str = ""  # metadata.creationTimestamp (RFC 3339 in UTC: sorts in time order)
+    cache: MiniMaxM3ModelCache | None = None  # None: its spec does not parse (it stages nothing)
+
+
+@dataclass(frozen=True)
 class Inputs:
     cache: MiniMaxM3ModelCache
     uid: str
@@ -108,9 +121,12 @@ class Inputs:
     daemonset_exists: bool = False
     deleting: bool = False  # metadata.deletionTimestamp is set
     reported_nodes: Sequence[Mapping[str, Any]] = ()  # status.nodes as last written (see `_may_hold_files`)
-    # spec.path of every other model cache the operator can see, by namespace/name: a directory one of them uses
-    # (or one inside it, or holding it) is never cleaned.
-    other_paths: Mapping[str, str] = field(default_factory=dict)
+    created: str = ""  # the cache's metadata.creationTimestamp: of two caches on one directory, the first keeps it
+    # Every other model cache the operator can see: a directory one of them uses (or one inside it, or holding it)
+    # is never cleaned, nor staged on a node where it is the directory of a cache created first.
+    others: Sequence[OtherCache] = ()
+    # Other caches' cleanup Jobs where the operator watches: a directory one is emptying is not staged until it ends.
+    foreign_cleans: Sequence[JobView] = ()
     # node -> the hostPath directories engine pods there mount (not the cache's own Jobs): never cleaned under them.
     mounts: Mapping[str, Sequence[str]] = field(default_factory=dict)
 
@@ -412,7 +428,21 @@ def _cleanup(
 
 def _used_by_another(inputs: Inputs, path: str) -> str | None:
     """The other cache (namespace/name) whose directory is `path`, is inside it or holds it."""
-    return next((name for name, other in sorted(inputs.other_paths.items()) if _nested(path, other)), None)
+    return next((o.key for o in sorted(inputs.others, key=lambda o: o.key) if _nested(path, o.path)), None)
+
+
+def _holder(inputs: Inputs, node: NodeView) -> str | None:
+    """The cache created before this one whose directory on `node` is spec.path, is inside it or holds it (its
+    pool holds the node): the directory is that cache's there. Same-second creations go by namespace/name."""
+    meta = inputs.cache.metadata
+    mine = (inputs.created, f"{meta.namespace}/{meta.name}")
+    first = sorted((o for o in inputs.others if o.cache is not None), key=lambda o: (o.created, o.key))
+    for other in first:
+        if (other.created, other.key) >= mine:
+            break
+        if other.cache is not None and _nested(other.path, inputs.cache.spec.path) and in_pool(other.cache, node):
+            return other.key
+    return None
 
 
 def _may_clean(inputs: Inputs, directory: str) -> bool:
@@ -453,6 +483,7 @@ class _NodeStep:
     stage_attempt: int | None = None  # create the staging Job of this attempt
     superseded: list[JobView] = field(default_factory=list)  # Jobs whose record a newer one replaces
     cleanups: list[dict[str, Any]] = field(default_factory=list)  # cleanup Jobs of directories left behind
+    holder: str | None = None  # the cache (namespace/name) whose directory spec.path is on this node
 
 
 def _node_step(
@@ -468,14 +499,25 @@ def _node_step(
     carried = _carried(inputs, name)
     if carried:
         entry["leftBehind"] = carried
-    # The path changed back to a directory a cleanup empties (or one holding it, or inside it): nothing is staged or
-    # trusted there until that cleanup has finished, and a copy completed before it finished is gone.
+    if (holder := _holder(inputs, next(n for n in inputs.nodes if n.name == name))) is not None:
+        # Another cache's staging would overwrite this one's copy and the reverse: the first cache keeps it.
+        entry.update(phase="Pending", message=f"{path} is the directory of cache {holder} (created first) here")
+        step.holder = holder
+        writing = [j for j in jobs if j.state == "Active"]
+        step.superseded = [j for j in writing if not j.stopping]
+        if partial := [j.path for j in writing if j.path and _may_clean(inputs, j.path)]:
+            entry["leftBehind"] = sorted({*carried, *partial})
+        return step
+    # The path changed back to a directory a cleanup empties (or one holding it, or inside it), or another cache
+    # empties one it no longer uses: nothing is staged or trusted there until that cleanup has finished, and a copy
+    # completed before it finished is gone.
     here = [c for c in cleans if _nested(c.path, path)]
-    if emptying := [c for c in here if c.state == "Active"]:
+    foreign = [c for c in inputs.foreign_cleans if c.node == name and _nested(c.path, path)]
+    if emptying := [c for c in (*here, *foreign) if c.state == "Active"]:
         entry.update(phase="Pending", message=f"waiting for cleanup job {emptying[0].name} of {emptying[0].path}")
         step.wait = STOP_RECHECK_SECONDS
         return step
-    emptied = max((c.finished_at or inputs.now for c in here), default=None)
+    emptied = max((c.finished_at or inputs.now for c in (*here, *foreign)), default=None)
     complete = current is not None and current.state == "Complete"
     if complete and current is not None and emptied is not None and (current.finished_at or 0.0) <= emptied:
         complete = False  # staged again below, as a new attempt
@@ -605,6 +647,7 @@ def plan_cache(inputs: Inputs) -> Work:
     ready: set[str] = set()
     failures: list[str] = []
     bad_source: list[str] = []
+    conflicts: list[str] = []
     waiting: list[float] = []
     blocked = inputs.secret_missing is not None
     statuses: dict[str, dict[str, Any]] = {}
@@ -618,6 +661,7 @@ def plan_cache(inputs: Inputs) -> Work:
         ready.update([name] if step.ready else [])
         failures.extend([f"{name}: {step.failure}"] if step.failure is not None else [])
         bad_source.extend([f"{name}: {step.bad_source}"] if step.bad_source is not None else [])
+        conflicts.extend([f"{name} ({step.holder})"] if step.holder is not None else [])
         waiting.extend([step.wait] if step.wait is not None else [])
         if step.stage_attempt is not None:
             work.create.append(_job(inputs, name, STAGE, step.stage_attempt))
@@ -638,7 +682,7 @@ def plan_cache(inputs: Inputs) -> Work:
     elif inputs.daemonset_exists:
         work.delete_daemonset = True
 
-    work.conditions = _conditions(inputs, pool, pool_ready, failures, bad_source)
+    work.conditions = _conditions(inputs, pool, pool_ready, failures, bad_source, conflicts)
     if blocked:
         waiting.append(BLOCKED_RECHECK_SECONDS)
     work.requeue_after = min(waiting) if waiting else None
@@ -646,7 +690,7 @@ def plan_cache(inputs: Inputs) -> Work:
 
 
 def _conditions(
-    inputs: Inputs, pool: list[str], ready: list[str], failures: list[str], bad_source: list[str]
+    inputs: Inputs, pool: list[str], ready: list[str], failures: list[str], bad_source: list[str], conflicts: list[str]
 ) -> list[Verdict]:
     spec = inputs.cache.spec
     accel = spec.nodes.accelerator
@@ -669,6 +713,17 @@ def _conditions(
             Verdict("Degraded", "True", "SecretNotFound", message),
         ]
     summary = f"{len(ready)} of {len(pool)} nodes hold a verified copy"
+    if conflicts:
+        shown = ", ".join(conflicts[:3]) + (f" and {len(conflicts) - 3} more" if len(conflicts) > 3 else "")
+        message = (
+            f"spec.path: {spec.path} is the directory of another cache created first on {len(conflicts)} node(s) "
+            f"[{shown}]; nothing is staged there, so that two caches never overwrite each other's copy; fix: give "
+            "this cache a directory of its own, or point the deployments at the other cache"
+        )
+        return [
+            Verdict("Ready", "False", "PathConflict", f"{summary}; {message}"),
+            Verdict("Degraded", "True", "PathConflict", message),
+        ]
     if bad_source:
         message = (
             f"the source was rejected ({bad_source[0]}); nothing staged before is deleted; fix: correct "

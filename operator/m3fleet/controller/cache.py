@@ -7,10 +7,10 @@ label goes before a Job that rewrites the copy is created), deletes and creates 
 pre-pull DaemonSet, writes status, and drops its finalizer once a deleted cache is cleaned up.
 
 `CacheManager` runs these from a work queue like the deployments' `Manager`: a cache is due when first seen,
-when its generation, labels or deletion change, when one of its Jobs or its DaemonSet changes, when a node is
-added, removed, relabelled or (un)cordoned, and when a deployment naming it changes; a failed reconcile is
-retried after 1 s doubling up to 60 s; the plan's own `requeue_after` (a Job's next attempt, a Secret looked
-for again, a cleanup under way) schedules the next look.
+when its generation, labels or deletion change (or another cache's: they may share a directory), when one of its
+Jobs or its DaemonSet changes, when a node is added, removed, relabelled or (un)cordoned, and when a deployment
+naming it changes; a failed reconcile is retried after 1 s doubling up to 60 s; the plan's own `requeue_after` (a
+Job's next attempt, a Secret looked for again, a cleanup under way) schedules the next look.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from m3fleet.cache.plan import (
     ATTEMPT_ANNOTATION,
     BAD_SOURCE_EXIT_CODE,
     CACHE_LABEL,
+    CLEAN,
     CONTENT_LABEL,
     FINALIZER,
     MANAGED_BY,
@@ -40,6 +41,7 @@ from m3fleet.cache.plan import (
     Inputs,
     JobView,
     NodeView,
+    OtherCache,
     Work,
     plan_cache,
     written_path,
@@ -132,6 +134,23 @@ def mounts_of(pods: list[dict[str, Any]]) -> dict[str, list[str]]:
     return mounts
 
 
+def other_caches(caches: list[dict[str, Any]], namespace: str, name: str) -> list[OtherCache]:
+    """Every cache listed but this one, with its spec.path (also when the rest of its spec does not parse: its
+    directory is still never cleaned)."""
+    others = []
+    for body in caches:
+        meta, path = body["metadata"], (body.get("spec") or {}).get("path")
+        if (meta["namespace"], meta["name"]) == (namespace, name) or not isinstance(path, str) or not path:
+            continue
+        try:
+            parsed: MiniMaxM3ModelCache | None = parse_cache(dict(body))
+        except (SpecError, SpecErrors):
+            parsed = None
+        key = f"{meta['namespace']}/{meta['name']}"
+        others.append(OtherCache(key, path, str(meta.get("creationTimestamp") or ""), parsed))
+    return others
+
+
 def images_for(cache: MiniMaxM3ModelCache, deployments: list[dict[str, Any]]) -> list[str]:
     """Engine images of the deployments in the cache's namespace whose cacheRef names it (invalid ones skipped:
     their own status says why)."""
@@ -195,12 +214,13 @@ class CacheReconciler:
                 return CacheOutcome(gone=True)
 
         selector = f"{CACHE_LABEL}={name},{MANAGED_BY}={MANAGER}"
-        nodes, jobs, daemonsets, deployments, others, running = await asyncio.gather(
+        nodes, jobs, daemonsets, deployments, caches, cleans, running = await asyncio.gather(
             self.api.list(kube.NODE, None, ""),
             self.api.list(kube.JOB, namespace, selector),
             self.api.list(kube.DAEMON_SET, namespace, selector),
             self.api.list(kube.M3D, namespace, ""),
-            self._other_paths(namespace, name),
+            self.api.list(kube.CACHE, self.scope, ""),  # where the operator watches (all namespaces, or its own)
+            self.api.list(kube.JOB, self.scope, f"{ACTION_LABEL}={CLEAN},{MANAGED_BY}={MANAGER}"),
             self.api.list(kube.POD, namespace, f"{MANAGED_BY}={MANAGER}"),
         )
         views = []
@@ -236,7 +256,9 @@ class CacheReconciler:
                 daemonset_exists=bool(daemonsets),
                 deleting=deleting,
                 reported_nodes=(body.get("status") or {}).get("nodes") or [],
-                other_paths=others,
+                created=str(meta.get("creationTimestamp") or ""),
+                others=other_caches(caches, namespace, name),
+                foreign_cleans=[job_view(j, []) for j in cleans if not controlled_by(j, meta["uid"])],
                 mounts=mounts_of(running),
             )
         )
@@ -250,17 +272,6 @@ class CacheReconciler:
         status = {**work.status, "nodes": work.nodes}
         verdicts = [(v.type, v.status, v.reason, v.message) for v in work.conditions]
         return CacheOutcome(await self._write_status(body, status, verdicts), work.requeue_after)
-
-    async def _other_paths(self, namespace: str, name: str) -> dict[str, str]:
-        """spec.path of every other cache the operator may read (all namespaces, or the one it watches): a
-        directory another cache uses is never cleaned."""
-        caches = await self.api.list(kube.CACHE, self.scope, "")
-        paths = {}
-        for other in caches:
-            meta, path = other["metadata"], (other.get("spec") or {}).get("path")
-            if (meta["namespace"], meta["name"]) != (namespace, name) and isinstance(path, str) and path:
-                paths[f"{meta['namespace']}/{meta['name']}"] = path
-        return paths
 
     async def _apply(
         self, cache: MiniMaxM3ModelCache, work: Work, namespace: str, daemonsets: list[dict[str, Any]]
@@ -355,10 +366,17 @@ class CacheManager:
         if event_type == "DELETED":
             self._bodies.pop(key, None)
             self.queue.forget(key)
+            self._others_look_again(key)
             if self.on_change is not None:
                 self.on_change(*key)
             return
         self._observe(body)
+
+    def _others_look_again(self, key: Key) -> None:
+        """A cache came, went or changed its spec: a directory it held may be free, or one another stages taken."""
+        for other in self._bodies:
+            if other != key:
+                self.queue.add(other)
 
     def _observe(self, body: Mapping[str, Any]) -> None:
         key = key_of(body)
@@ -368,6 +386,7 @@ class CacheManager:
         self._bodies[key] = copy.deepcopy(dict(body))
         if old is None or any(old["metadata"].get(k) != body["metadata"].get(k) for k in TRIGGERS):
             self.queue.add(key)
+            self._others_look_again(key)
             if self.on_change is not None:
                 self.on_change(*key)
 

@@ -42,8 +42,10 @@ class Kind:
         return self.api_version.rpartition("/")[0]
 
     def collection(self, namespace: str | None) -> str:
+        """The collection's path: in `namespace`, or across all namespaces (None) for a namespaced kind."""
         base = f"/apis/{self.api_version}" if "/" in self.api_version else f"/api/{self.api_version}"
-        return f"{base}/namespaces/{namespace}/{self.plural}" if self.namespaced else f"{base}/{self.plural}"
+        in_one = self.namespaced and namespace is not None
+        return f"{base}/namespaces/{namespace}/{self.plural}" if in_one else f"{base}/{self.plural}"
 
 
 DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
