@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
+from m3fleet.controller.cache import CacheManager, CacheOutcome
 from m3fleet.controller.queue import WorkQueue
 
 pytestmark = pytest.mark.looptime
@@ -29,7 +31,7 @@ class Recorder:
 
 
 @contextlib.asynccontextmanager
-async def running(queue: WorkQueue[str]) -> AsyncIterator[None]:
+async def running(queue: WorkQueue[Any]) -> AsyncIterator[None]:
     task = asyncio.create_task(queue.run())
     try:
         yield
@@ -81,3 +83,44 @@ async def test_paused_nothing_starts_and_on_resume_what_fell_due_runs() -> None:
         await asyncio.sleep(1)
         queue.forget("c")  # unknown keys are fine
     assert sorted((k, t - start) for k, t in work.runs) == [("a", 20), ("b", 20)]
+
+
+class CacheRecorder:
+    """Stands for the cache reconciler: which caches were looked at, in loop time."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    async def reconcile(self, body: dict[str, Any]) -> CacheOutcome:
+        self.seen.append((body["metadata"]["namespace"], body["metadata"]["name"]))
+        return CacheOutcome()
+
+
+def _cache(namespace: str, name: str) -> dict[str, Any]:
+    meta = {"namespace": namespace, "name": name, "uid": name, "resourceVersion": "1", "generation": 1}
+    return {"metadata": meta, "spec": {}}
+
+
+def _pod(namespace: str, volumes: list[dict[str, Any]], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": "p", "labels": labels or {}}, "spec": {"volumes": volumes}}
+
+
+async def test_an_engine_pod_leaving_a_node_directory_wakes_the_caches_of_its_namespace() -> None:
+    # A cache waits for engine pods of an old spec to stop mounting its old directory before it empties it: their
+    # going is the news, sooner than the plan's own look again.
+    recorder = CacheRecorder()
+    caches = CacheManager(recorder)  # type: ignore[arg-type]
+    async with running(caches.queue):
+        for namespace, name in (("llm", "a"), ("llm", "b"), ("other", "c")):
+            caches.cache_event("ADDED", _cache(namespace, name))
+        await asyncio.sleep(1)
+        recorder.seen.clear()
+        host = [{"name": "model-cache", "hostPath": {"path": "/mnt/nvme/m3"}}]
+        caches.pod_event("MODIFIED", _pod("llm", host))  # still there
+        caches.pod_event("DELETED", _pod("llm", [{"name": "dshm", "emptyDir": {}}]))  # mounted no node directory
+        caches.pod_event("DELETED", _pod("llm", host, {"m3fleet.dev/cache": "a"}))  # a cache's own Job pod
+        await asyncio.sleep(1)
+        assert recorder.seen == []
+        caches.pod_event("DELETED", _pod("llm", host))
+        await asyncio.sleep(1)
+        assert sorted(recorder.seen) == [("llm", "a"), ("llm", "b")]

@@ -8,9 +8,10 @@ pre-pull DaemonSet, writes status, and drops its finalizer once a deleted cache 
 
 `CacheManager` runs these from a work queue like the deployments' `Manager`: a cache is due when first seen,
 when its generation, labels or deletion change (or another cache's: they may share a directory), when one of its
-Jobs or its DaemonSet changes, when a node is added, removed, relabelled or (un)cordoned, and when a deployment
-naming it changes; a failed reconcile is retried after 1 s doubling up to 60 s; the plan's own `requeue_after` (a
-Job's next attempt, a Secret looked for again, a cleanup under way) schedules the next look.
+Jobs or its DaemonSet changes, when a node is added, removed, relabelled or (un)cordoned, when a deployment naming
+it changes, and when an engine pod mounting a node directory goes; a failed reconcile is retried after 1 s doubling
+up to 60 s; the plan's own `requeue_after` (a Job's next attempt, a Secret looked for again, a cleanup under way)
+schedules the next look.
 """
 
 from __future__ import annotations
@@ -413,6 +414,18 @@ class CacheManager:
             self._nodes[name] = seen
         for key in self._bodies:
             self.queue.add(key)
+
+    def pod_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """An engine pod that mounted a node directory went: a cache of its namespace may have been waiting for it to
+        empty that directory (the plan looks again every MOUNT_RECHECK_SECONDS too; this is sooner)."""
+        meta = body.get("metadata") or {}
+        if event_type != "DELETED" or CACHE_LABEL in (meta.get("labels") or {}):
+            return
+        if not any("hostPath" in v for v in (body.get("spec") or {}).get("volumes") or []):
+            return
+        for key in self._bodies:
+            if key[0] == meta.get("namespace"):
+                self.queue.add(key)
 
     def deployment_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A deployment naming a cache changed: its engine image may be one to pre-pull."""

@@ -84,6 +84,8 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, caches: CacheMan
     @kopf.on.event("", "v1", "pods", labels={MANAGED_BY: MANAGER}, registry=registry)
     async def pod_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         manager.pod_event(type, body)
+        if caches is not None:
+            caches.pod_event(type, body)
 
 
 def register_caches(registry: kopf.OperatorRegistry, caches: CacheManager, start: Callable[[], None]) -> None:
