@@ -203,7 +203,7 @@ def test_helm_install_lines_render(command: str) -> None:
         assert one(objects, "Deployment")["spec"]["replicas"] == 2 and "--standalone" not in args
         assert one(objects, "ClusterKopfPeering")["metadata"]["name"] == "m3fleet"
     elif command == INSTALL_CERT_MANAGER:
-        assert one(objects, "Certificate")["spec"]["secretName"] == "m3fleet-webhook-tls"
+        assert one(objects, "Certificate")["spec"]["secretName"] == "m3fleet-webhook-cert-manager"
         assert not by_kind(objects, "Secret")  # cert-manager writes it
     else:
         assert by_kind(objects, "ServiceMonitor") and by_kind(objects, "PodMonitor") and by_kind(objects, "ConfigMap")

@@ -123,7 +123,11 @@ def test_cert_manager_issues_its_certificate(issuer: dict[str, str], expected: d
     assert "caBundle" not in hook["clientConfig"]  # the CA injector fills it
     certificate = one(objects, "Certificate")
     assert certificate["metadata"]["name"] == "m3fleet-webhook"
-    assert certificate["spec"]["secretName"] == "m3fleet-webhook-tls"  # what the operator pod mounts
+    # A Secret of its own (Helm would not take one cert-manager wrote over on a switch back), mounted by the pod.
+    assert certificate["spec"]["secretName"] == "m3fleet-webhook-cert-manager"
+    (deployment,) = by_kind(objects, "Deployment")
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "webhook-tls"]
+    assert volume["secret"]["secretName"] == "m3fleet-webhook-cert-manager"
     assert f"m3fleet-webhook.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
     assert expected.items() <= certificate["spec"]["issuerRef"].items()
     assert len(by_kind(objects, "Issuer")) == (0 if issuer else 1)

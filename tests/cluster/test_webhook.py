@@ -284,3 +284,75 @@ def test_a_replica_that_outgrows_its_node_moves_to_a_group_and_back_with_a_warni
             assert any(message.startswith(notice) for message in said), said
     finally:
         delete(fleet, name, NAMESPACE)
+
+
+def _stand_in_crd(kind: str, plural: str) -> dict[str, Any]:
+    """cert-manager's API as far as the apiserver and Helm need it: the kind exists. No cert-manager runs here (its
+    controller is not built on this tier), so the test writes the Secret it would."""
+    schema = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.cert-manager.io"},
+        "spec": {
+            "group": "cert-manager.io",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}],
+        },
+    }
+
+
+def test_switching_the_webhook_certificate_to_cert_manager_and_back_is_a_plain_upgrade(fleet: Cluster) -> None:
+    """A Secret cert-manager wrote has no Helm ownership, and Helm refuses to render an object of its name into a
+    release: cert-manager's Secret is named apart from the chart's own, so both switches are `helm upgrade`."""
+    release, namespace = "cm-switch", "m3fleet-cm-switch"
+    for kind, plural in (("Certificate", "certificates"), ("Issuer", "issuers")):
+        fleet.apply(_stand_in_crd(kind, plural))
+    fleet.kubectl(
+        "wait", "--for=condition=Established", "crd/certificates.cert-manager.io", "crd/issuers.cert-manager.io"
+    )
+    # Namespace scope: the webhook this release configures (nobody serves it) concerns its own namespace only.
+    scoped = ("--set", "scope=namespace", "--set", f"watchNamespace={namespace}")
+    try:
+        fleet.install_chart(release, namespace, *scoped, "--set", "webhook.certManager.enabled=true")
+        certificate = fleet.get("certificate", "cm-switch-m3fleet-webhook", namespace)
+        assert certificate is not None
+        secret = certificate["spec"]["secretName"]
+        assert secret == "cm-switch-m3fleet-webhook-cert-manager"
+        tls = {"tls.crt": "Y3J0", "tls.key": "a2V5", "ca.crt": "Y2E="}  # what cert-manager writes, annotated as it does
+        annotations = {"cert-manager.io/certificate-name": "cm-switch-m3fleet-webhook"}
+        fleet.apply(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {"name": secret, "namespace": namespace, "annotations": annotations},
+                "data": tls,
+            }
+        )
+
+        def mounted() -> str:
+            deployment = fleet.get("deployment", "cm-switch-m3fleet", namespace) or {}
+            volumes = deployment["spec"]["template"]["spec"]["volumes"]
+            return str(next(v for v in volumes if v["name"] == "webhook-tls")["secret"]["secretName"])
+
+        assert mounted() == secret
+
+        # Back to the chart's own certificate: a plain upgrade; cert-manager's Secret is left for the user.
+        fleet.upgrade_chart(release, webhook__certManager__enabled=False)
+        own = fleet.get("secret", "cm-switch-m3fleet-webhook-tls", namespace)
+        assert own is not None and own["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        assert mounted() == "cm-switch-m3fleet-webhook-tls"
+        assert fleet.get("certificate", "cm-switch-m3fleet-webhook", namespace) is None
+        assert fleet.get("secret", secret, namespace) is not None
+
+        # And to cert-manager again: Helm removes its own Secret, the pod mounts cert-manager's.
+        fleet.upgrade_chart(release, webhook__certManager__enabled=True)
+        assert mounted() == secret
+        assert fleet.get("secret", "cm-switch-m3fleet-webhook-tls", namespace) is None
+    finally:
+        fleet.helm("uninstall", release, "-n", namespace, "--wait", check=False)
+        fleet.installed.pop(release, None)
+        fleet.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
+        fleet.kubectl("delete", "crd", "certificates.cert-manager.io", "issuers.cert-manager.io", check=False)

@@ -18,6 +18,12 @@
 {{- end -}}
 {{- end -}}
 
+{{- /* The Secret with the webhook's serving certificate. cert-manager's has a name of its own: a Secret it wrote has
+no Helm ownership, and Helm refuses to take over an object of that name when the chart makes the certificate again. */}}
+{{- define "m3fleet.webhookSecret" -}}
+{{- include "m3fleet.fullname" . }}-webhook-{{ if .Values.webhook.certManager.enabled }}cert-manager{{ else }}tls{{ end }}
+{{- end -}}
+
 {{- define "m3fleet.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "m3fleet.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
