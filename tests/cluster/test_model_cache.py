@@ -499,12 +499,30 @@ def test_one_directory_is_the_first_caches_until_it_goes(chart: Cluster, operato
         assert sorted(j["metadata"]["uid"] for j in jobs(chart, "first")) == staged
         assert all(node_labels(chart, n).get(first_label) == "ready" for n in pool)
 
+        # A deployment that requires the second cache's nodes: its pods wait, and its status says why in the
+        # cache's own words, not only the scheduler's.
+        waiting = renamed(sample("vllm-h200-tp8"), "waits", NAMESPACE)
+        waiting["spec"]["model"]["cacheRef"] = {"name": "second"}
+        chart.apply(waiting)
+
+        def ready_message() -> str:
+            return str(condition(chart.get("m3d", "waits", NAMESPACE) or {}, "Ready").get("message") or "")
+
+        message = eventually("the deployment says why", lambda: "PathConflict" in ready_message() and ready_message())
+        assert "cannot be scheduled" in message and "model cache second is not Ready (PathConflict:" in message
+
         # The first goes (its files stay: no deleteFilesOnRemoval); the second stages at once, without being told.
         chart.kubectl("delete", "m3cache", "first", "-n", NAMESPACE, "--wait=false")
         eventually("second 2/2", lambda: status(chart, "second").get("nodesSummary") == "2/2", 90)
         assert condition({"status": status(chart, "second")}, "Degraded").get("reason") == "AsExpected"
         assert all(node_labels(chart, n).get(second_label) == "ready" for n in pool)
+        eventually(
+            "the deployment ready",
+            lambda: condition(chart.get("m3d", "waits", NAMESPACE) or {}, "Ready").get("status") == "True",
+            90,
+        )
     finally:
+        delete(chart, "waits", NAMESPACE)
         for name in ("first", "second"):
             chart.kubectl("delete", "m3cache", name, "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         eventually("both gone", lambda: not chart.list("m3cache", NAMESPACE), 90)

@@ -16,7 +16,14 @@ from m3fleet.controller.cache import mounts_of, node_view
 from m3fleet.controller.manager import backoff, newer, worth_reconciling
 from m3fleet.controller.peering import verdict
 from m3fleet.controller.reconcile import digest, missing_api, what_matters
-from m3fleet.controller.status import Blocked, Workload, conditions, model_cache_record, status_update
+from m3fleet.controller.status import (
+    Blocked,
+    Workload,
+    cache_not_ready,
+    conditions,
+    model_cache_record,
+    status_update,
+)
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -214,6 +221,25 @@ def test_pods_that_no_node_fits_are_named_in_ready_with_the_schedulers_words() -
     ready = by_type(conditions([], 1, T0, stuck, None))["Ready"]
     assert ready["status"] == "False" and ready["reason"] == "Unschedulable" and why in ready["message"]
     assert by_type(conditions([], 1, T0, workload, None))["Ready"]["reason"] == "RolloutInProgress"
+
+
+def test_pods_waiting_for_the_nodes_of_a_cache_not_ready_say_what_the_cache_says() -> None:
+    def cache(*conds: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"name": "m3"}, "status": {"conditions": list(conds)}}
+
+    conflict = {"type": "Ready", "status": "False", "reason": "PathConflict", "message": "0 of 2 nodes hold a copy"}
+    hint = cache_not_ready(cache(conflict))
+    assert hint == "model cache m3 is not Ready (PathConflict: 0 of 2 nodes hold a copy)"
+    assert cache_not_ready(cache({"type": "Ready", "status": "True", "reason": "AllNodesReady"})) is None
+    assert cache_not_ready(None) is None
+    assert cache_not_ready(cache()) == "model cache m3 has not reported a Ready condition yet"
+    why = "0/15 nodes are available: 15 node(s) didn't match Pod's node affinity/selector."
+    waiting = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}
+    workload = Workload(desired=1, replicas=1, ready=0, updated=1, observed_current=True)
+    stuck = workload.with_pods([_pod(waiting)], hint)
+    assert stuck.unschedulable == f"1 of 1 pods cannot be scheduled: {why}; {hint}"
+    # Only when pods do wait: a hint alone says nothing about them.
+    assert workload.with_pods([_pod({"type": "PodScheduled", "status": "True"})], hint).unschedulable is None
 
 
 def test_status_is_written_only_when_what_it_says_changes() -> None:

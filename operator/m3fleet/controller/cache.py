@@ -135,6 +135,13 @@ def mounts_of(pods: list[dict[str, Any]]) -> dict[str, list[str]]:
     return mounts
 
 
+def _readiness(body: Mapping[str, Any]) -> tuple[str, str]:
+    """A cache's Ready condition as (status, reason)."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    ready: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "Ready"), {})
+    return str(ready.get("status") or ""), str(ready.get("reason") or "")
+
+
 def other_caches(caches: list[dict[str, Any]], namespace: str, name: str) -> list[OtherCache]:
     """Every cache listed but this one, with its spec.path (also when the rest of its spec does not parse: its
     directory is still never cleaned)."""
@@ -390,6 +397,8 @@ class CacheManager:
             self._others_look_again(key)
             if self.on_change is not None:
                 self.on_change(*key)
+        elif self.on_change is not None and _readiness(old) != _readiness(body):
+            self.on_change(*key)  # the deployments that require its nodes say why their pods wait
 
     def child_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A Job or the DaemonSet of a cache changed."""

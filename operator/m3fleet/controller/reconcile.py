@@ -33,7 +33,7 @@ from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events, KopfEvents
 from m3fleet.controller.kube import ApiError, Kind, KubeApi
 from m3fleet.controller.secrets import ssh_key_secret
-from m3fleet.controller.status import Blocked, Workload, model_cache_record, status_update
+from m3fleet.controller.status import Blocked, Workload, cache_not_ready, model_cache_record, status_update
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import cache_mount, labels, render, replacement_notice, required_secrets, set_owner
@@ -200,7 +200,12 @@ class Reconciler:
                     self.events.info(body, reason, ", ".join(done))
                     log.info("%s/%s: %s %s", namespace, name, reason.lower(), ", ".join(done))
             self._say_replaced(body, outcome, plan)
-        report = await self._workload_report(objects, live, namespace, name)
+        required = (
+            resource.spec.model.cache_ref is not None and resource.spec.model.cache_ref.node_affinity == "Required"
+        )
+        report = await self._workload_report(
+            objects, live, namespace, name, cache_not_ready(cache_body) if required else None
+        )
         cache_record = model_cache_record(resource.spec.model.cache_ref, mount)
         await self._write_status(
             body, outcome, report, None, plan, secrets, cache_record, resource.spec.autoscaling.enabled
@@ -240,13 +245,19 @@ class Reconciler:
                 self.events.warn(body, "WorkloadReplaced", notice)
 
     async def _workload_report(
-        self, objects: list[dict[str, Any]], live: dict[Key, dict[str, Any]], namespace: str, name: str
+        self,
+        objects: list[dict[str, Any]],
+        live: dict[Key, dict[str, Any]],
+        namespace: str,
+        name: str,
+        cache_hint: str | None = None,
     ) -> Workload:
-        """What the workload child reports; during a rollout also why pods wait (at rest this reads nothing)."""
+        """What the workload child reports; during a rollout also why pods wait (at rest this reads nothing), with
+        `cache_hint` when pods wait and a model cache they require is not ready."""
         workload = next(o for o in objects if o["kind"] in WORKLOAD_KINDS)
         report = Workload.from_live(workload["spec"]["replicas"], live.get(key_of(workload)))
         if not report.all_ready:
-            report = report.with_pods(await self.api.list(kube.POD, namespace, labels.owned_selector(name)))
+            report = report.with_pods(await self.api.list(kube.POD, namespace, labels.owned_selector(name)), cache_hint)
         metrics.DESIRED_REPLICAS.labels(namespace, name).set(report.desired)
         metrics.READY_REPLICAS.labels(namespace, name).set(report.ready)
         return report

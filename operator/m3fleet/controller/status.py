@@ -4,7 +4,8 @@ Condition types (metav1.Condition, a map list keyed by `type`):
 
 * `Ready` — every replica of the current generation is ready (the summary `kubectl wait` uses).
   Reasons: AllReplicasReady, ScaledToZero, RolloutInProgress, Unschedulable (pods wait for a node: the
-  message carries the scheduler's reason), InvalidSpec, LeaderWorkerSetNotInstalled,
+  message carries the scheduler's reason, and the Ready condition of a model cache whose nodes they require
+  when it is not Ready), InvalidSpec, LeaderWorkerSetNotInstalled,
   ComputeDomainNotInstalled, ApplyFailed, NameConflict.
 * `Available` — at least one replica serves. Reasons: MinimumReplicasAvailable; when False, NoReplicasReady,
   or ScaledToZero (none asked for, none serving).
@@ -60,8 +61,10 @@ class Workload:
             observed_current=current and "status" in live,
         )
 
-    def with_pods(self, pods: list[dict[str, Any]]) -> Workload:
-        return dataclasses.replace(self, unschedulable=unschedulable(pods))
+    def with_pods(self, pods: list[dict[str, Any]], hint: str | None = None) -> Workload:
+        """Why pods wait for a node, if some do, with `hint` (what else may keep them: a model cache not ready)."""
+        waiting = unschedulable(pods)
+        return dataclasses.replace(self, unschedulable=f"{waiting}; {hint}" if waiting and hint else waiting)
 
     @property
     def all_ready(self) -> bool:
@@ -91,6 +94,20 @@ def unschedulable(pods: list[dict[str, Any]]) -> str | None:
     if not waiting:
         return None
     return f"{len(waiting)} of {len(pods)} pods cannot be scheduled: {waiting[0]}"
+
+
+def cache_not_ready(cache: Mapping[str, Any] | None) -> str | None:
+    """A model cache the pods require the nodes of, when it is not Ready: its own words (None: it is, or none)."""
+    if cache is None:
+        return None
+    conditions = (cache.get("status") or {}).get("conditions") or []
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    name = cache["metadata"]["name"]
+    if ready is None:
+        return f"model cache {name} has not reported a Ready condition yet"
+    if ready.get("status") == "True":
+        return None
+    return f"model cache {name} is not Ready ({ready.get('reason')}: {ready.get('message')})"
 
 
 @dataclass(frozen=True)
