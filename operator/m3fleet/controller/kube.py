@@ -54,6 +54,7 @@ COMPUTE_DOMAIN = Kind("resource.nvidia.com/v1beta1", "ComputeDomain", "computedo
 SERVICE = Kind("v1", "Service", "services")
 CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
 NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
+POD_DISRUPTION_BUDGET = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 SECRET = Kind("v1", "Secret", "secrets")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
 # Read only: why pods wait for a node (status), and serving pods' time to ready (the autoscaler).
@@ -72,7 +73,15 @@ CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings
 # name before it is applied: an object of that name we do not control is never applied over), and watched
 # (kopf, filtered by the managed-by label) so that a change to any of them reconciles its owner. Secrets are
 # never listed or watched (that would read every Secret in scope): they are addressed by name.
-CHILD_KINDS = (CONFIG_MAP, COMPUTE_DOMAIN, DEPLOYMENT, LEADER_WORKER_SET, NETWORK_POLICY, SERVICE)
+CHILD_KINDS = (
+    CONFIG_MAP,
+    COMPUTE_DOMAIN,
+    DEPLOYMENT,
+    LEADER_WORKER_SET,
+    NETWORK_POLICY,
+    POD_DISRUPTION_BUDGET,
+    SERVICE,
+)
 BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET)}
 
 # Every (group, resource, verbs) the operator uses: this module's calls plus kopf's own watches, event
@@ -91,6 +100,8 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "configmaps", ("get", "list", "watch", "create", "patch", "delete")),
     # The engine pods' ingress policy (spec.network): applied, drift-corrected and pruned like every child.
     ("networking.k8s.io", "networkpolicies", ("get", "list", "watch", "create", "patch", "delete")),
+    # At most one engine pod evicted at a time (a node drain): applied, drift-corrected and pruned like every child.
+    ("policy", "poddisruptionbudgets", ("get", "list", "watch", "create", "patch", "delete")),
     # By name only: the generated TensorRT-LLM SSH key Secret (created once, deleted when no longer needed;
     # one of that name we did not create is never mounted) and the CA the user names in
     # spec.autoscaling.prometheus.caSecretRef. No list or watch: the operator never enumerates Secrets.

@@ -143,6 +143,24 @@ def _service(ctx: Context) -> dict[str, Any]:
     }
 
 
+def _disruption_budget(ctx: Context) -> dict[str, Any]:
+    """Evictions (a node drain, a cluster upgrade) take at most one engine pod at a time, so at most one replica is
+    down while it reloads hundreds of GB of weights: in a LeaderWorkerSet the evicted pod's group restarts, and its
+    pods then count as unavailable until it is back. One replica's pod can still go (a drain never waits on a fleet
+    of one), and an unready pod can always go (a pod that never loads holds no drain)."""
+    selector = {labels.NAME: ctx.name, "app.kubernetes.io/component": "engine"}
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(ctx, ctx.name),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
 def _network_policy(ctx: Context) -> dict[str, Any]:
     """Ingress to the resource's pods: its own pods on every port (a multi-node group's rendezvous, NCCL, MPI and
     SSH traffic), this namespace's pods and spec.network.allowFrom on the API port, spec.network.metricsFrom
@@ -210,6 +228,7 @@ def render(
         objects.append(_leader_worker_set(ctx, engine, count))
     else:
         objects.append(_deployment(ctx, engine, count))
+    objects.append(_disruption_budget(ctx))
     if resource.spec.network.ingress_policy:
         objects.append(_network_policy(ctx))  # before the Service exposes the pods
     objects.append(_service(ctx))
