@@ -715,3 +715,18 @@ def test_trtllm_chat_template_exists_for_a_hugging_face_source(accel: str) -> No
     assert script.index('chat_template="$(') < script.index('"${chat_template}"')
     pvc = rendered(resource_for("trtllm", accel, "bf16", "tp-ep", "bf16", 131072, False, "auto", 1, False))
     assert "/models/m3/chat_template.jinja" in json.dumps(pvc) and "hf_hub_download" not in json.dumps(pvc)
+
+
+@pytest.mark.parametrize("path", SAMPLE_FILES, ids=[p.stem for p in SAMPLE_FILES])
+def test_every_engine_pod_and_nothing_else_is_under_the_disruption_budget(path: Path) -> None:
+    objs = rendered(load_sample(path))
+    (budget,) = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+    assert budget["spec"]["maxUnavailable"] == 1 and budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    selector = budget["spec"]["selector"]["matchLabels"]
+    for template in pod_templates_of(objs):  # a LeaderWorkerSet's leaders and workers alike
+        assert selector.items() <= template["metadata"]["labels"].items()
+    document = load_sample(path)
+    document["metadata"]["name"] = "other"
+    other = rendered(document)
+    for template in pod_templates_of(other):  # another fleet's pods in the namespace are not counted
+        assert not selector.items() <= template["metadata"]["labels"].items()
