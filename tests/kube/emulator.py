@@ -813,6 +813,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 scale_paths=ScalePaths(label_selector=".spec.selector"),
             )
         self.declare("networking.k8s.io/v1/networkpolicies", "NetworkPolicy", shortnames={"netpol"})
+        self.declare(
+            "policy/v1/poddisruptionbudgets", "PodDisruptionBudget", subresources={"status"}, shortnames={"pdb"}
+        )
         self.declare("coordination.k8s.io/v1/leases", "Lease", generation=False)
         self.declare(
             "apiextensions.k8s.io/v1/customresourcedefinitions",

@@ -42,6 +42,7 @@ DEPLOYMENTS = "apps/v1/deployments"
 SERVICES = "v1/services"
 CONFIGMAPS = "v1/configmaps"
 NETWORK_POLICIES = "networking.k8s.io/v1/networkpolicies"
+DISRUPTION_BUDGETS = "policy/v1/poddisruptionbudgets"
 SECRETS = "v1/secrets"
 PVCS = "v1/persistentvolumeclaims"
 PEERINGS = "kopf.dev/v1/kopfpeerings"
@@ -51,10 +52,12 @@ RESOURCE_OF_KIND = {
     "Deployment": DEPLOYMENTS,
     "LeaderWorkerSet": LWS,
     "NetworkPolicy": NETWORK_POLICIES,
+    "PodDisruptionBudget": DISRUPTION_BUDGETS,
     "Service": SERVICES,
     "Secret": SECRETS,
 }
-WATCHED = (M3D, DEPLOYMENTS, SERVICES, CONFIGMAPS, LWS, COMPUTE_DOMAINS, NETWORK_POLICIES)  # what the operator watches
+# What the operator watches.
+WATCHED = (M3D, DEPLOYMENTS, SERVICES, CONFIGMAPS, LWS, COMPUTE_DOMAINS, NETWORK_POLICIES, DISRUPTION_BUDGETS)
 
 VLLM = "vllm-h200-tp8"  # one node: ConfigMap-less Deployment + Service
 TRTLLM = "trtllm-gb200-2x4-tep"  # two GB200 nodes: ConfigMap, ComputeDomain, LeaderWorkerSet, Service, SSH Secret

@@ -60,7 +60,12 @@ async def test_create_applies_children_and_writes_status(cluster: Cluster, opera
     await cluster.settled()
     m3d = cluster.m3d(name)
     children = cluster.children(name)
-    assert sorted(child["kind"] for child in children.values()) == ["Deployment", "NetworkPolicy", "Service"]
+    assert sorted(child["kind"] for child in children.values()) == [
+        "Deployment",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "Service",
+    ]
 
     owner = {"apiVersion": "m3fleet.dev/v1alpha1", "kind": "MiniMaxM3Deployment", "name": name}
     for child in children.values():
@@ -82,6 +87,7 @@ async def test_create_applies_children_and_writes_status(cluster: Cluster, opera
             ("apps", "deployments", "patch"),
             ("", "services", "patch"),
             ("networking.k8s.io", "networkpolicies", "patch"),
+            ("policy", "poddisruptionbudgets", "patch"),
             ("m3fleet.dev", "minimaxm3deployments/status", "patch"),
             ("", "events", "create"),
         ]
@@ -96,7 +102,7 @@ async def test_create_applies_children_and_writes_status(cluster: Cluster, opera
         and "/namespaces/" in r.url.path
         and r.url.path.rsplit("/", 1)[-1] in (name, f"{name}-api")
     )
-    assert lookups == ["deployments", "services"], lookups
+    assert lookups == ["deployments", "poddisruptionbudgets", "services"], lookups
     assert "annotations" not in m3d["metadata"] and not m3d["metadata"].get("finalizers")
 
     status = m3d["status"]

@@ -62,7 +62,7 @@ async def test_the_standby_writes_nothing_until_the_active_replica_goes(cluster:
             await asyncio.sleep(0.5)  # a retry already under way when it paused may finish
             mark = len(list(cluster.kmock))
             other = await cluster.create(sample(TRTLLM))
-            await eventually(lambda: len(cluster.children(other)) == 6)  # the active one works
+            await eventually(lambda: len(cluster.children(other)) == 7)  # the active one works
             await eventually(lambda: status_attempts(cluster, active, busy) >= 2)
             await asyncio.sleep(4)  # the standby's next retries were due by now
             by_standby = [r for r in list(cluster.kmock)[mark:] if standby.made(r)]

@@ -228,9 +228,9 @@ def render(
         objects.append(_leader_worker_set(ctx, engine, count))
     else:
         objects.append(_deployment(ctx, engine, count))
-    objects.append(_disruption_budget(ctx))
     if resource.spec.network.ingress_policy:
         objects.append(_network_policy(ctx))  # before the Service exposes the pods
+    objects.append(_disruption_budget(ctx))
     objects.append(_service(ctx))
     return objects
 
