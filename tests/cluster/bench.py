@@ -23,7 +23,7 @@ from tests.cluster.cluster import WRITE_VERBS, Cluster, OperatorProcess, eventua
 from tests.cluster.fleet import renamed, sample, weight_volumes
 from tests.cluster.nodes import NodeSpec, node_object
 
-CHILDREN = 3  # the one-node vLLM sample: Deployment, NetworkPolicy, Service
+CHILDREN = 4  # the one-node vLLM sample: Deployment, NetworkPolicy, PodDisruptionBudget, Service
 STATUS = "patch minimaxm3deployments/status"
 EVENTS = "create events"  # the Applied Event a user sees in `kubectl describe`: reported, not a state write
 
