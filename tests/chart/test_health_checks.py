@@ -21,7 +21,7 @@ import lupa.lua51 as lua51
 import pytest
 import yaml
 
-from m3fleet.controller.status import Blocked, Workload, conditions
+from m3fleet.controller.status import Blocked, PodFailure, Workload, conditions
 from tests.chart.support import KUBECTL, ROOT, generate
 
 LUA = ROOT / "manifests" / "gitops" / "argocd" / "health.lua"
@@ -55,6 +55,18 @@ ROLLING = Workload(desired=2, replicas=2, ready=1, updated=1, observed_current=T
 LWS_MISSING = Blocked("LeaderWorkerSetNotInstalled", "a replica spans 2 nodes and needs the LeaderWorkerSet API")
 INVALID = Blocked("InvalidSpec", "spec.context.maxModelLen: 1048576 needs 1.05M KV tokens per replica")
 DRA_MISSING = Blocked("ComputeDomainNotInstalled", "multi-node GB200 replicas need the NVIDIA DRA driver")
+CRASHING = Workload(
+    desired=1,
+    replicas=1,
+    updated=1,
+    observed_current=True,
+    failure=PodFailure("CrashLoopBackOff", "1 of 1 pods failing: pod chat-0, container engine: restarted 5 times"),
+)
+REFUSED = Workload(
+    desired=1,
+    observed_current=True,
+    failure=PodFailure("FailedCreate", 'StatefulSet chat cannot create pods: violates PodSecurity "restricted"'),
+)
 
 # name -> (resource, Argo CD health, a substring of its message, Flux outcome)
 CASES: dict[str, tuple[dict[str, Any], str, str, str]] = {
@@ -96,6 +108,9 @@ CASES: dict[str, tuple[dict[str, Any], str, str, str]] = {
         "ComputeDomainNotInstalled",
         "failed",
     ),
+    # Engine pods that fail do not heal by waiting: Degraded, not Progressing for ever.
+    "crash-loop": (resource(2, status(2, CRASHING)), "Degraded", "CrashLoopBackOff: 0 of 1 replicas ready", "failed"),
+    "pods-refused": (resource(2, status(2, REFUSED)), "Degraded", "FailedCreate", "failed"),
     # A fix the operator has not seen yet: Progressing, not Degraded.
     "degraded-but-lagging": (
         resource(5, status(4, READY, INVALID)),

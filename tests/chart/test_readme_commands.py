@@ -1,4 +1,4 @@
-"""Every command of the README's install/operate section that needs no cluster is run here.
+"""Every command of the README's install/operate section and of docs/ that needs no cluster is run here.
 
 The section is read from README.md once it has been merged there (between the START and END
 markers), else from charts/README-section.md. Every command line in its ```bash blocks must be either exercised below
@@ -32,13 +32,15 @@ END = "<!-- m3fleet:install-and-operate:end -->"
 
 
 def readme() -> str:
-    """The install-and-operate section only (the rest of README.md has its own commands)."""
+    """The install-and-operate section (the rest of README.md has its own commands) and the user guides under
+    docs/, which it links to."""
+    guides = "".join(page.read_text(encoding="utf-8") for page in sorted((ROOT / "docs").glob("*.md")))
     for path in (ROOT / "README.md", ROOT / "charts" / "README-section.md"):
         text = path.read_text(encoding="utf-8")
         if START in text:
             section = text[text.index(START) : text.index(END)]
             assert "```bash" in section
-            return section
+            return section + guides
     raise AssertionError(f"neither README.md nor charts/README-section.md has the section marker {START!r}")
 
 
@@ -171,6 +173,10 @@ NEEDS_CLUSTER = {
     "kubectl get m3d -n llm",
     "kubectl get m3d -n llm -o wide",
     "kubectl describe m3d -n llm m3-vllm-h200-tp8",
+    "kubectl get pods -n llm -l m3fleet.dev/name=m3-vllm-h200-tp8 -o wide",
+    "kubectl logs -n llm -l m3fleet.dev/name=m3-vllm-h200-tp8 -c engine --tail=100",
+    "kubectl logs -n llm <pod> -c engine --previous",
+    "kubectl get events -n llm --field-selector involvedObject.name=m3-vllm-h200-tp8",
     "kubectl wait m3d/m3-vllm-h200-tp8 -n llm --for=condition=Ready --timeout=90m",
     PORT_FORWARD,
     "curl -s localhost:8000/v1/models",

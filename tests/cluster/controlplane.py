@@ -36,6 +36,8 @@ BUILD_SCRIPT = REPO / ".ci" / "control-plane.sh"
 SERVICE_CIDR = "10.0.0.0/16"  # room for a Service per resource of the 300-resource benchmark
 POD_CIDR = "10.244.0.0/16"  # kwok hands these out; nothing dials them
 LWS_NAMESPACE = "lws-system"
+POD_FAILURE_STAGES = Path(__file__).parent / "kwok" / "pod-failures.yaml"
+ENGINE_IMAGE_KEY = ".spec.containers[0].image"  # how the pod failure stages choose their pods
 STARTUP_SECONDS = 120.0  # the apiserver alone takes 20-60 s on 2 busy cores
 
 
@@ -49,6 +51,24 @@ def build() -> Path:
     if result.returncode != 0:
         raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit status {result.returncode} (its log is above)")
     return Path(result.stdout.strip().splitlines()[-1])
+
+
+def with_pod_failures(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """kwok's stages plus ours that make engine pods fail by image (kwok/pod-failures.yaml); kwok's own
+    pod-ready stage is told to leave those images alone, or it would race ours to the same pods."""
+    failures = [d for d in yaml.safe_load_all(POD_FAILURE_STAGES.read_text()) if d]
+    images = [
+        value
+        for stage in failures
+        for expression in stage["spec"]["selector"]["matchExpressions"]
+        if expression["key"] == ENGINE_IMAGE_KEY
+        for value in expression["values"]
+    ]
+    for stage in stages:
+        if stage["metadata"]["name"] == "pod-ready":
+            expressions = stage["spec"]["selector"]["matchExpressions"]
+            expressions.append({"key": ENGINE_IMAGE_KEY, "operator": "NotIn", "values": images})
+    return [*stages, *failures]
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float, interval: float = 0.25) -> None:
@@ -385,7 +405,7 @@ class ControlPlane:
         ]
         if not docs:
             raise ControlPlaneError(f"no kwok Stage objects under {self.data_dir / 'kwok-stage'}")
-        stages.write_text(yaml.safe_dump_all(docs))
+        stages.write_text(yaml.safe_dump_all(with_pod_failures(docs)))
         self._process(
             "kwok",
             [

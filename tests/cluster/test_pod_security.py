@@ -4,9 +4,10 @@ Each engine pod's documented level (the workload's m3fleet.dev/pod-security-leve
 proven with the apiserver's own PodSecurity admission: in a namespace labelled
 `pod-security.kubernetes.io/enforce=<level>` the real ReplicaSet / LeaderWorkerSet controllers create the pods and
 the resource becomes Ready; in a namespace one level stricter the controllers' pod creations are refused (their
-FailedCreate events say `violates PodSecurity`). NVIDIA vLLM/SGLang/TensorRT-LLM single-node pods are `restricted`
-(nothing is stricter), TensorRT-LLM multi-node `baseline`, AMD `privileged`, and any pod with RDMA
-(`nodePool.extraResources`, here on H200 nodes that advertise `rdma/ib`) `privileged`.
+FailedCreate events say `violates PodSecurity`, and so do the resource's Ready and Degraded conditions). NVIDIA
+vLLM/SGLang/TensorRT-LLM single-node pods are `restricted` (nothing is stricter), TensorRT-LLM multi-node
+`baseline`, AMD `privileged`, and any pod with RDMA (`nodePool.extraResources`, here on H200 nodes that advertise
+`rdma/ib`) `privileged`.
 
 The NetworkPolicy is a child like the others: created, owned, drift-corrected, re-created and pruned.
 """
@@ -104,13 +105,18 @@ def test_engine_pods_are_admitted_at_their_level_and_refused_one_stricter(
     assert any(f'"{STRICTER[level]}:' in v for v in found), found
     assert not pods(chart, case, stricter)
 
-    def ready() -> list[dict[str, Any]]:
+    def refused() -> dict[str, dict[str, Any]]:
         body = chart.get("m3d", case, stricter) or {}
-        return [c for c in (body.get("status") or {}).get("conditions") or [] if c["type"] == "Ready"]
+        conditions = {c["type"]: c for c in (body.get("status") or {}).get("conditions") or []}
+        return conditions if conditions.get("Ready", {}).get("reason") == "FailedCreate" else {}
 
-    # The ReplicaSet controller may report the refusals before the operator has written its status.
-    [condition] = eventually(f"a Ready condition on {case} in {stricter}", ready, 60)
-    assert condition["status"] != "True", condition
+    # Status says why there are no pods: the workload controller's refusal, in its own words (the operator
+    # reads its FailedCreate events; it may find them only on its next look, 30 s later).
+    conditions = eventually(f"Ready=False FailedCreate on {case} in {stricter}", refused, 90)
+    assert conditions["Ready"]["status"] == "False", conditions
+    assert f'violates PodSecurity "{STRICTER[level]}:' in conditions["Ready"]["message"], conditions["Ready"]
+    assert "cannot create pods" in conditions["Ready"]["message"], conditions["Ready"]
+    assert (conditions["Degraded"]["status"], conditions["Degraded"]["reason"]) == ("True", "FailedCreate")
     delete(chart, case, stricter, wait=False)
 
 

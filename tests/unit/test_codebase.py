@@ -147,11 +147,12 @@ def test_the_import_contract_places_every_module_in_a_layer() -> None:
 
 
 def test_the_readme_states_the_catalogs_facts_not_its_own() -> None:
-    """A fact the README repeats (an engine version, an image, the block size) is the catalog's, so a change there
-    that leaves the README behind fails here."""
+    """A fact the README or docs/ repeat (an engine version, an image, the block size) is the catalog's, so a change
+    there that leaves the README behind fails here."""
     from m3fleet.catalog import ENGINES, KV_LAYOUT, SGLANG_VERSION, TRTLLM_VERSION, VLLM_VERSION
 
-    readme = (ROOT / "README.md").read_text()
+    # The README and the user guides it links to.
+    readme = "".join(page.read_text() for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     versions = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION, "tensorrt-llm": TRTLLM_VERSION}
     for engine, version in versions.items():
         stated = re.findall(rf"(?i)\b{re.escape(engine)}[ :/v|-]*\**v?(\d+\.\d+\.\d+\w*)", readme)

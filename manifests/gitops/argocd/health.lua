@@ -3,8 +3,9 @@
 --
 --   Progressing  no status yet, or status.observedGeneration behind metadata.generation (the operator
 --                has not acted on the latest spec), or a rollout/scale under way (Ready=False).
---   Degraded     Degraded=True: the operator cannot do what the spec asks. The message carries the
---                reason: InvalidSpec, LeaderWorkerSetNotInstalled, ComputeDomainNotInstalled, ApplyFailed.
+--   Degraded     Degraded=True: the operator cannot do what the spec asks, or engine pods fail. The message
+--                carries the reason: InvalidSpec, LeaderWorkerSetNotInstalled, ComputeDomainNotInstalled,
+--                ApplyFailed, CrashLoopBackOff, OOMKilled, ImagePullBackOff, CreateContainerConfigError, FailedCreate.
 --   Healthy      Ready=True for the current generation (every replica ready, or scaled to zero).
 local hs = {}
 

@@ -33,7 +33,16 @@ from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events, KopfEvents
 from m3fleet.controller.kube import ApiError, Kind, KubeApi
 from m3fleet.controller.secrets import ssh_key_secret
-from m3fleet.controller.status import Blocked, Workload, cache_not_ready, model_cache_record, status_update
+from m3fleet.controller.status import (
+    READY,
+    Blocked,
+    Workload,
+    cache_not_ready,
+    create_failure,
+    model_cache_record,
+    pods_per_replica,
+    status_update,
+)
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import cache_mount, labels, render, replacement_notice, required_secrets, set_owner
@@ -44,6 +53,8 @@ REJECTED = (400, 403, 404, 422)  # the API server refuses our intent (not a tran
 SERVED_TTL_SECONDS = 30.0
 WORKLOAD_KINDS = frozenset({kube.DEPLOYMENT.kind, kube.LEADER_WORKER_SET.kind})
 CONFLICT_RETRY_SECONDS = 10.0  # a name held by a foreign object is looked at again this often (it sends no event)
+PODS_MISSING_RETRY_SECONDS = 30.0  # while a rollout lacks pods: a refusal to create them is only an Event
+FAILED_CREATE_EVENTS = "reason=FailedCreate"
 
 log = logging.getLogger("m3fleet.reconcile")
 
@@ -206,10 +217,13 @@ class Reconciler:
         report = await self._workload_report(
             objects, live, namespace, name, cache_not_ready(cache_body) if required else None
         )
+        if report.pods_missing:  # a refusal to create pods announces itself by no event we watch: look again
+            outcome.retry_after = PODS_MISSING_RETRY_SECONDS
         cache_record = model_cache_record(resource.spec.model.cache_ref, mount)
         await self._write_status(
             body, outcome, report, None, plan, secrets, cache_record, resource.spec.autoscaling.enabled
         )
+        self._say_failure(body, outcome, report)
         return outcome
 
     async def _apply_and_prune(
@@ -255,12 +269,31 @@ class Reconciler:
         """What the workload child reports; during a rollout also why pods wait (at rest this reads nothing), with
         `cache_hint` when pods wait and a model cache they require is not ready."""
         workload = next(o for o in objects if o["kind"] in WORKLOAD_KINDS)
-        report = Workload.from_live(workload["spec"]["replicas"], live.get(key_of(workload)))
+        report = Workload.from_live(
+            workload["spec"]["replicas"], live.get(key_of(workload)), pods_per_replica(workload)
+        )
         if not report.all_ready:
-            report = report.with_pods(await self.api.list(kube.POD, namespace, labels.owned_selector(name)), cache_hint)
+            pods = await self.api.list(kube.POD, namespace, labels.owned_selector(name))
+            refused = None
+            if report.missing_pods(pods):  # pods the workload controller has not created: perhaps it may not
+                events = await self.api.list(kube.EVENT, namespace, field_selector=FAILED_CREATE_EVENTS)
+                refused = create_failure(events, workload["metadata"]["name"], self.clock())
+            report = report.with_pods(pods, cache_hint, refused)
         metrics.DESIRED_REPLICAS.labels(namespace, name).set(report.desired)
         metrics.READY_REPLICAS.labels(namespace, name).set(report.ready)
         return report
+
+    def _say_failure(self, body: Mapping[str, Any], outcome: Outcome, report: Workload) -> None:
+        """An Event when engine pods start failing, or fail for another reason (not again on every reconcile)."""
+        failure = report.failure
+        if failure is None or outcome.status is None:
+            return
+        conditions: list[dict[str, Any]] = (body.get("status") or {}).get("conditions") or []
+        before: dict[str, Any] = next((c for c in conditions if c.get("type") == READY), {})
+        if before.get("reason") != failure.reason:
+            self.events.warn(body, failure.reason, failure.message)
+            meta = body["metadata"]
+            log.warning("%s/%s: %s: %s", meta["namespace"], meta["name"], failure.reason, failure.message)
 
     async def _converge(
         self,

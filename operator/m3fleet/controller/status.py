@@ -6,14 +6,16 @@ Condition types (metav1.Condition, a map list keyed by `type`):
   Reasons: AllReplicasReady, ScaledToZero, RolloutInProgress, Unschedulable (pods wait for a node: the
   message carries the scheduler's reason, and the Ready condition of a model cache whose nodes they require
   when it is not Ready), InvalidSpec, LeaderWorkerSetNotInstalled,
-  ComputeDomainNotInstalled, ApplyFailed, NameConflict.
+  ComputeDomainNotInstalled, ApplyFailed, NameConflict, and why engine pods fail (`POD_FAILURE_REASONS`: the
+  kubelet's or the workload controller's own word; the message names the pod, the container and the cause).
 * `Available` — at least one replica serves. Reasons: MinimumReplicasAvailable; when False, NoReplicasReady,
   or ScaledToZero (none asked for, none serving).
 * `Progressing` — a rollout or scale is under way. Reasons: RolloutInProgress, RolloutComplete, plus the
-  blocking reasons above (False: nothing progresses until the spec or cluster is fixed).
-* `Degraded` — negative polarity: True when the operator cannot do what the spec asks. Reasons:
-  AsExpected, InvalidSpec, LeaderWorkerSetNotInstalled, ComputeDomainNotInstalled, ApplyFailed, NameConflict
-  (an object the resource does not control holds a child's name; see m3fleet.render.ownership).
+  blocking and pod failure reasons above (False: nothing progresses until the spec or cluster is fixed).
+* `Degraded` — negative polarity: True when the operator cannot do what the spec asks, or engine pods fail.
+  Reasons: AsExpected, InvalidSpec, LeaderWorkerSetNotInstalled, ComputeDomainNotInstalled, ApplyFailed,
+  NameConflict (an object the resource does not control holds a child's name; see m3fleet.render.ownership),
+  and the pod failure reasons. Argo CD's and Flux's health checks read it (manifests/gitops).
 
 `lastTransitionTime` changes only when a condition's status flips, so a re-computed identical status
 compares equal and the operator writes nothing.
@@ -22,6 +24,7 @@ compares equal and the operator writes nothing.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +34,16 @@ from m3fleet.engines.base import CacheMount
 
 READY, AVAILABLE, PROGRESSING, DEGRADED = "Ready", "Available", "Progressing", "Degraded"
 CONDITION_ORDER = (READY, AVAILABLE, PROGRESSING, DEGRADED)
+
+# Why engine pods fail, each a reason of Ready=False and Degraded=True, in the kubelet's own words (a container
+# waiting, or killed for memory) and the workload controller's (FailedCreate: pods refused at admission, e.g. by
+# Pod Security or a quota). These do not heal by waiting: the user fixes the image, the Secret, the namespace.
+CRASH_LOOP, OOM_KILLED, FAILED_CREATE = "CrashLoopBackOff", "OOMKilled", "FailedCreate"
+IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
+CONTAINER_CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError")
+POD_FAILURE_REASONS = (CRASH_LOOP, OOM_KILLED, *IMAGE_PULL_REASONS, *CONTAINER_CONFIG_REASONS, FAILED_CREATE)
+FAILED_CREATE_RECENT_SECONDS = 15 * 60  # a FailedCreate event older than this says nothing of today's pods
+DETAIL_CHARS = 400  # of a termination message or event: enough for the engine's last error line
 
 
 @dataclass(frozen=True)
@@ -43,11 +56,14 @@ class Workload:
     updated: int = 0
     observed_current: bool = False  # the child's controller has seen its latest spec
     unschedulable: str | None = None  # why pods wait for a node, when some do (the scheduler's own words)
+    failure: PodFailure | None = None  # why engine pods fail, when some do
+    pods_per_replica: int = 1  # a LeaderWorkerSet group's size
+    pods_missing: bool = False  # fewer engine pods exist than the replicas need (looked at during a rollout)
 
     @classmethod
-    def from_live(cls, desired: int, live: dict[str, Any] | None) -> Workload:
+    def from_live(cls, desired: int, live: dict[str, Any] | None, pods_per_replica: int = 1) -> Workload:
         if live is None:
-            return cls(desired)
+            return cls(desired, pods_per_replica=pods_per_replica)
         status = live.get("status") or {}
         generation = (live.get("metadata") or {}).get("generation")
         observed = status.get("observedGeneration")
@@ -59,12 +75,26 @@ class Workload:
             ready=int(status.get("readyReplicas") or 0),
             updated=int(status.get("updatedReplicas") or 0),
             observed_current=current and "status" in live,
+            pods_per_replica=pods_per_replica,
         )
 
-    def with_pods(self, pods: list[dict[str, Any]], hint: str | None = None) -> Workload:
-        """Why pods wait for a node, if some do, with `hint` (what else may keep them: a model cache not ready)."""
+    def missing_pods(self, pods: list[dict[str, Any]]) -> bool:
+        """Whether fewer engine pods exist (not being deleted) than the desired replicas need."""
+        alive = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        return len(alive) < self.desired * self.pods_per_replica
+
+    def with_pods(
+        self, pods: list[dict[str, Any]], hint: str | None = None, create_failure: PodFailure | None = None
+    ) -> Workload:
+        """Why pods wait for a node, if some do, with `hint` (what else may keep them: a model cache not ready);
+        why they fail, if some do, or else why the workload controller cannot create them (`create_failure`)."""
         waiting = unschedulable(pods)
-        return dataclasses.replace(self, unschedulable=f"{waiting}; {hint}" if waiting and hint else waiting)
+        return dataclasses.replace(
+            self,
+            unschedulable=f"{waiting}; {hint}" if waiting and hint else waiting,
+            failure=pod_failure(pods) or create_failure,
+            pods_missing=self.missing_pods(pods),
+        )
 
     @property
     def all_ready(self) -> bool:
@@ -74,6 +104,12 @@ class Workload:
             and self.updated == self.desired
             and self.replicas == self.desired
         )
+
+
+def pods_per_replica(workload: Mapping[str, Any]) -> int:
+    """Engine pods per replica of a rendered workload: a LeaderWorkerSet group's size, else 1."""
+    template = (workload.get("spec") or {}).get("leaderWorkerTemplate") or {}
+    return int(template.get("size") or 1)
 
 
 def unschedulable(pods: list[dict[str, Any]]) -> str | None:
@@ -94,6 +130,103 @@ def unschedulable(pods: list[dict[str, Any]]) -> str | None:
     if not waiting:
         return None
     return f"{len(waiting)} of {len(pods)} pods cannot be scheduled: {waiting[0]}"
+
+
+@dataclass(frozen=True)
+class PodFailure:
+    """Why engine pods fail: a reason of `POD_FAILURE_REASONS` and a message naming the pod, the container and
+    the cause."""
+
+    reason: str
+    message: str
+
+
+def pod_failure(pods: list[dict[str, Any]]) -> PodFailure | None:
+    """The first failing container's reason, with "N of M pods failing: pod P, container C: ...", else None."""
+    failing: list[PodFailure] = []
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        status = pod.get("status") or {}
+        for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            found = container_failure(container)
+            if found is not None:
+                where = f"pod {pod['metadata']['name']}, container {container.get('name')}"
+                failing.append(PodFailure(found.reason, f"{where}: {found.message}"))
+                break
+    if not failing:
+        return None
+    return PodFailure(failing[0].reason, f"{len(failing)} of {len(pods)} pods failing: {failing[0].message}")
+
+
+def container_failure(container: Mapping[str, Any]) -> PodFailure | None:
+    """Why one container (a status of `containerStatuses`) fails, else None (running, starting, or done)."""
+    state = container.get("state") or {}
+    waiting = state.get("waiting") or {}
+    # The container that ran last: terminated now, or (waiting to restart) the last termination.
+    last = state.get("terminated") or (container.get("lastState") or {}).get("terminated") or {}
+    restarts = int(container.get("restartCount") or 0)
+    if last.get("reason") == OOM_KILLED and (state.get("terminated") or waiting.get("reason") == CRASH_LOOP):
+        return PodFailure(
+            OOM_KILLED,
+            f"killed for exceeding its memory limit (exit code {last.get('exitCode')}), restarted {restarts} times; "
+            "raise resources.limits.memory or lower what the engine holds in host memory",
+        )
+    reason = waiting.get("reason")
+    if reason == CRASH_LOOP:
+        exit_text = f"last exit: {last.get('reason') or 'unknown'} (exit code {last.get('exitCode')})"
+        detail = _detail(last.get("message"))
+        return PodFailure(
+            CRASH_LOOP,
+            f"restarted {restarts} times and crashing, {exit_text}{': ' + detail if detail else ''}; "
+            "see its log: kubectl logs --previous",
+        )
+    if reason in IMAGE_PULL_REASONS:
+        return PodFailure(
+            reason, f"{reason} for image {container.get('image')}: {_detail(waiting.get('message')) or 'no detail'}"
+        )
+    if reason in CONTAINER_CONFIG_REASONS:
+        return PodFailure(reason, _detail(waiting.get("message")) or reason)
+    return None
+
+
+def create_failure(events: list[dict[str, Any]], workload: str, now: str) -> PodFailure | None:
+    """Why the workload controller cannot create pods (the newest recent `FailedCreate` event of a ReplicaSet or
+    StatefulSet the workload `workload` owns, named after it), else None. Pod Security refusals, quotas and
+    admission webhooks all say so only there: no pod exists to carry a status."""
+    recent: list[tuple[str, dict[str, Any]]] = []
+    for event in events:
+        involved = event.get("involvedObject") or {}
+        if event.get("reason") != FAILED_CREATE or involved.get("kind") not in ("ReplicaSet", "StatefulSet"):
+            continue
+        if not str(involved.get("name") or "").startswith(workload):
+            continue
+        when = str(event.get("lastTimestamp") or event.get("eventTime") or "")
+        if when and _seconds_between(when, now) <= FAILED_CREATE_RECENT_SECONDS:
+            recent.append((when, event))
+    if not recent:
+        return None
+    when, event = max(recent, key=lambda item: item[0])
+    involved = event["involvedObject"]
+    return PodFailure(
+        FAILED_CREATE,
+        f"{involved['kind']} {involved['name']} cannot create pods: {_detail(event.get('message'))}",
+    )
+
+
+def _seconds_between(earlier: str, later: str) -> float:
+    """Seconds from one RFC 3339 time to another (infinite when either is not one)."""
+    try:
+        start, end = (datetime.datetime.fromisoformat(t.replace("Z", "+00:00")) for t in (earlier, later))
+    except ValueError:
+        return float("inf")
+    return (end - start).total_seconds()
+
+
+def _detail(text: object) -> str:
+    """A kubelet or engine message on one line, cut to DETAIL_CHARS."""
+    one_line = " ".join(str(text or "").split())
+    return one_line if len(one_line) <= DETAIL_CHARS else one_line[: DETAIL_CHARS - 3] + "..."
 
 
 def cache_not_ready(cache: Mapping[str, Any] | None) -> str | None:
@@ -162,6 +295,15 @@ def conditions(
         ready = c(READY, True, "ScaledToZero", "0 replicas requested")
     elif workload.all_ready:
         ready = c(READY, True, "AllReplicasReady", f"all {workload.desired} replicas ready")
+    elif workload.failure:
+        failure = workload.failure
+        message = f"{workload.ready} of {workload.desired} replicas ready; {failure.message}"
+        return [
+            c(READY, False, failure.reason, message),
+            available,
+            c(PROGRESSING, False, failure.reason, "the rollout cannot progress until the failing pods are fixed"),
+            c(DEGRADED, True, failure.reason, message),
+        ]
     elif workload.unschedulable:
         ready = c(
             READY,
