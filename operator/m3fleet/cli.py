@@ -144,7 +144,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("\n".join(problems), file=sys.stderr)
         return EXIT_INVALID
     if args.output == "table":
-        sys.stdout.write(format_table(results))
+        sys.stdout.write(format_table(results) if results else "")  # as kubectl: no header over nothing
     elif args.output == "json":
         sys.stdout.write(dump([plan_dict(p) for _, p in results], "json"))
     else:

@@ -39,7 +39,7 @@ _m3fleet() {
         if [[ -n $choices ]]; then
             COMPREPLY=($(compgen -W "$choices" -- "$cur"))
         else
-            type compopt &>/dev/null && compopt -o filenames
+            type compopt &>/dev/null && compopt -o filenames 2>/dev/null
             COMPREPLY=($(compgen -f -- "$cur"))
         fi
         return 0

@@ -266,9 +266,12 @@ def in_namespace(doc: Document, namespace: str | None) -> Document:
 
 def _shown(value: Any) -> str:
     """A value from the input, as a message may show it: a printable name as is, anything else quoted and cut short."""
-    if isinstance(value, str) and _PRINTABLE_NAME.fullmatch(value):
+    if isinstance(value, str) and _PRINTABLE.fullmatch(value):
         return value
     return repr(value)[:64]
+
+
+_PRINTABLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9./_-]{0,252}")  # names, kinds and apiVersions
 
 
 class ResourceError(Exception):
