@@ -76,12 +76,6 @@ def process(
             continue
         try:
             resource = parse_resource(doc.body)
-            if args.command == "render" and not (doc.body.get("metadata") or {}).get("namespace"):
-                print(
-                    f"note: {label(doc)}: no metadata.namespace and no -n: rendered for namespace "
-                    f"{resource.metadata.namespace}; give -n NAMESPACE as you would to kubectl apply",
-                    file=sys.stderr,
-                )
             results.append(each(resource, caches))
         except (SpecError, SpecErrors) as exc:
             problems.append(report(doc, exc))

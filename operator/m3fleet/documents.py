@@ -205,7 +205,7 @@ def one_deployment(target: str, command: str) -> Document:
     if len(docs) != 1:
         raise InputError(
             target,
-            f"holds {len(docs)} {KIND} documents; {command} takes exactly one",
+            f"holds {len(docs)} {KIND}s; {command} takes exactly one {KIND}",
             "pass a file with one",
         )
     return docs[0]
@@ -224,6 +224,8 @@ def is_ours(body: Any) -> bool:
         return True
     api_version, kind = body.get("apiVersion"), body.get("kind")
     if not (isinstance(api_version, str) and api_version and isinstance(kind, str) and kind):
+        return True
+    if kind == "List":  # a well-formed List was opened (`read_inputs`): this one's items are no list
         return True
     return api_version.rpartition("/")[0] == GROUP or kind in (KIND, CACHE_KIND)
 
