@@ -200,7 +200,7 @@ def read_documents(target: str) -> list[Document]:
 
 def one_deployment(target: str, command: str) -> Document:
     """The one MiniMaxM3Deployment document in `target`, for commands that take one (`simulate`, `bench`);
-    MiniMaxM3ModelCaches beside it are skipped, as `plan` skips them."""
+    MiniMaxM3ModelCaches and documents that are not ours beside it are skipped, as `plan` skips them."""
     docs = [doc for doc in ours(read_documents(target)) if not is_cache(doc.body)]
     if len(docs) != 1:
         raise InputError(
@@ -252,8 +252,8 @@ def in_namespace(doc: Document, namespace: str | None) -> Document:
     """The document as `kubectl -n NAMESPACE` would send it: NAMESPACE where metadata names none; a different one
     is an error, as kubectl's ("the namespace from the provided object does not match"). Unchanged without -n."""
     meta = doc.body.get("metadata") if isinstance(doc.body, dict) else None
-    if namespace is None or not isinstance(meta, dict):
-        return doc  # nothing asked, or no metadata to fill in (the parser reports that)
+    if not namespace or not isinstance(meta, dict):
+        return doc  # nothing asked (-n "" as kubectl: none), or no metadata to fill in (the parser reports that)
     given = meta.get("namespace")
     if given in (None, ""):
         return Document(doc.source, {**doc.body, "metadata": {**meta, "namespace": namespace}})
