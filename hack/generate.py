@@ -6,6 +6,8 @@
 
 Sources -> generated files:
 
+* pyproject.toml's `version` (the one version: `m3fleet --version` reads it from the installed package's
+  metadata) -> `version` and `appVersion` of charts/m3fleet/Chart.yaml (the rest of that file is kept as written).
 * crds/m3fleet.dev_minimaxm3deployments.yaml and crds/m3fleet.dev_minimaxm3modelcaches.yaml ->
   charts/m3fleet/crds/ (byte-identical copy; Helm
   can only read files inside the chart) and manifests/install/crds/ (kustomize likewise).
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -241,6 +245,26 @@ def install_file() -> str:
     return header + dump_all([namespace_object(), crd, cache_crd, *static_objects()])
 
 
+# --- version -----------------------------------------------------------------------------------
+
+
+def project_version() -> str:
+    version: str = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    return version
+
+
+def chart_file() -> str:
+    """Chart.yaml as written, with the chart's version and the operator's (appVersion: the image tag) set to the
+    project's: one release, one number."""
+    text = (CHART / "Chart.yaml").read_text(encoding="utf-8")
+    version = project_version()
+    for key, value in (("version", version), ("appVersion", f'"{version}"')):
+        text, found = re.subn(rf"^{key}: .*$", f"{key}: {value}", text, count=1, flags=re.MULTILINE)
+        if not found:
+            raise SystemExit(f"charts/m3fleet/Chart.yaml has no top-level `{key}:` line; add one")
+    return text
+
+
 # --- all outputs -------------------------------------------------------------------------------
 
 
@@ -249,6 +273,7 @@ def _crd(kind: str) -> Callable[[], str]:
 
 
 OUTPUTS: dict[str, Callable[[], str]] = {
+    "charts/m3fleet/Chart.yaml": chart_file,
     f"crds/{CRD_FILE}": _crd(KIND),
     f"crds/{CACHE_CRD_FILE}": _crd(CACHE_KIND),
     f"charts/m3fleet/crds/{CRD_FILE}": _crd(KIND),
@@ -266,6 +291,7 @@ OUTPUTS: dict[str, Callable[[], str]] = {
 }
 # The install manifests render the chart, which reads the chart files above: write those first.
 assert list(OUTPUTS).index("manifests/install/operator.yaml") > list(OUTPUTS).index("charts/m3fleet/files/rbac.yaml")
+assert list(OUTPUTS).index("manifests/install/operator.yaml") > list(OUTPUTS).index("charts/m3fleet/Chart.yaml")
 
 
 def stale(outputs: dict[str, str] | None = None) -> list[str]:

@@ -1,8 +1,8 @@
-"""`m3fleet` command line: plan | render | crd | run | simulate | bench | stage.
+"""`m3fleet` command line: plan | render | crd | run | simulate | bench | stage | completion (docs/cli.md).
 
-Exit status: 0 success; 2 invalid input or an impossible spec (one message per failing resource
-on stderr, nothing on stdout); 1 an internal error. Never a traceback (set M3FLEET_DEBUG=1 to
-see one).
+Exit status (`m3fleet.exitcodes`): 0 success; 2 invalid input or an impossible spec (one message per failing
+resource on stderr, nothing on stdout); 4 no cluster to talk to; 1 an internal error; others per subcommand.
+Never a traceback (set M3FLEET_DEBUG=1 to see one).
 """
 
 from __future__ import annotations
@@ -13,35 +13,51 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from m3fleet import __version__
 from m3fleet.api import KIND, MiniMaxM3Deployment, Plan, parse_resource
 from m3fleet.api.cache import CACHE_KIND, MiniMaxM3ModelCache
 from m3fleet.api.crd import crd_yaml
 from m3fleet.api.parse import parse_cache
+from m3fleet.completion import SHELLS
+from m3fleet.completion import script as completion_script
 from m3fleet.documents import (
-    EXIT_INVALID,
-    EXIT_OK,
+    Document,
     InputError,
     dump,
+    dump_objects,
     guarded,
+    in_namespace,
     is_cache,
     label,
+    ours,
     read_inputs,
     report,
 )
-from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.errors import ClusterUnreachable, SpecError, SpecErrors
+from m3fleet.exitcodes import EXIT_INVALID, EXIT_OK, MEANINGS
 from m3fleet.planner import plan
 from m3fleet.render import cache_mount, check, render
 
 
 def process(
-    targets: list[str], each: Callable[[MiniMaxM3Deployment, dict[tuple[str, str], MiniMaxM3ModelCache]], Any]
+    args: argparse.Namespace,
+    each: Callable[[MiniMaxM3Deployment, dict[tuple[str, str], MiniMaxM3ModelCache]], Any],
 ) -> tuple[list[Any], list[str]]:
-    """Parse every resource in `targets` (each -f) and apply `each` (with the MiniMaxM3ModelCaches of the same input, by
-    namespace and name); collect results and per-resource errors. Caches are validated, not planned: the
-    operator stages them on the nodes (stderr says so)."""
+    """Parse every resource of ours in `args.filename` (each -f), in `args.namespace` (-n) when given, and apply
+    `each` (with the MiniMaxM3ModelCaches of the same input, by namespace and name); collect results and
+    per-resource errors. Documents that are not ours are skipped (stderr names them). Caches are validated, not
+    planned: the operator stages them on the nodes (stderr says so)."""
     results: list[Any] = []
-    docs, unreadable = read_inputs(targets)
+    read, unreadable = read_inputs(args.filename)
     problems = [f"error: {e}" for e in unreadable]
+    docs: list[Document] = []
+    for doc in ours(read):
+        try:
+            docs.append(in_namespace(doc, args.namespace))
+        except SpecError as exc:
+            problems.append(report(doc, exc))
+    if not docs and not problems:
+        print(f"note: no {KIND} in the input", file=sys.stderr)
     caches: dict[tuple[str, str], MiniMaxM3ModelCache] = {}
     for doc in docs:
         if not is_cache(doc.body):
@@ -117,12 +133,12 @@ def _plan(resource: MiniMaxM3Deployment, caches: dict[tuple[str, str], MiniMaxM3
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    results, problems = process(args.filename, _plan)
+    results, problems = process(args, _plan)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return EXIT_INVALID
     if args.output == "table":
-        sys.stdout.write(format_table(results))
+        sys.stdout.write(format_table(results) if results else "")  # as kubectl: no header over nothing
     elif args.output == "json":
         sys.stdout.write(dump([plan_dict(p) for _, p in results], "json"))
     else:
@@ -131,11 +147,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    results, problems = process(args.filename, _render)
+    results, problems = process(args, _render)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return EXIT_INVALID
-    sys.stdout.write(dump([obj for objects in results for obj in objects], args.output))
+    sys.stdout.write(dump_objects([obj for objects in results for obj in objects], args.output))
     return EXIT_OK
 
 
@@ -151,10 +167,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "(tls.crt, tls.key); or leave --webhook-port 0 to run without the webhook"
             )
         webhook = Webhook(args.webhook_port, args.webhook_address, Path(args.webhook_cert_dir))
+    from aiohttp import ClientConnectionError  # kopf's HTTP client
+
     try:
         return run(args.namespace, args.all_namespaces, args.standalone, args.liveness_port, args.metrics_port, webhook)
     except RunError as exc:
         raise InputError(str(exc)) from None
+    except ClientConnectionError as exc:  # kopf gave up on the API server after its retries
+        raise ClusterUnreachable(
+            f"the API server does not answer ({exc}); check the kube context: kubectl cluster-info"
+        ) from None
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -162,22 +184,45 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    sys.stdout.write(completion_script(build_parser(), args.shell))
+    return EXIT_OK
+
+
+EPILOG = "exit status:\n" + "\n".join(f"  {code:<4} {meaning}" for code, meaning in MEANINGS.items())
+INPUT_HELP = "YAML file, directory, or - for stdin (repeatable); documents that are not ours are skipped"
+
+
+def _input_flags(parser: argparse.ArgumentParser) -> None:
+    """-f and -n of `plan` and `render`, as kubectl's."""
+    parser.add_argument("-f", "--filename", required=True, action="append", help=INPUT_HELP)
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        help="the namespace of resources that name none; one that names another is an error (as kubectl)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="m3fleet", description="Plan, render and run MiniMax-M3 inference fleets.")
+    parser = argparse.ArgumentParser(
+        prog="m3fleet",
+        description="Plan, render and run MiniMax-M3 inference fleets (docs/cli.md).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p_plan = sub.add_parser("plan", help="the GPU layout of each MiniMaxM3Deployment in FILE")
-    p_plan.add_argument(
-        "-f", "--filename", required=True, action="append", help="YAML file, directory, or - for stdin (repeatable)"
-    )
+    _input_flags(p_plan)
     p_plan.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     p_plan.set_defaults(func=cmd_plan)
 
     p_render = sub.add_parser("render", help="every Kubernetes object the operator would create, offline")
+    _input_flags(p_render)
     p_render.add_argument(
-        "-f", "--filename", required=True, action="append", help="YAML file, directory, or - for stdin (repeatable)"
+        "-o", "--output", choices=("yaml", "json"), default="yaml", help="YAML documents, or JSON as a v1 List"
     )
-    p_render.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     p_render.set_defaults(func=cmd_render)
 
     p_crd = sub.add_parser("crd", help="the CustomResourceDefinition YAML")
@@ -214,6 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--webhook-cert-dir", help="directory with the webhook's serving certificate: tls.crt and tls.key"
     )
     p_run.set_defaults(func=cmd_run)
+
+    p_completion = sub.add_parser(
+        "completion",
+        help="a shell completion script",
+        description="Print a completion script. bash: source <(m3fleet completion bash); "
+        "zsh (in ~/.zshrc, after compinit): source <(m3fleet completion zsh).",
+    )
+    p_completion.add_argument("shell", choices=SHELLS)
+    p_completion.set_defaults(func=cmd_completion)
     return parser
 
 

@@ -1,10 +1,10 @@
 """The CLI's input and output: YAML documents read from files, directories or stdin within bounds a hostile
 file cannot exceed, problems reported one line each (the resource, then the field), objects written as YAML
-or JSON, and the exit status every subcommand shares. Used by every subcommand (`m3fleet.cli`,
-`m3fleet.autoscaling.cli`, `m3fleet.bench.cli`), importing none of them.
+or JSON, and the exit status every subcommand shares (`m3fleet.exitcodes`). Used by every subcommand
+(`m3fleet.cli`, `m3fleet.autoscaling.cli`, `m3fleet.bench.cli`), importing none of them.
 
-Exit status: 0 success; 2 invalid input or an impossible spec; 1 an internal error; 130 interrupted. Never a
-traceback (set M3FLEET_DEBUG=1 to see one).
+Documents that are not ours (a Namespace, a Kustomization, a ConfigMap: what `kustomize build` puts beside our
+resources) are skipped, each named on stderr. Never a traceback (set M3FLEET_DEBUG=1 to see one).
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ from typing import Any
 import yaml
 
 from m3fleet.api.cache import CACHE_KIND
-from m3fleet.api.models import KIND
-from m3fleet.errors import SpecError, SpecErrors
-
-EXIT_INTERRUPTED = 130
-EXIT_OK, EXIT_INTERNAL, EXIT_INVALID = 0, 1, 2
+from m3fleet.api.models import GROUP, KIND
+from m3fleet.errors import ClusterUnreachable, SpecError, SpecErrors
+from m3fleet.exitcodes import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_UNREACHABLE
 
 
 class InputError(Exception):
@@ -202,12 +200,12 @@ def read_documents(target: str) -> list[Document]:
 
 def one_deployment(target: str, command: str) -> Document:
     """The one MiniMaxM3Deployment document in `target`, for commands that take one (`simulate`, `bench`);
-    MiniMaxM3ModelCaches beside it are skipped, as `plan` skips them."""
-    docs = [doc for doc in read_documents(target) if not is_cache(doc.body)]
+    MiniMaxM3ModelCaches and documents that are not ours beside it are skipped, as `plan` skips them."""
+    docs = [doc for doc in ours(read_documents(target)) if not is_cache(doc.body)]
     if len(docs) != 1:
         raise InputError(
             target,
-            f"holds {len(docs)} documents other than MiniMaxM3ModelCaches; {command} takes exactly one {KIND}",
+            f"holds {len(docs)} {KIND}s; {command} takes exactly one {KIND}",
             "pass a file with one",
         )
     return docs[0]
@@ -216,6 +214,66 @@ def one_deployment(target: str, command: str) -> Document:
 def is_cache(body: Any) -> bool:
     """A MiniMaxM3ModelCache document: validated by `plan`, skipped by the commands that take one deployment."""
     return isinstance(body, dict) and body.get("kind") == CACHE_KIND
+
+
+def is_ours(body: Any) -> bool:
+    """A document m3fleet reads: one of our kinds, or anything of our API group (so a misspelt kind of ours is an
+    error, not skipped), or something that is no Kubernetes object at all (reported as bad input). A document with
+    another apiVersion and kind (a Namespace, a Kustomization, a ConfigMap) is someone else's."""
+    if not isinstance(body, dict):
+        return True
+    api_version, kind = body.get("apiVersion"), body.get("kind")
+    if not (isinstance(api_version, str) and api_version and isinstance(kind, str) and kind):
+        return True
+    if kind == "List":  # a well-formed List was opened (`read_inputs`): this one's items are no list
+        return True
+    return api_version.rpartition("/")[0] == GROUP or kind in (KIND, CACHE_KIND)
+
+
+def ours(docs: Sequence[Document]) -> list[Document]:
+    """The documents that are ours (`is_ours`); each other one is named on stderr as skipped, so that
+    `kustomize build DIR | m3fleet plan -f -` reads an overlay whole."""
+    kept: list[Document] = []
+    for doc in docs:
+        if is_ours(doc.body):
+            kept.append(doc)
+            continue
+        meta = doc.body.get("metadata")
+        name = meta.get("name") if isinstance(meta, dict) else None
+        what = _shown(doc.body["kind"]) + (f"/{_shown(name)}" if name else "")
+        print(
+            f"note: {doc.source}: skipped {what} ({_shown(doc.body['apiVersion'])}): not an {GROUP} resource",
+            file=sys.stderr,
+        )
+    return kept
+
+
+def in_namespace(doc: Document, namespace: str | None) -> Document:
+    """The document as `kubectl -n NAMESPACE` would send it: NAMESPACE where metadata names none; a different one
+    is an error, as kubectl's ("the namespace from the provided object does not match"). Unchanged without -n."""
+    meta = doc.body.get("metadata") if isinstance(doc.body, dict) else None
+    if not namespace or not isinstance(meta, dict):
+        return doc  # nothing asked (-n "" as kubectl: none), or no metadata to fill in (the parser reports that)
+    given = meta.get("namespace")
+    if given in (None, ""):
+        return Document(doc.source, {**doc.body, "metadata": {**meta, "namespace": namespace}})
+    if given != namespace:
+        raise SpecError(
+            "metadata.namespace",
+            f"is {_shown(given)} but -n/--namespace is {namespace}",
+            f"drop -n, or pass -n {_shown(given)} (kubectl refuses such a mismatch too)",
+        )
+    return doc
+
+
+def _shown(value: Any) -> str:
+    """A value from the input, as a message may show it: a printable name as is, anything else quoted and cut short."""
+    if isinstance(value, str) and _PRINTABLE.fullmatch(value):
+        return value
+    return repr(value)[:64]
+
+
+_PRINTABLE = re.compile(r"[A-Za-z0-9][A-Za-z0-9./_-]{0,252}")  # names, kinds and apiVersions
 
 
 class ResourceError(Exception):
@@ -297,7 +355,11 @@ def parse_one(doc: Document, parse: Callable[[Any], Any]) -> Any:
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (scripts, config files in ConfigMaps) as readable literal blocks."""
+    """Multi-line strings (scripts, config files in ConfigMaps) as readable literal blocks; a value shared by two
+    objects written out twice, never as an anchor and alias (`&id001`), which many YAML tools refuse."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
@@ -309,13 +371,24 @@ _Dumper.add_representer(str, _str)
 
 
 def dump(objects: list[Any], output: str) -> str:
+    """`objects` as YAML documents, or as one JSON list."""
     if output == "json":
         return json.dumps(objects, indent=2) + "\n"
     return yaml.dump_all(objects, Dumper=_Dumper, sort_keys=False, width=120) if objects else ""
 
 
+def dump_objects(objects: list[dict[str, Any]], output: str) -> str:
+    """Kubernetes objects as `kubectl apply -f -` reads them: YAML documents, or JSON as a `v1 List` (what
+    `kubectl get -o json` prints; a bare JSON array is no Kubernetes object)."""
+    if output == "json":
+        listed = {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": objects}
+        return json.dumps(listed, indent=2) + "\n"
+    return dump(objects, output)
+
+
 def guarded(command: Callable[[], int]) -> int:
-    """Run a subcommand: bad input is one clear message and exit 2, anything else exit 1, never a traceback."""
+    """Run a subcommand: bad input is one clear message and exit 2, no cluster exit 4, anything else exit 1 (the
+    codes: `m3fleet.exitcodes`), never a traceback."""
     try:
         return command()
     except ResourceError as exc:
@@ -324,6 +397,9 @@ def guarded(command: Callable[[], int]) -> int:
     except (InputError, SpecError, SpecErrors) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    except ClusterUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:

@@ -1,4 +1,4 @@
-"""The one error type users see for bad input: which field, what is wrong, how to fix it."""
+"""The errors users see: bad input (which field, what is wrong, how to fix it), and a cluster that cannot be reached."""
 
 from __future__ import annotations
 
@@ -22,3 +22,8 @@ class SpecErrors(ValueError):
     def __init__(self, errors: list[SpecError]) -> None:
         self.errors = errors
         super().__init__("; ".join(str(e) for e in errors))
+
+
+class ClusterUnreachable(Exception):
+    """No cluster to talk to: no usable kube context, or its API server gives no answer. The CLI exits with
+    `m3fleet.exitcodes.EXIT_UNREACHABLE`, so a pipeline can tell it from bad input."""

@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from m3fleet.exitcodes import EXIT_RETRY
+
 BIN = Path(sys.executable).parent
 REPO = "MiniMaxAI/MiniMax-M3-tiny"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -197,7 +199,7 @@ def test_a_corrupted_file_is_rejected_and_the_copy_never_marked_complete(
     fake.corrupt["config.json"] = fake.files["config.json"].replace(b"M3", b"M4")  # a non-LFS file: git blob sha1
     dest = tmp_path / "nvme" / "m3"
     code, _, err = hf(tmp_path, dest, endpoint)
-    assert code == 1, err
+    assert code == EXIT_RETRY, err
     assert "2 of 4 files failed" in err and name in err and "sha256" in err
     assert "config.json: git blob sha1" in err and not (dest / "config.json").exists()
     assert not (dest / MARKER).exists()
@@ -247,7 +249,7 @@ def test_copy_from_a_claim_directory_checks_the_manifest(tmp_path: Path) -> None
     (source / "m3fleet-manifest.json").write_text(json.dumps({"files": manifest}))
     (dest / "sub/model.safetensors").write_bytes(b"partial")  # a copy interrupted earlier
     code, _, err = stage(tmp_path, "copy", "--from", str(source), "--dest", str(dest))
-    assert code == 1 and "sub/model.safetensors" in err and "sha256" in err
+    assert code == EXIT_RETRY and "sub/model.safetensors" in err and "sha256" in err
     assert not (dest / MARKER).exists() and not (dest / "sub/model.safetensors").exists()
 
     # The right manifest: copied again and complete; the manifest itself is not part of the checkpoint.

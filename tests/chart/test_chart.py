@@ -15,6 +15,7 @@ import helm_python as helm
 import pytest
 import yaml
 
+from m3fleet import __version__
 from m3fleet.api import parse_resource
 from m3fleet.catalog import ENGINES
 from m3fleet.cli import build_parser
@@ -248,14 +249,14 @@ def test_peering_objects_and_env() -> None:
 @pytest.mark.parametrize(
     ("image", "expected"),
     [
-        ({}, "ghcr.io/m3fleet/operator:0.1.0"),
+        ({}, f"ghcr.io/m3fleet/operator:{__version__}"),
         ({"tag": "0.2.0-rc1"}, "ghcr.io/m3fleet/operator:0.2.0-rc1"),
         ({"tag": "ignored", "digest": DIGEST}, f"ghcr.io/m3fleet/operator@{DIGEST}"),
     ],
 )
 def test_image_reference(image: dict[str, str], expected: str) -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert chart["appVersion"] == "0.1.0"
+    assert chart["appVersion"] == chart["version"] == __version__  # one version: pyproject's (hack/generate.py)
     assert container({"image": image})["image"] == expected
 
 

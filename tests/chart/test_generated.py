@@ -30,6 +30,7 @@ def test_generate_check_mode_reports_drift(tmp_path: Any) -> None:
 
     for part in ("hack", "charts", "crds", "manifests"):
         shutil.copytree(ROOT / part, tmp_path / part)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
     script = [sys.executable, str(tmp_path / "hack" / "generate.py"), "--check"]
     assert subprocess.run(script, capture_output=True, text=True).returncode == 0
     (tmp_path / "manifests" / "install.yaml").write_text("stale\n")
@@ -137,3 +138,28 @@ def test_kustomize_install_builds_validates_and_matches_install_yaml() -> None:
 def test_kustomize_flux_operator_builds() -> None:
     (release,) = kustomize("manifests/gitops/flux/operator")
     assert release["kind"] == "HelmRelease"
+
+
+def test_the_chart_carries_the_project_version(tmp_path: Any) -> None:
+    """One version: a release bumps pyproject.toml, `--check` finds the chart behind, and the script sets both
+    `version` and `appVersion` (the image tag) to it, keeping the rest of Chart.yaml as written."""
+    import shutil
+    import sys
+
+    for part in ("hack", "charts", "crds", "manifests"):
+        shutil.copytree(ROOT / part, tmp_path / part)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    current = generate().project_version()
+    assert f'\nversion = "{current}"\n' in pyproject
+    (tmp_path / "pyproject.toml").write_text(pyproject.replace(f'\nversion = "{current}"\n', '\nversion = "9.8.7"\n'))
+    script = [sys.executable, str(tmp_path / "hack" / "generate.py")]
+    checked = subprocess.run([*script, "--check"], capture_output=True, text=True)
+    assert checked.returncode == 1 and "stale: charts/m3fleet/Chart.yaml" in checked.stderr, checked.stderr
+    assert subprocess.run(script, capture_output=True, text=True).returncode == 0
+    before = (ROOT / "charts" / "m3fleet" / "Chart.yaml").read_text()
+    after = (tmp_path / "charts" / "m3fleet" / "Chart.yaml").read_text()
+    chart = yaml.safe_load(after)
+    assert (chart["version"], chart["appVersion"]) == ("9.8.7", "9.8.7")
+    assert after.replace("9.8.7", current) == before  # comments and every other field kept
+    assert "image: ghcr.io/m3fleet/operator:9.8.7" in (tmp_path / "manifests" / "install.yaml").read_text()
+    assert subprocess.run([*script, "--check"], capture_output=True, text=True).returncode == 0

@@ -380,7 +380,9 @@ def test_dry_run_prints_the_job(capsys: pytest.CaptureFixture[str]) -> None:
         "json",
     )
     assert (code, err) == (0, "")
-    (job,) = json.loads(out)
+    listed = json.loads(out)  # a v1 List, as render prints: `kubectl apply -f -` reads it
+    assert (listed["apiVersion"], listed["kind"]) == ("v1", "List")
+    (job,) = listed["items"]
     assert job["kind"] == "Job" and job["metadata"]["namespace"] == "llm"
     assert len(command_lines(job)) == 2
 

@@ -66,7 +66,7 @@ def test_plan_table_and_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     ("text", "fragments"),
     [
         ("foo: [bar\n", ["invalid YAML", "line "]),
-        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n", ["kind", "MiniMaxM3Deployment"]),
+        ("apiVersion: v1\nkind: MiniMaxM3Deployment\nmetadata: {name: c}\n", ["apiVersion", "m3fleet.dev/v1alpha1"]),
         (GOOD + "  replicas: -3\n", ["spec.replicas", "from 0 to 1024"]),
         (GOOD + "  contxt: {}\n", ["spec.contxt", "did you mean `context`?"]),
         (
@@ -130,7 +130,7 @@ def test_every_file_given_with_a_repeated_f_is_read(capsys: pytest.CaptureFixtur
     code, out, _ = run(capsys, "plan", "-f", str(first), "-f", str(second), "-o", "json")
     assert code == 0 and len(json.loads(out)) == 2
     code, out, _ = run(capsys, "render", "-f", str(first), "-f", str(second), "-o", "json")
-    names = {o["metadata"]["name"] for o in json.loads(out) if o["kind"] == "Service"}
+    names = {o["metadata"]["name"] for o in json.loads(out)["items"] if o["kind"] == "Service"}
     assert code == 0 and len(names) == 2
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from m3fleet.autoscaling.scenarios import SCENARIOS
-from m3fleet.documents import EXIT_INVALID, EXIT_OK, InputError, one_deployment, parse_one
+from m3fleet.documents import InputError, one_deployment, parse_one
+from m3fleet.exitcodes import EXIT_INVALID, EXIT_OK
 
 MAX_SEEDS = 1000  # one run takes seconds to minutes: more is a typo, not a study
 

@@ -1,8 +1,9 @@
 """`m3fleet bench`: benchmark a running deployment with its engine's own benchmark client.
 
-Exit status: 0 the benchmark ran and its result is kept; 2 invalid input (an unknown resource, one that is
-not Ready, an option the deployment cannot serve) with one line naming the option or field, the reason and
-the fix, and nothing created; 1 the benchmark could not run or failed; 130 interrupted (the Job is deleted).
+Exit status (`m3fleet.exitcodes`): 0 the benchmark ran and its result is kept; 2 invalid input (an unknown
+resource, one that is not Ready, an option the deployment cannot serve) with one line naming the option or field,
+the reason and the fix, and nothing created; 4 no cluster to talk to; 5 the benchmark could not run or failed;
+130 interrupted (the Job is deleted).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from m3fleet.api.models import EngineName
 from m3fleet.bench import job as bench_job
 from m3fleet.bench import results, watch
 from m3fleet.bench.job import BenchOptions, Dataset, Prompts
-from m3fleet.documents import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, dump, one_deployment, parse_one
+from m3fleet.documents import dump, dump_objects, one_deployment, parse_one
 from m3fleet.errors import SpecError
+from m3fleet.exitcodes import EXIT_BENCH_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 POLL_SECONDS = 5.0
 LOG_TAIL_LINES = 40
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         return _run(args, sys.stdout, sys.stderr)
     except BenchFailure as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INTERNAL
+        return EXIT_BENCH_FAILED
 
 
 def _one_resource(args: argparse.Namespace) -> tuple[MiniMaxM3Deployment, str | None]:
@@ -121,7 +123,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     bench_job.check(resource, plan, options)  # before any cluster is contacted; the live spec is checked again
     if args.dry_run:
         options = _with_api_key(options, resource)
-        out.write(dump([bench_job.render_job(resource, plan, options, "dry-run")], args.output or "yaml"))
+        out.write(dump_objects([bench_job.render_job(resource, plan, options, "dry-run")], args.output or "yaml"))
         return EXIT_OK
     return _live(args, resource, file_namespace, options, out, err)
 

@@ -19,13 +19,14 @@ from typing import Any
 import kubernetes
 
 from m3fleet.api.models import GROUP, PLURAL, VERSION
-from m3fleet.controller.kube import ApiError, call
+from m3fleet.controller.kube import ApiError, NoAnswer, call
+from m3fleet.errors import ClusterUnreachable
 
 FIELD_MANAGER = "m3fleet-bench"
 
 
 class BenchFailure(Exception):
-    """The benchmark could not be run or finished badly (exit 1); the message says what happened."""
+    """The benchmark could not be run or finished badly (exit 5); the message says what happened."""
 
 
 class ApiFailure(BenchFailure):
@@ -49,7 +50,9 @@ class Cluster:
             try:
                 config.load_incluster_config()  # type: ignore[no-untyped-call]
             except config.ConfigException:
-                raise BenchFailure(f"no kube context to talk to: {exc}") from None
+                raise ClusterUnreachable(
+                    f"no kube context to talk to: {exc}; set KUBECONFIG, or run inside the cluster"
+                ) from None
             self.context = "in-cluster"
             with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace", encoding="utf-8") as f:
                 self.namespace = f.read().strip() or "default"
@@ -66,6 +69,11 @@ class Cluster:
     ) -> Any:
         try:
             return call(self._client, method, path, body, query, "application/json" if body else "", text)
+        except NoAnswer as exc:
+            raise ClusterUnreachable(
+                f"{doing}: the API server of kube context {self.context!r} does not answer ({exc.message}); "
+                "check the context (kubectl cluster-info)"
+            ) from None
         except ApiError as exc:
             raise ApiFailure(exc.status, f"{doing}: {exc.status} {exc.message or exc.reason}") from None
 

@@ -46,6 +46,7 @@ from m3fleet.api.cache import (
     node_label_key,
 )
 from m3fleet.catalog import ACCELERATORS
+from m3fleet.exitcodes import EXIT_BAD_SOURCE
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "m3fleet"
@@ -56,7 +57,7 @@ NODE_ANNOTATION = "m3fleet.dev/node"
 ATTEMPT_ANNOTATION = "m3fleet.dev/attempt"
 FINALIZER = "m3fleet.dev/cache-cleanup"
 STAGE, CLEAN = "stage", "clean"
-BAD_SOURCE_EXIT_CODE = 3  # `m3fleet stage`: the source itself is wrong (revision, repo, access); no retry helps
+BAD_SOURCE_EXIT_CODE = EXIT_BAD_SOURCE  # `m3fleet stage`: the source itself is wrong; no retry helps
 JOB_BACKOFF_LIMIT = 3  # pod retries inside one Job (the job controller's own backoff: 10 s, 20 s, 40 s)
 RETRY_SECONDS = (60.0, 1800.0)  # a failed Job's next attempt: after 1 min, doubling up to 30 min
 BLOCKED_RECHECK_SECONDS = 60.0  # a missing Secret is looked for again (Secrets are not watched)

@@ -16,7 +16,7 @@ copied again. Files in DIR that the source does not have are removed (an earlier
 path outside DIR (absolute, `..`) is a bad source.
 
 Only when every file verified is `.m3fleet-complete.json` written (first removed, so an interrupted run never
-looks complete); exit 0. Exit 1: something failed that a retry may fix (network, a corrupt or partial file).
+looks complete); exit 0. Exit 6: something failed that a retry may fix (network, a corrupt or partial file).
 Exit 3: the source itself is wrong (unknown revision or repo, no access, no source directory) — checked
 before anything in DIR is touched. The reason is also written to the termination log, where
 `kubectl describe pod` and the operator read it.
@@ -36,12 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from m3fleet.exitcodes import EXIT_BAD_SOURCE, EXIT_OK, EXIT_RETRY
+
 MARKER = ".m3fleet-complete.json"
 STAGING = ".m3fleet-staging.json"  # the source a run stages from, written first: a resumed run may trust its files
 MANIFEST = "m3fleet-manifest.json"
 HF_HOME_DIR = ".m3fleet-hf-home"  # HF_HOME inside the directory (the Job sets it): nothing outside DIR is written
 KEEP = (MARKER, STAGING, ".cache", HF_HOME_DIR)  # never treated as stale checkpoint files
-EXIT_OK, EXIT_RETRY, EXIT_BAD_SOURCE = 0, 1, 3
 TERMINATION_LOG = "/dev/termination-log"
 CHUNK = 16 * 1024 * 1024
 WORKERS = 8

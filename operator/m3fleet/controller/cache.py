@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from m3fleet import __version__
 from m3fleet.api import parse_resource
 from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
 from m3fleet.api.parse import parse_cache
@@ -59,7 +60,7 @@ from m3fleet.planner import plan as make_plan
 from m3fleet.render.ownership import controlled_by
 
 Key = tuple[str, str]
-DEFAULT_STAGER_IMAGE = "ghcr.io/m3fleet/operator:0.1.0"
+DEFAULT_STAGER_IMAGE = f"ghcr.io/m3fleet/operator:{__version__}"  # the operator image of this release
 STAGER_IMAGE_VARIABLE = "M3FLEET_STAGER_IMAGE"  # the chart sets it to the operator's own image
 TRIGGERS = ("uid", "generation", "labels", "deletionTimestamp")
 

@@ -174,9 +174,13 @@ def _error(exc: kubernetes.client.ApiException) -> ApiError:
 NETWORK_ERRORS = (OSError, ValueError, urllib3.exceptions.HTTPError)
 
 
+class NoAnswer(ApiError):
+    """A request that got no HTTP answer at all (refused, reset, timed out): the CLI says the cluster is unreachable."""
+
+
 def _transport_error(exc: Exception) -> ApiError:
     """A request that got no HTTP answer (refused, reset, timed out): retried like a 503."""
-    return ApiError(503, "Unavailable", f"{type(exc).__name__}: {exc}")
+    return NoAnswer(503, "Unavailable", f"{type(exc).__name__}: {exc}")
 
 
 def call(

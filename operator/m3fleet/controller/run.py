@@ -32,6 +32,7 @@ from m3fleet.controller.reconcile import Reconciler
 from m3fleet.controller.startup import StartupTimer
 from m3fleet.controller.webhook import Webhook, WebhookError
 from m3fleet.controller.webhook import register as register_webhook
+from m3fleet.errors import ClusterUnreachable
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 PRIORITY_VARIABLE = "M3FLEET_PEERING_PRIORITY"
@@ -48,7 +49,7 @@ def api_client() -> kubernetes.client.ApiClient:
         try:
             kubernetes.config.load_kube_config()  # type: ignore[no-untyped-call]
         except (kubernetes.config.ConfigException, OSError) as exc:
-            raise RunError(
+            raise ClusterUnreachable(
                 f"no cluster to talk to: not in a pod, and no usable kubeconfig ({exc}); "
                 "set KUBECONFIG or run inside the cluster"
             ) from None
