@@ -65,7 +65,8 @@ def hostile() -> dict[str, bytes | str]:
         "ok-flow-style.yaml": json.dumps(yaml.safe_load(good())),
         "ok-list.yaml": yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [yaml.safe_load(good())]}),
         "ok-null-field.yaml": good(extra="  replicas: null\n"),
-        "ok-unicode-checkpoint.yaml": good(extra='  engine:\n    image: "ünïcödé→"\n'),
+        "ok-unicode-checkpoint.yaml": good().replace("  model:\n", '  model:\n    checkpoint: "ünïcödé→"\n'),
+        "bad-image-unicode.yaml": good(extra='  engine:\n    image: "ünïcödé→"\n'),
         # not text, not YAML, not a document
         "bad-not-utf8.yaml": b"apiVersion: m3fleet.dev/v1alpha1\nkind: \xff\xfe\x00\x01\n",
         "bad-utf16.yaml": good().encode("utf-16"),

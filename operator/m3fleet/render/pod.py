@@ -119,7 +119,7 @@ def _env(ctx: Context, container: Container) -> list[dict[str, Any]]:
     for user in ctx.spec.engine.env:
         entry: dict[str, Any] = {"name": user.name}
         if user.value_from is not None:
-            entry["valueFrom"] = user.value_from
+            entry["valueFrom"] = user.value_from.model_dump(by_alias=True, exclude_none=True, mode="json")
         else:
             entry["value"] = literal(user.value or "")  # data, not a $(VAR) reference the kubelet would expand
         values[user.name] = entry
