@@ -390,7 +390,8 @@ class EngineSpec(CamelModel):
         default_factory=list,
         max_length=64,
         description="Extra environment variables for the engine container. Variables that change how the "
-        "engine is executed (BASH_ENV, ENV, PATH, LD_*, PYTHONPATH, OMPI_*, ...) and those m3fleet sets "
+        "engine is executed (BASH_ENV, ENV, PATH, LD_*, PYTHONPATH, OMPI_*, "
+        "VLLM_LOGGING_CONFIG_PATH, VLLM_PLUGINS, ...) and those m3fleet sets "
         "(HOME, HF_HOME, HF_TOKEN, LWS_*, the engine's rendered variables) are rejected.",
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
