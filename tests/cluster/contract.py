@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from pydantic.alias_generators import to_snake
 from tests.cluster.controlplane import ControlPlane
 
+from m3fleet.api.cache import CACHE_KIND, CACHE_PLURAL
 from m3fleet.api.contract import crd_schema
-from m3fleet.api.models import API_VERSION, KIND, MAX_NAME_LENGTH
+from m3fleet.api.models import API_VERSION, KIND, MAX_NAME_LENGTH, PLURAL
 from m3fleet.api.parse import parse_resource
 from m3fleet.errors import SpecErrors
 
@@ -223,15 +224,19 @@ class Apiserver:
                     raise
         raise AssertionError("unreachable")
 
-    def verdict(self, document: dict[str, Any]) -> Verdict:
-        body = {**document, "metadata": {**document["metadata"], "namespace": NAMESPACE}}
-        path = (
-            f"/apis/m3fleet.dev/v1alpha1/namespaces/{NAMESPACE}/minimaxm3deployments?dryRun=All&fieldValidation=Strict"
-        )
-        status, answer = self._post(path, json.dumps(body).encode())
+    def verdict(self, document: Any, namespace: str = NAMESPACE) -> Verdict:
+        """`kubectl create --dry-run=server` of one JSON document in `namespace`, to the endpoint of its kind
+        (a MiniMaxM3ModelCache's, else a MiniMaxM3Deployment's: a document of no kind of ours is refused there).
+        A refusal by the validating webhook (the operator's, when one runs) counts as the apiserver's."""
+        plural = CACHE_PLURAL if isinstance(document, dict) and document.get("kind") == CACHE_KIND else PLURAL
+        body = document
+        if isinstance(document, dict) and isinstance(document.get("metadata"), dict):
+            body = {**document, "metadata": {**document["metadata"], "namespace": namespace}}
+        path = f"/apis/m3fleet.dev/v1alpha1/namespaces/{namespace}/{plural}?dryRun=All&fieldValidation=Strict"
+        status, answer = self._post(path, json.dumps(body, allow_nan=False).encode())
         if status < 300:
             return Verdict(True, frozenset())
-        if status not in (400, 422):
+        if status not in (400, 403, 422):
             raise AssertionError(f"unexpected answer {status}: {answer}")
         return Verdict(False, _server_fields(status, answer), str(answer.get("message", answer))[:2000])
 
