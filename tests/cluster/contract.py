@@ -27,7 +27,7 @@ from tests.cluster.controlplane import ControlPlane
 from m3fleet.api.cache import CACHE_KIND, CACHE_PLURAL
 from m3fleet.api.contract import crd_schema
 from m3fleet.api.models import API_VERSION, KIND, MAX_NAME_LENGTH, PLURAL
-from m3fleet.api.parse import parse_resource
+from m3fleet.api.parse import parse_cache, parse_resource
 from m3fleet.errors import SpecErrors
 
 NAMESPACE = "contract"
@@ -64,6 +64,19 @@ def _wrong_value(draw: st.DrawFn, kind: str | None) -> Any:
     return value
 
 
+_MATCHES = re.compile(r"^(?:self == '' \|\| )?self\.matches\('((?:[^'\\]|\\.)*)'\)")
+
+
+def _cel_pattern(schema: dict[str, Any]) -> str | None:
+    """The regular expression a string's own CEL rule requires (`self.matches('...')`: names, keys, images),
+    unescaped from the CEL string literal, so valid draws mostly pass it."""
+    for entry in schema.get("x-kubernetes-validations") or []:
+        match = _MATCHES.match(entry["rule"])
+        if match:
+            return match.group(1).replace("\\\\", "\\")
+    return None
+
+
 def _scalar(draw: st.DrawFn, schema: dict[str, Any], valid: bool) -> Any:
     kind = schema.get("type")
     if "enum" in schema:
@@ -81,6 +94,10 @@ def _scalar(draw: st.DrawFn, schema: dict[str, Any], valid: bool) -> Any:
         return draw(st.booleans())
     if kind == "string":
         pattern = schema.get("pattern")
+        required = _cel_pattern(schema)
+        if required and valid and draw(st.integers(0, 5)):
+            limit = schema.get("maxLength", 64)
+            return draw(st.from_regex(required.rstrip("$") + r"\Z").filter(lambda t: 0 < len(t) <= limit))
         if pattern and valid:
             return draw(st.from_regex(pattern.rstrip("$") + r"\Z"))
         if pattern:
@@ -143,17 +160,22 @@ NAMES = st.one_of(
 
 
 @st.composite
-def documents(draw: st.DrawFn) -> dict[str, Any]:
-    spec_schema = crd_schema()["properties"]["spec"]
+def documents(draw: st.DrawFn, kind: str = KIND) -> dict[str, Any]:
+    """A MiniMaxM3Deployment (or, with `kind`, a MiniMaxM3ModelCache) drawn from its CRD's schema."""
+    spec_schema = crd_schema(kind)["properties"]["spec"]
     metadata: dict[str, Any] = {"name": draw(NAMES)}
     if draw(st.integers(0, 60)) == 0:
         metadata["name"] = draw(st.sampled_from([5, True, ["x"]]))
     if draw(st.integers(0, 40)) == 0:
         metadata[draw(st.sampled_from(["labels", "annotations"]))] = {draw(st.sampled_from(["a", "a b", "x/"])): "v"}
-    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata}
+    doc = {"apiVersion": API_VERSION, "kind": kind, "metadata": metadata}
     doc["spec"] = draw(value_for(spec_schema, "spec"))
     spec = doc["spec"]
-    if isinstance(spec, dict) and draw(st.integers(0, 4)):  # mostly one source (the CEL rule wants exactly one)
+    if kind == CACHE_KIND:
+        if isinstance(spec, dict) and draw(st.integers(0, 4)):  # mostly one source and a plausible path
+            spec["source"] = {"pvc": {"claimName": "w"}}
+            spec["path"] = draw(st.sampled_from(["/mnt/nvme/m3fleet/m3", "/var/lib/m3fleet/m3", "/x"]))
+    elif isinstance(spec, dict) and draw(st.integers(0, 4)):  # mostly one source (the CEL rule wants exactly one)
         model = spec.setdefault("model", {})
         if isinstance(model, dict):
             model["source"] = draw(
@@ -169,7 +191,7 @@ def documents(draw: st.DrawFn) -> dict[str, Any]:
 
 def cli_verdict(document: dict[str, Any]) -> Verdict:
     try:
-        parse_resource(document)
+        (parse_cache if document.get("kind") == CACHE_KIND else parse_resource)(document)
     except SpecErrors as exc:
         return Verdict(False, frozenset(e.field for e in exc.errors), str(exc))
     return Verdict(True, frozenset())
