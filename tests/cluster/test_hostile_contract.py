@@ -97,3 +97,15 @@ def test_the_cli_and_the_apiserver_give_the_same_verdict_on_every_hostile_docume
     assert bad <= refused_files, f"bad files no one refused: {sorted(bad - refused_files)}"
     assert ok <= admitted_files and not ok & refused_files, sorted(ok & refused_files)
     assert sent > 100, sent  # most of the corpus reaches the apiserver: the comparison is not vacuous
+
+
+def test_the_webhook_judges_model_caches_too(chart: Cluster, apiserver: Apiserver) -> None:
+    """A cache whose node label `<namespace>.<name>` would pass 63 characters: CEL cannot see the namespace, the
+    webhook refuses it (with failurePolicy Ignore, only a refusal proves the webhook was asked)."""
+    namespace = chart.namespace("hostile-" + "n" * 22)
+    body = json.loads(json.dumps(read_inputs([str(HOSTILE / "ok-cache.yaml")])[0][0].body))
+    body["metadata"]["name"] = "c" * 40
+    verdict = apiserver.verdict(body, namespace)
+    assert not verdict.admitted and "denied the request" in verdict.detail and "63" in verdict.detail, verdict
+    body["metadata"]["name"] = "c" * 20
+    assert apiserver.verdict(body, namespace).admitted
