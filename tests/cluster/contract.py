@@ -291,7 +291,8 @@ def disagreement(cli: Verdict, server: Verdict) -> str | None:
 
 def install_crd(kubectl: Callable[..., Any], control_plane: ControlPlane, crd_dir: str) -> None:
     kubectl("apply", "--server-side", "-f", crd_dir)
-    control_plane.wait_established("minimaxm3deployments.m3fleet.dev")
+    for plural in (PLURAL, CACHE_PLURAL):
+        control_plane.wait_established(f"{plural}.m3fleet.dev")
     control_plane.admin.create(
         "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     )
