@@ -1,4 +1,4 @@
-"""The admission decision: is this MiniMaxM3Deployment one the operator can run? (pure)
+"""The admission decision: is this MiniMaxM3Deployment (or MiniMaxM3ModelCache) one the operator can run? (pure)
 
 The validating webhook (m3fleet.controller.admission) asks this for every CREATE and UPDATE the API server
 sends it, after the CRD's schema and CEL rules have passed. It refuses what only the planner can see — the KV
@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from m3fleet.api import parse_resource
+from m3fleet.api.cache import CACHE_KIND, label_key_problem
 from m3fleet.api.models import Plan
+from m3fleet.api.parse import parse_cache
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
 from m3fleet.render import check, replacement_notice, workload_kind
@@ -55,6 +57,8 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
         return ALLOWED
     if operation == "UPDATE" and isinstance(old, Mapping) and old.get("spec") == new.get("spec"):
         return ALLOWED
+    if new.get("kind") == CACHE_KIND:
+        return _review_cache(new)
     try:
         resource = parse_resource(new)
     except (SpecError, SpecErrors) as exc:
@@ -72,6 +76,17 @@ def review(operation: str, new: Mapping[str, Any] | None, old: Mapping[str, Any]
         return Verdict(False, str(exc))
     notice = _replacement(old, planned) if operation == "UPDATE" else None
     return Verdict(True, warnings=(f"spec: {notice}",)) if notice else ALLOWED
+
+
+def _review_cache(new: Mapping[str, Any]) -> Verdict:
+    """A MiniMaxM3ModelCache: its CRD's contract (as the CLI judges it), then what CEL cannot see (the node
+    label `<namespace>.<name>` must fit 63 characters; CEL reads no namespace)."""
+    try:
+        cache = parse_cache(new)
+    except (SpecError, SpecErrors) as exc:
+        return Verdict(True, warnings=(f"the operator cannot read this cache and will report it in status: {exc}",))
+    problem = label_key_problem(cache.metadata.namespace, cache.metadata.name)
+    return Verdict(False, f"metadata.name: {problem}") if problem else ALLOWED
 
 
 def _replacement(old: Mapping[str, Any] | None, planned: Plan) -> str | None:

@@ -40,14 +40,15 @@ def sans(cert: x509.Certificate) -> tuple[list[str], list[str]]:
     return names.get_values_for_type(x509.DNSName), [str(ip) for ip in names.get_values_for_type(x509.IPAddress)]
 
 
-def test_only_our_resource_only_create_and_update_and_unrelated_objects_never_wait() -> None:
+def test_only_our_resources_only_create_and_update_and_unrelated_objects_never_wait() -> None:
     _, hook = webhook_objects({})
     assert hook["rules"] == [
         {
             "apiGroups": ["m3fleet.dev"],
             "apiVersions": ["v1alpha1"],
             "operations": ["CREATE", "UPDATE"],
-            "resources": ["minimaxm3deployments"],  # not /status (the operator's writes), not /scale
+            # not /status (the operator's writes), not /scale
+            "resources": ["minimaxm3deployments", "minimaxm3modelcaches"],
             "scope": "Namespaced",
         }
     ]

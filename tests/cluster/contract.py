@@ -24,9 +24,10 @@ from hypothesis import strategies as st
 from pydantic.alias_generators import to_snake
 from tests.cluster.controlplane import ControlPlane
 
+from m3fleet.api.cache import CACHE_KIND, CACHE_PLURAL
 from m3fleet.api.contract import crd_schema
-from m3fleet.api.models import API_VERSION, KIND, MAX_NAME_LENGTH
-from m3fleet.api.parse import parse_resource
+from m3fleet.api.models import API_VERSION, KIND, MAX_NAME_LENGTH, PLURAL
+from m3fleet.api.parse import parse_cache, parse_resource
 from m3fleet.errors import SpecErrors
 
 NAMESPACE = "contract"
@@ -63,6 +64,19 @@ def _wrong_value(draw: st.DrawFn, kind: str | None) -> Any:
     return value
 
 
+_MATCHES = re.compile(r"^(?:self == '' \|\| )?self\.matches\('((?:[^'\\]|\\.)*)'\)")
+
+
+def _cel_pattern(schema: dict[str, Any]) -> str | None:
+    """The regular expression a string's own CEL rule requires (`self.matches('...')`: names, keys, images),
+    unescaped from the CEL string literal, so valid draws mostly pass it."""
+    for entry in schema.get("x-kubernetes-validations") or []:
+        match = _MATCHES.match(entry["rule"])
+        if match:
+            return match.group(1).replace("\\\\", "\\")
+    return None
+
+
 def _scalar(draw: st.DrawFn, schema: dict[str, Any], valid: bool) -> Any:
     kind = schema.get("type")
     if "enum" in schema:
@@ -80,6 +94,10 @@ def _scalar(draw: st.DrawFn, schema: dict[str, Any], valid: bool) -> Any:
         return draw(st.booleans())
     if kind == "string":
         pattern = schema.get("pattern")
+        required = _cel_pattern(schema)
+        if required and valid and draw(st.integers(0, 5)):
+            limit = schema.get("maxLength", 64)
+            return draw(st.from_regex(required.rstrip("$") + r"\Z").filter(lambda t: 0 < len(t) <= limit))
         if pattern and valid:
             return draw(st.from_regex(pattern.rstrip("$") + r"\Z"))
         if pattern:
@@ -142,17 +160,22 @@ NAMES = st.one_of(
 
 
 @st.composite
-def documents(draw: st.DrawFn) -> dict[str, Any]:
-    spec_schema = crd_schema()["properties"]["spec"]
+def documents(draw: st.DrawFn, kind: str = KIND) -> dict[str, Any]:
+    """A MiniMaxM3Deployment (or, with `kind`, a MiniMaxM3ModelCache) drawn from its CRD's schema."""
+    spec_schema = crd_schema(kind)["properties"]["spec"]
     metadata: dict[str, Any] = {"name": draw(NAMES)}
     if draw(st.integers(0, 60)) == 0:
         metadata["name"] = draw(st.sampled_from([5, True, ["x"]]))
     if draw(st.integers(0, 40)) == 0:
         metadata[draw(st.sampled_from(["labels", "annotations"]))] = {draw(st.sampled_from(["a", "a b", "x/"])): "v"}
-    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata}
+    doc = {"apiVersion": API_VERSION, "kind": kind, "metadata": metadata}
     doc["spec"] = draw(value_for(spec_schema, "spec"))
     spec = doc["spec"]
-    if isinstance(spec, dict) and draw(st.integers(0, 4)):  # mostly one source (the CEL rule wants exactly one)
+    if kind == CACHE_KIND:
+        if isinstance(spec, dict) and draw(st.integers(0, 4)):  # mostly one source and a plausible path
+            spec["source"] = {"pvc": {"claimName": "w"}}
+            spec["path"] = draw(st.sampled_from(["/mnt/nvme/m3fleet/m3", "/var/lib/m3fleet/m3", "/x"]))
+    elif isinstance(spec, dict) and draw(st.integers(0, 4)):  # mostly one source (the CEL rule wants exactly one)
         model = spec.setdefault("model", {})
         if isinstance(model, dict):
             model["source"] = draw(
@@ -168,7 +191,7 @@ def documents(draw: st.DrawFn) -> dict[str, Any]:
 
 def cli_verdict(document: dict[str, Any]) -> Verdict:
     try:
-        parse_resource(document)
+        (parse_cache if document.get("kind") == CACHE_KIND else parse_resource)(document)
     except SpecErrors as exc:
         return Verdict(False, frozenset(e.field for e in exc.errors), str(exc))
     return Verdict(True, frozenset())
@@ -223,15 +246,19 @@ class Apiserver:
                     raise
         raise AssertionError("unreachable")
 
-    def verdict(self, document: dict[str, Any]) -> Verdict:
-        body = {**document, "metadata": {**document["metadata"], "namespace": NAMESPACE}}
-        path = (
-            f"/apis/m3fleet.dev/v1alpha1/namespaces/{NAMESPACE}/minimaxm3deployments?dryRun=All&fieldValidation=Strict"
-        )
-        status, answer = self._post(path, json.dumps(body).encode())
+    def verdict(self, document: Any, namespace: str = NAMESPACE) -> Verdict:
+        """`kubectl create --dry-run=server` of one JSON document in `namespace`, to the endpoint of its kind
+        (a MiniMaxM3ModelCache's, else a MiniMaxM3Deployment's: a document of no kind of ours is refused there).
+        A refusal by the validating webhook (the operator's, when one runs) counts as the apiserver's."""
+        plural = CACHE_PLURAL if isinstance(document, dict) and document.get("kind") == CACHE_KIND else PLURAL
+        body = document
+        if isinstance(document, dict) and isinstance(document.get("metadata"), dict):
+            body = {**document, "metadata": {**document["metadata"], "namespace": namespace}}
+        path = f"/apis/m3fleet.dev/v1alpha1/namespaces/{namespace}/{plural}?dryRun=All&fieldValidation=Strict"
+        status, answer = self._post(path, json.dumps(body, allow_nan=False).encode())
         if status < 300:
             return Verdict(True, frozenset())
-        if status not in (400, 422):
+        if status not in (400, 403, 422):
             raise AssertionError(f"unexpected answer {status}: {answer}")
         return Verdict(False, _server_fields(status, answer), str(answer.get("message", answer))[:2000])
 
@@ -264,7 +291,8 @@ def disagreement(cli: Verdict, server: Verdict) -> str | None:
 
 def install_crd(kubectl: Callable[..., Any], control_plane: ControlPlane, crd_dir: str) -> None:
     kubectl("apply", "--server-side", "-f", crd_dir)
-    control_plane.wait_established("minimaxm3deployments.m3fleet.dev")
+    for plural in (PLURAL, CACHE_PLURAL):
+        control_plane.wait_established(f"{plural}.m3fleet.dev")
     control_plane.admin.create(
         "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     )

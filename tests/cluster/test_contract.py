@@ -16,6 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from tests.cluster.cluster import REPO, Cluster, eventually
 from tests.cluster.contract import NAMESPACE, Apiserver, cli_verdict, disagreement, documents, install_crd
 
+from m3fleet.api.cache import CACHE_KIND
+from m3fleet.api.models import KIND
+
 EXAMPLES = int(os.environ.get("M3FLEET_CONTRACT_EXAMPLES", "2500"))
 
 
@@ -27,13 +30,13 @@ def apiserver(cluster: Cluster) -> Apiserver:
     return Apiserver(cluster.control_plane)
 
 
-def test_the_cli_and_the_apiserver_give_the_same_verdict(apiserver: Apiserver) -> None:
+def agreement(apiserver: Apiserver, kind: str, examples: int) -> tuple[Counter[str], list[str]]:
+    """Draw `examples` documents of `kind`; count verdicts and fields, and list every disagreement."""
     seen: Counter[str] = Counter()
     disagreements: list[str] = []
-    start = time.monotonic()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(documents())
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(documents(kind))
     def check(document: dict[str, Any]) -> None:
         cli, server = cli_verdict(document), apiserver.verdict(document)
         seen["admitted" if server.admitted else "rejected"] += 1
@@ -43,6 +46,12 @@ def test_the_cli_and_the_apiserver_give_the_same_verdict(apiserver: Apiserver) -
             disagreements.append(f"{why}\n  document: {document}\n  CLI: {cli.detail}\n  apiserver: {server.detail}")
 
     check()
+    return seen, disagreements
+
+
+def test_the_cli_and_the_apiserver_give_the_same_verdict(apiserver: Apiserver) -> None:
+    start = time.monotonic()
+    seen, disagreements = agreement(apiserver, KIND, EXAMPLES)
     total = seen["admitted"] + seen["rejected"]
     print(
         f"{total} documents in {time.monotonic() - start:.0f}s: "
@@ -60,3 +69,14 @@ def test_the_cli_and_the_apiserver_give_the_same_verdict(apiserver: Apiserver) -
         "spec.rollout.maxUnavailable",
     ):
         assert seen[f"field {field}"] > 0, (field, seen.most_common(30))
+
+
+def test_a_model_cache_gets_the_same_verdict_from_the_cli_and_the_apiserver(apiserver: Apiserver) -> None:
+    """MiniMaxM3ModelCache documents take the deployment's road (contract.py, the cache CRD's schema and CEL)."""
+    examples = max(EXAMPLES // 5, 200)
+    seen, disagreements = agreement(apiserver, CACHE_KIND, examples)
+    assert not disagreements, f"{len(disagreements)} disagreements, e.g.:\n" + "\n".join(disagreements[:5])
+    total = seen["admitted"] + seen["rejected"]
+    assert seen["admitted"] > total * 0.1 and seen["rejected"] > total * 0.3, seen
+    for field in ("metadata.name", "spec.path", "spec.source"):
+        assert any(f.startswith(f"field {field}") for f in seen), (field, seen.most_common(30))

@@ -7,7 +7,7 @@ the resource becomes Ready; in a namespace one level stricter the controllers' p
 FailedCreate events say `violates PodSecurity`, and so do the resource's Ready and Degraded conditions). NVIDIA
 vLLM/SGLang/TensorRT-LLM single-node pods are `restricted` (nothing is stricter), TensorRT-LLM multi-node
 `baseline`, AMD `privileged`, and any pod with RDMA (`nodePool.extraResources`, here on H200 nodes that advertise
-`rdma/ib`) `privileged`.
+`rdma/ib`) `privileged`, and so is any pod that mounts a model cache's node-local copy (a hostPath volume).
 
 The NetworkPolicy is a child like the others: created, owned, drift-corrected, re-created and pruned.
 """
@@ -28,6 +28,7 @@ ENFORCE = "pod-security.kubernetes.io/enforce"
 LEVEL = "m3fleet.dev/pod-security-level"
 STRICTER = {"privileged": "baseline", "baseline": "restricted"}
 RDMA = {"nodePool": {"extraResources": {RDMA_RESOURCE: 1}}}
+CACHE_REF = {"model": {"cacheRef": {"name": "psa", "nodeAffinity": "Preferred"}}}
 # sample, the level its engine pods need, what the case changes in the sample's spec
 CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "vllm-h200": ("vllm-h200-tp8", "restricted", {}),
@@ -35,6 +36,9 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "trtllm-gb200": ("trtllm-gb200-2x4-tep", "baseline", {}),
     "vllm-mi355x": ("vllm-mi355x-mxfp4", "privileged", {}),
     "vllm-h200-rdma": ("vllm-h200-tp8", "privileged", RDMA),
+    # the model cache's node-local copy is a hostPath volume, which baseline forbids (Preferred: the pods need no
+    # node that holds a copy, they mount the host directory wherever they run)
+    "vllm-h200-cache": ("vllm-h200-tp8", "privileged", CACHE_REF),
 }
 
 
@@ -70,6 +74,21 @@ def _violations(cluster: Cluster, namespace: str) -> list[str]:
     ]
 
 
+def _model_cache(name: str, namespace: str, deployment: dict[str, Any]) -> dict[str, Any]:
+    """The MiniMaxM3ModelCache a deployment's cacheRef names, copying from the deployment's own claim."""
+    return {
+        "apiVersion": "m3fleet.dev/v1alpha1",
+        "kind": "MiniMaxM3ModelCache",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "source": {"pvc": deployment["spec"]["model"]["source"]["pvc"]},
+            "nodes": {"accelerator": deployment["spec"]["accelerator"]},
+            "path": "/mnt/nvme/m3fleet/psa",
+            "prePullImages": False,
+        },
+    }
+
+
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_engine_pods_are_admitted_at_their_level_and_refused_one_stricter(
     chart: Cluster, operator: OperatorProcess, case: str
@@ -78,7 +97,10 @@ def test_engine_pods_are_admitted_at_their_level_and_refused_one_stricter(
 
     def document(namespace: str) -> dict[str, Any]:
         body = renamed(sample(stem), case, namespace)
-        body["spec"].update(change)
+        for key, value in change.items():  # merged one level down: a cacheRef joins the sample's model
+            body["spec"][key] = {**body["spec"].get(key, {}), **value}
+        if "cacheRef" in body["spec"]["model"]:
+            chart.apply(_model_cache(body["spec"]["model"]["cacheRef"]["name"], namespace, body))
         return body
 
     admitted = _namespace(chart, f"psa-{case}-{level}", level)

@@ -54,6 +54,22 @@ VALUES: dict[str, str] = {
     "dist_init_addr": "10.0.0.1:20000",
     "model_path": "other/model",
     "admin_api_key": "sk-admin",
+    # owned since issue 42: context parallelism, DP wiring, the KV cache's size, GPU ids
+    "data_parallel_size_local": "2",
+    "data_parallel_rank": "1",
+    "data_parallel_start_rank": "1",
+    "data_parallel_address": "10.0.0.1",
+    "data_parallel_rpc_port": "13345",
+    "prefill_context_parallel_size": "2",
+    "decode_context_parallel_size": "2",
+    "kv_cache_memory_bytes": "8000000000",
+    "num_gpu_blocks_override": "64",
+    "max_total_tokens": "4096",
+    "base_gpu_id": "1",
+    "gpu_id_step": "2",
+    "attn_cp_size": "2",
+    "dcp_size": "2",
+    "moe_dp_size": "2",
 }
 SGLANG_VALUES = {"kv_cache_dtype": "fp8_e4m3", "tool_call_parser": "minimax-m3", "reasoning_parser": "minimax-m3"}
 # The engines consume `--config FILE` before argparse (they read the file and splice its flags in), so no parser

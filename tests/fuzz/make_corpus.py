@@ -47,6 +47,116 @@ def good(name: str = "m3", extra: str = "") -> str:
     return GOOD.format(name=name, extra=extra)
 
 
+CACHE = """apiVersion: m3fleet.dev/v1alpha1
+kind: MiniMaxM3ModelCache
+metadata:
+  name: {name}
+spec:
+  source:
+    pvc:
+      claimName: weights
+  nodes:
+    accelerator: h200
+  path: /mnt/nvme/m3fleet/m3
+{extra}"""
+
+
+def cache(name: str = "m3", extra: str = "") -> str:
+    return CACHE.format(name=name, extra=extra)
+
+
+def engine(*lines: str, name: str = "vllm") -> str:
+    """`spec.engine` with `name` and the given lines (each `key: value`, indented under engine)."""
+    return good(extra="  engine:\n    name: " + name + "\n" + "".join(f"    {line}\n" for line in lines))
+
+
+def child_values() -> dict[str, str]:
+    """Values a child object would carry that the apiserver or the kubelet refuses there (issue 42): refused at
+    admission by the CRD, with the field."""
+    hf = "  model:\n    source:\n      huggingFace:\n        cacheClaimName: hf\n        tokenSecretRef: {name: %s}\n"
+    return {
+        "bad-claim-name-namespaced.yaml": good().replace("claimName: weights", "claimName: other/k"),
+        "bad-sub-path-dot-dot.yaml": good().replace("claimName: weights", "claimName: w\n        subPath: ../../etc"),
+        "bad-sub-path-absolute.yaml": good().replace("claimName: weights", "claimName: w\n        subPath: /etc"),
+        "bad-checkpoint-dot-dot.yaml": good().replace("  model:\n", "  model:\n    checkpoint: ../../root/x\n"),
+        "bad-secret-name-namespaced.yaml": good().split("spec:")[0] + "spec:\n" + hf % "other/k",
+        "bad-secret-key-missing.yaml": engine("env: [{name: T, valueFrom: {secretKeyRef: {name: s}}}]"),
+        "bad-secret-key-charset.yaml": engine('apiKeySecretRef: {name: k, key: "a/b"}'),
+        "bad-config-map-name.yaml": engine("env: [{name: T, valueFrom: {configMapKeyRef: {name: A_B, key: k}}}]"),
+        "bad-env-name-equals.yaml": engine('env: [{name: "A=B", value: "1"}]'),
+        "bad-env-name-empty.yaml": engine('env: [{name: "", value: "1"}]'),
+        "bad-env-value-and-value-from.yaml": engine(
+            "env: [{name: A, value: x, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}]"
+        ),
+        "bad-env-two-sources.yaml": engine(
+            "env: [{name: A, valueFrom: {fieldRef: {fieldPath: spec.nodeName}, secretKeyRef: {name: s, key: k}}}]"
+        ),
+        "bad-env-field-path.yaml": engine("env: [{name: A, valueFrom: {fieldRef: {fieldPath: spec.containers}}}]"),
+        "bad-image-space.yaml": engine('image: "vllm/vllm-openai: v0.33.0"'),
+        "bad-image-uppercase.yaml": engine("image: Team/Vllm-Openai"),
+        "bad-image-unicode.yaml": engine('image: "ünïcödé→"'),
+    }
+
+
+def engine_inputs() -> dict[str, str]:
+    """extraArgs and env the engine would take to mean something the plan owns, or not take at all (the
+    webhook and the CLI refuse them: the planner's and renderer's rules, not CEL's)."""
+    flag = "extraArgs: [{}]"
+    return {
+        "bad-flag-pcp.yaml": engine(flag.format('"-pcp", "2"')),
+        "bad-flag-pcp-long.yaml": engine(flag.format('"--prefill-context-parallel-size=2"')),
+        "bad-flag-dpl.yaml": engine(flag.format('"-dpl", "4"')),
+        "bad-flag-kv-cache-memory-bytes.yaml": engine(flag.format('"--kv-cache-memory-bytes", "8000000000"')),
+        "bad-flag-num-gpu-blocks-override.yaml": engine(flag.format('"--num-gpu-blocks-override", "64"')),
+        "bad-flag-tp-underscore.yaml": engine(flag.format('"--tensor_parallel_size=4"')),
+        "bad-flag-unknown.yaml": engine(flag.format('"--enable-prefix-cashing"')),
+        "bad-flag-sglang-max-total-tokens.yaml": engine(flag.format('"--max-total-tokens", "4096"'), name="sglang"),
+        "bad-flag-sglang-base-gpu-id.yaml": engine(flag.format('"--base-gpu-id", "4"'), name="sglang"),
+        "bad-flag-sglang-unknown.yaml": engine(flag.format('"--max-runing-requests", "8"'), name="sglang"),
+        "bad-env-vllm-logging-config.yaml": engine("env: [{name: VLLM_LOGGING_CONFIG_PATH, value: /tmp/x.json}]"),
+        "bad-env-vllm-plugins.yaml": engine("env: [{name: VLLM_PLUGINS, value: evil}]"),
+        "bad-env-sglang-logging-config.yaml": engine(
+            "env: [{name: SGLANG_LOGGING_CONFIG_PATH, value: /tmp/x.json}]", name="sglang"
+        ),
+        "bad-env-pythonpath.yaml": engine("env: [{name: PYTHONPATH, value: /models}]"),
+        "bad-env-ld-preload.yaml": engine("env: [{name: LD_PRELOAD, value: /models/x.so}]"),
+        "bad-env-pythonstartup.yaml": engine("env: [{name: PYTHONSTARTUP, value: /models/x.py}]"),
+    }
+
+
+def caches() -> dict[str, str]:
+    """MiniMaxM3ModelCache documents: the same contract as a deployment (CRD schema and CEL, then the webhook)."""
+    return {
+        "ok-cache.yaml": cache(),
+        "ok-cache-flow-style.yaml": json.dumps(yaml.safe_load(cache())),
+        "bad-cache-typo.yaml": cache(extra="  pathh: /mnt/nvme/m3fleet/x\n"),
+        "bad-cache-snake-case.yaml": cache(extra="  pre_pull_images: false\n"),
+        "bad-cache-quoted-bool.yaml": cache(extra='  prePullImages: "yes"\n'),
+        "bad-cache-path-relative.yaml": cache().replace("path: /mnt/nvme/m3fleet/m3", "path: mnt/nvme"),
+        "bad-cache-path-dot-dot.yaml": cache().replace("path: /mnt/nvme/m3fleet/m3", "path: /mnt/nvme/../../etc"),
+        "bad-cache-system-path.yaml": cache().replace("path: /mnt/nvme/m3fleet/m3", "path: /etc"),
+        "bad-cache-revision-branch.yaml": cache().replace(
+            "    pvc:\n      claimName: weights\n", "    huggingFace: {repo: MiniMaxAI/MiniMax-M3, revision: main}\n"
+        ),
+        "bad-cache-two-sources.yaml": cache().replace(
+            "      claimName: weights\n",
+            "      claimName: weights\n    huggingFace: {repo: MiniMaxAI/MiniMax-M3, revision: '" + "0" * 40 + "'}\n",
+        ),
+        "bad-cache-no-source.yaml": cache().replace("    pvc:\n      claimName: weights\n", "    {}\n"),
+        "bad-cache-claim-name.yaml": cache().replace("claimName: weights", "claimName: other/k"),
+        "bad-cache-sub-path.yaml": cache().replace("claimName: weights", "claimName: w\n      subPath: ../x"),
+        "bad-cache-token-secret.yaml": cache().replace(
+            "    pvc:\n      claimName: weights\n",
+            "    huggingFace: {repo: a/b, revision: '" + "0" * 40 + "', tokenSecretRef: {name: other/k}}\n",
+        ),
+        "bad-cache-stager-image.yaml": cache(extra='  stagerImage: "my image"\n'),
+        "bad-cache-accelerator.yaml": cache().replace("accelerator: h200", "accelerator: h100"),
+        "bad-cache-name-uppercase.yaml": cache("Chat"),
+        "bad-cache-unknown-top-level.yaml": cache() + "specs: {}\n",
+        "bad-cache-spec-missing.yaml": cache().split("spec:")[0],
+    }
+
+
 def hostile() -> dict[str, bytes | str]:
     bomb = ["a: &a [x, x, x, x, x, x, x, x, x]"]
     for level in range(1, 12):
@@ -65,7 +175,7 @@ def hostile() -> dict[str, bytes | str]:
         "ok-flow-style.yaml": json.dumps(yaml.safe_load(good())),
         "ok-list.yaml": yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [yaml.safe_load(good())]}),
         "ok-null-field.yaml": good(extra="  replicas: null\n"),
-        "ok-unicode-checkpoint.yaml": good(extra='  engine:\n    image: "ünïcödé→"\n'),
+        "ok-unicode-checkpoint.yaml": good().replace("  model:\n", '  model:\n    checkpoint: "ünïcödé→"\n'),
         # not text, not YAML, not a document
         "bad-not-utf8.yaml": b"apiVersion: m3fleet.dev/v1alpha1\nkind: \xff\xfe\x00\x01\n",
         "bad-utf16.yaml": good().encode("utf-16"),
@@ -151,7 +261,7 @@ def hostile() -> dict[str, bytes | str]:
             extra="  context: {maxModelLen: 1048576}\n  parallelism: {tensorParallelSize: 8}\n"
         ),
     }
-    return cases
+    return {**cases, **child_values(), **engine_inputs(), **caches()}
 
 
 def mutate_text(text: str, rng: random.Random) -> str:

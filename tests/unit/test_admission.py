@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from m3fleet.admission import review
+from m3fleet.admission import ALLOWED, review
+from m3fleet.api.parse import parse_cache
 from m3fleet.cli import main
+from m3fleet.errors import SpecErrors
 from tests.conftest import SAMPLE_FILES, load_sample
 
 BASE = load_sample(next(p for p in SAMPLE_FILES if p.stem == "vllm-h200-tp8"))
@@ -199,3 +201,59 @@ def test_no_warning_when_the_kind_stays_or_nothing_was_running() -> None:
     assert review("CREATE", _at_one_million(3)).warnings == ()  # a new fleet replaces nothing
     refused = changed(**REFUSED["kv-cache-does-not-fit"][0])
     assert review("UPDATE", _at_one_million(3), refused).warnings == ()  # the old spec never ran
+
+
+# --- MiniMaxM3ModelCache: the same contract, the same webhook ----------------------------------------------
+
+CACHE: dict[str, Any] = {
+    "apiVersion": "m3fleet.dev/v1alpha1",
+    "kind": "MiniMaxM3ModelCache",
+    "metadata": {"name": "m3", "namespace": "llm"},
+    "spec": {
+        "source": {"pvc": {"claimName": "weights"}},
+        "nodes": {"accelerator": "h200"},
+        "path": "/mnt/nvme/m3fleet/m3",
+    },
+}
+
+
+def cache_with(**spec: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(CACHE)
+    doc["spec"].update(copy.deepcopy(spec))
+    return doc
+
+
+def test_a_valid_cache_is_admitted() -> None:
+    assert review("CREATE", CACHE) == ALLOWED
+
+
+def test_a_cache_whose_node_label_cannot_be_written_is_refused_naming_the_name() -> None:
+    doc = copy.deepcopy(CACHE)
+    doc["metadata"]["namespace"] = "n" * 40  # CEL sees no namespace: only the webhook can refuse this
+    doc["metadata"]["name"] = "c" * 30
+    verdict = review("CREATE", doc)
+    assert not verdict.allowed and verdict.message.startswith("metadata.name: ") and "63" in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"source": {"pvc": {"claimName": "other/k"}}}, "spec.source.pvc.claimName"),
+        ({"source": {"pvc": {"claimName": "w", "subPath": "../x"}}}, "spec.source.pvc.subPath"),
+        ({"stagerImage": "my image"}, "spec.stagerImage"),
+        ({"nodes": {"accelerator": "h200", "node_selector": {}}}, "spec.nodes.node_selector"),
+        ({"pathh": "/mnt/nvme/x"}, "spec.pathh"),
+    ],
+)
+def test_a_cache_is_judged_by_its_crd_as_a_deployment_is(spec: dict[str, Any], field: str, tmp_path: Path) -> None:
+    """The CLI reads a cache through the CRD's own contract (unknown fields, CEL, child values): the line it
+    prints names the field, and the webhook (after the apiserver's own schema check) is not asked to guess."""
+    doc = cache_with(**spec)
+    file = tmp_path / "cache.yaml"
+    file.write_text(yaml.safe_dump(doc))
+    assert main(["plan", "-f", str(file)]) == 2
+    with pytest.raises(SpecErrors) as info:
+        parse_cache(doc)
+    assert [e.field for e in info.value.errors] == [field], info.value
+    verdict = review("CREATE", doc)  # what the CRD refuses never reaches the webhook; if it did, it would warn
+    assert verdict.allowed and verdict.warnings

@@ -25,7 +25,7 @@ from m3fleet.cache.plan import (
 )
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
-from m3fleet.render import cache_mount, render
+from m3fleet.render import POD_SECURITY_ANNOTATION, cache_mount, render
 from tests.conftest import SAMPLES_DIR, load_sample
 
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200", "kubernetes.io/arch": "amd64"}
@@ -639,3 +639,16 @@ def test_a_directory_another_cache_is_emptying_is_staged_once_its_cleanup_ended(
     unrelated = JobView("b-clean2", "ub2", "h200-0", "c", CLEAN, 1, "Active", path="/mnt/nvme/other")
     work = plan_cache(inputs(nodes=nodes("h200-0"), foreign_cleans=[elsewhere, unrelated]))
     assert len(work.create) == 1 and work.delete == []
+
+
+@pytest.mark.parametrize("affinity", ["Required", "Preferred"])
+def test_a_deployment_with_a_cache_is_not_labelled_restricted_it_mounts_a_host_path(affinity: str) -> None:
+    """Pod Security baseline (and so restricted) forbids hostPath volumes: the honest level is privileged."""
+    resource = _vllm({"name": "m3", "nodeAffinity": affinity})
+    objects = render(resource, plan(resource.spec), cache=cache_mount(resource, the_cache()))
+    workload = next(o for o in objects if o["kind"] == "Deployment")
+    assert any("hostPath" in v for v in _pod(objects)["volumes"])
+    assert workload["metadata"]["annotations"][POD_SECURITY_ANNOTATION] == "privileged"
+    without = _vllm(None)
+    plain = next(o for o in render(without, plan(without.spec)) if o["kind"] == "Deployment")
+    assert plain["metadata"]["annotations"][POD_SECURITY_ANNOTATION] == "restricted"  # the same pod, no cache

@@ -127,6 +127,49 @@ def with_name(name: str, **changes: Any) -> dict[str, Any]:
 LONGEST_NAME = "m" + "3" * (MAX_NAME_LENGTH - 1)
 PROM_URL = "spec.autoscaling.prometheus.url"
 
+ENV = "spec.engine.env[0]"
+FIELD_REF = {"fieldRef": {"fieldPath": "spec.nodeName"}}
+CHILD_VALUE_CASES: list[tuple[dict[str, Any], str, str]] = [
+    (with_spec(model__source={"pvc": {"claimName": "other/k"}}), "DNS-1123", "spec.model.source.pvc.claimName"),
+    (
+        with_spec(model__source={"pvc": {"claimName": "w", "subPath": "a/../b"}}),
+        "'..'",
+        "spec.model.source.pvc.subPath",
+    ),
+    (with_spec(model__source={"pvc": {"claimName": "w", "subPath": "/etc"}}), "'/'", "spec.model.source.pvc.subPath"),
+    (
+        with_spec(model__source={"huggingFace": {"cacheClaimName": "HF"}}),
+        "DNS-1123",
+        "spec.model.source.huggingFace.cacheClaimName",
+    ),
+    (with_spec(model__checkpoint="MiniMaxAI/../../etc"), "'..'", "spec.model.checkpoint"),
+    (with_spec(engine__apiKeySecretRef={"name": "other/k"}), "DNS-1123", "spec.engine.apiKeySecretRef.name"),
+    (
+        with_spec(engine__apiKeySecretRef={"name": "k", "key": "a b"}),
+        "not a valid key",
+        "spec.engine.apiKeySecretRef.key",
+    ),
+    (with_spec(engine__image="vllm/vllm-openai: v0.33.0"), "image reference", "spec.engine.image"),
+    (with_spec(engine__image="Team/vllm"), "image reference", "spec.engine.image"),
+    (with_spec(engine__env=[{"name": "A=B", "value": "1"}]), "environment variable name", f"{ENV}.name"),
+    (with_spec(engine__env=[{"name": "A", "value": "1", "valueFrom": FIELD_REF}]), "both set", ENV),
+    (
+        with_spec(engine__env=[{"name": "A", "valueFrom": {**FIELD_REF, "secretKeyRef": {"name": "s", "key": "k"}}}]),
+        "exactly one",
+        f"{ENV}.valueFrom",
+    ),
+    (
+        with_spec(engine__env=[{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}]),
+        "not a pod field",
+        f"{ENV}.valueFrom.fieldRef.fieldPath",
+    ),
+    (
+        with_spec(engine__env=[{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "a_b", "key": "k"}}}]),
+        "DNS-1123",
+        f"{ENV}.valueFrom.configMapKeyRef.name",
+    ),
+]
+
 # (resource, a fragment of the message, the field the apiserver's rejection names)
 CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(model__variant="mxfp4", accelerator="h200"), "mxfp4", "spec.model.variant"),
@@ -210,6 +253,8 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_name("2chat"), "start with a lowercase letter", "metadata.name"),
     (with_name("chat-"), "end with a letter or digit", "metadata.name"),
     (with_name("chat_v2"), "DNS-1035", "metadata.name"),
+    # values a child object carries, checked as the apiserver and the kubelet would check them there
+    *CHILD_VALUE_CASES,
 ]
 CEL_IDS = [f"{field}:{fragment}" for _, fragment, field in CEL_CASES]
 

@@ -65,6 +65,16 @@ REFUSED = [
     ("sglang", ["--model", "x"], 0, "--model-path"),
     ("sglang", ["--admin-api-key=k"], 0, "--admin-api-key"),
     ("sglang", ["--mem-frac", "0.9"], 0, "--mem-fraction-static"),
+    # spellings of dests the plan owns that the issue found admitted (issue 42): each is refused through its dest
+    ("vllm", ["-pcp", "2"], 0, "--prefill-context-parallel-size"),
+    ("vllm", ["--prefill-context-parallel-size=2"], 0, "--prefill-context-parallel-size"),
+    ("vllm", ["-dcp", "2"], 0, "--decode-context-parallel-size"),
+    ("vllm", ["-dpl", "4"], 0, "--data-parallel-size-local"),
+    ("vllm", ["--kv-cache-memory-bytes", "8000000000"], 0, "--kv-cache-memory-bytes"),
+    ("vllm", ["--num-gpu-blocks-override", "64"], 0, "--num-gpu-blocks-override"),
+    ("sglang", ["--max-total-tokens", "4096"], 0, "--max-total-tokens"),
+    ("sglang", ["--base-gpu-id=4"], 0, "--base-gpu-id"),
+    ("sglang", ["--attention-context-parallel-size", "2"], 0, "--attn-cp-size"),
     ("trtllm", ["--tp_size", "4"], 0, "--tp_size"),
     ("trtllm", ["--max-seq-len=4096"], 0, "--max-seq-len"),
 ]
@@ -91,7 +101,7 @@ def test_the_fix_names_the_spec_field_to_use_instead() -> None:
     ("engine", "args"),
     [
         ("vllm", ["--max-num-seqs", "64", "--enable-prefix-caching", "--limit-mm-per-prompt.image", "2"]),
-        ("sglang", ["--max-running-requests", "64", "--tp-size-typo-is-not-a-prefix"]),
+        ("sglang", ["--max-running-requests", "64", "--chunked-prefill-size", "-1"]),
         ("trtllm", ["--log_level", "info"]),
     ],
 )
@@ -99,6 +109,32 @@ def test_flags_the_plan_does_not_own_pass(engine: str, args: list[str]) -> None:
     table = flags.parser_table(engine) if engine != "trtllm" else trtllm.OPTION_TABLE
     owned = {"vllm": vllm.OWNED, "sglang": sglang.OWNED, "trtllm": trtllm.OWNED}[engine]
     flags.check_extra_args(args, table, owned)  # no SpecError
+
+
+@pytest.mark.parametrize(
+    ("engine", "args", "index", "suggestion"),
+    [
+        ("vllm", ["--max-num-seqs", "8", "--max-num-seq", "8"], 2, None),  # a unique prefix: vLLM takes it
+        ("vllm", ["--enable-prefix-cachin"], 0, None),
+        ("vllm", ["--enable-prefix-cashing"], 0, "--enable-prefix-caching"),
+        ("vllm", ["--max-num-seqs", "8", "--no-such-flag"], 2, ""),
+        ("sglang", ["--tp-size-typo-is-not-a-prefix", "8"], 0, ""),
+        ("sglang", ["--max-runing-requests", "64"], 0, "--max-running-requests"),
+    ],
+)
+def test_a_flag_the_pinned_parser_does_not_know_is_refused_with_a_suggestion(
+    engine: str, args: list[str], index: int, suggestion: str | None
+) -> None:
+    """The engine would exit at start on an unknown flag and the pod crash-loop: refused at plan/admission, with
+    the closest option of the pinned parser (difflib) when there is one. None: the token is a valid spelling."""
+    owned = {"vllm": vllm.OWNED, "sglang": sglang.OWNED}[engine]
+    if suggestion is None:
+        flags.check_extra_args(args, flags.parser_table(engine), owned)
+        return
+    error = refusal(resource(engine, extraArgs=args))
+    assert error.field == f"spec.engine.extraArgs[{index}]"
+    assert f"{args[index]!r} is not an option of {engine}" in error.problem, error.problem
+    assert (f"did you mean {suggestion}?" in error.fix) if suggestion else "did you mean" not in error.fix, error.fix
 
 
 def test_an_owned_flag_is_refused_wherever_it_stands() -> None:
@@ -122,6 +158,13 @@ def test_an_owned_flag_is_refused_wherever_it_stands() -> None:
         ("PYTHONSTARTUP", "Python runs the file"),
         ("BASH_FUNC_python3%%", "exported functions"),
         ("SHELLOPTS", "shell options"),
+        ("VLLM_LOGGING_CONFIG_PATH", "dictConfig"),
+        ("SGLANG_LOGGING_CONFIG_PATH", "dictConfig"),
+        ("VLLM_PLUGINS", "plugins"),
+        ("SGLANG_PLUGINS", "plugins"),
+        ("VLLM_NCCL_SO_PATH", "shared library"),
+        ("VLLM_RUST_FRONTEND_PATH", "runs the program"),
+        ("SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE", "imports the Python package"),
         ("OMPI_MCA_plm_rsh_agent", "launch agent"),
         ("HOME", "set by m3fleet"),
         ("HF_TOKEN", "tokenSecretRef"),

@@ -441,7 +441,8 @@ def test_vllm_drains_in_flight_requests_before_the_kubelet_kills_the_pod() -> No
 def test_extra_args_that_contradict_the_plan_are_rejected(engine: str, flag: str) -> None:
     accel = "gb200" if engine == "trtllm" else "h200"
     doc = resource_for(engine, accel, "bf16", "tp", "bf16", 8192, False, "auto", 1, False)
-    doc["spec"]["engine"]["extraArgs"] = ["--some-other-flag", flag, "8"]
+    other = {"vllm": "--max-num-seqs", "sglang": "--max-running-requests", "trtllm": "--log_level"}[engine]
+    doc["spec"]["engine"]["extraArgs"] = [other, flag, "8"]
     resource = parse_resource(doc)
     with pytest.raises(SpecError) as info:
         render(resource, plan(resource.spec))

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from m3fleet.api.children import image_rules
 from m3fleet.api.models import (
     API_VERSION,
     GROUP,
@@ -177,6 +178,7 @@ class MiniMaxM3ModelCacheSpec(CamelModel):
         default="",
         max_length=512,
         description="Image that runs `m3fleet stage` in the Jobs; empty means the operator's own image.",
+        json_schema_extra=image_rules("stagerImage"),
     )
 
     @field_validator("path")

@@ -570,11 +570,12 @@ def cel_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[Vio
 
 
 @cache
-def crd_schema() -> Mapping[str, Any]:
-    """The openAPIV3Schema `m3fleet crd` prints (built from the models, once)."""
-    from m3fleet.api.crd import openapi_schema
+def crd_schema(kind: str = "MiniMaxM3Deployment") -> Mapping[str, Any]:
+    """The openAPIV3Schema `m3fleet crd [--kind KIND]` prints (built from the models, once per kind): every
+    document, a MiniMaxM3ModelCache too, is judged by its own CRD."""
+    from m3fleet.api.crd import cache_openapi_schema, openapi_schema
 
-    return openapi_schema()
+    return cache_openapi_schema() if kind == "MiniMaxM3ModelCache" else openapi_schema()
 
 
 def _unique(errors: list[SpecError]) -> list[SpecError]:
@@ -584,8 +585,8 @@ def _unique(errors: list[SpecError]) -> list[SpecError]:
 
 def judge(document: Mapping[str, Any]) -> tuple[dict[str, Any], list[Violation]]:
     """The defaulted document and every violation, in the apiserver's stages (decoding errors stop
-    everything; type, required and enum errors stop CEL)."""
-    schema = crd_schema()
+    everything; type, required and enum errors stop CEL), by the CRD of the document's kind."""
+    schema = crd_schema(str(document.get("kind") or ""))
     decoding = decoding_errors(schema, document)
     if decoding:
         return dict(document), [Violation(e, True) for e in decoding]
@@ -607,8 +608,8 @@ def judge(document: Mapping[str, Any]) -> tuple[dict[str, Any], list[Violation]]
 
 
 def admit(document: Mapping[str, Any]) -> dict[str, Any]:
-    """Judge a whole `MiniMaxM3Deployment` as admission does; return it defaulted, or raise SpecErrors with
-    every problem."""
+    """Judge a whole `MiniMaxM3Deployment` or `MiniMaxM3ModelCache` as admission does; return it defaulted, or
+    raise SpecErrors with every problem."""
     resource, found = judge(document)
     if found:
         raise SpecErrors(_unique([v.error for v in found]))

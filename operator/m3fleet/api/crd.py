@@ -105,7 +105,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         required = set(out.get("required", []))
         for name, prop in out["properties"].items():
             optional_object = prop.get("type") == "object" and "properties" in prop and not prop.get("required")
-            if name not in required and optional_object and "default" not in prop:
+            # an object that must hold a field (minProperties) has no empty default: absent stays absent
+            if name not in required and optional_object and "default" not in prop and "minProperties" not in prop:
                 prop["default"] = _filled_default(prop)
     return out
 

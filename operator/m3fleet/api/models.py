@@ -13,11 +13,14 @@ ever sees them; the planner re-checks everything with a fuller explanation.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
+
+from m3fleet.api import children
+from m3fleet.api.rules import cel as cel  # also imported from here by api/cache.py
 
 GROUP = "m3fleet.dev"
 VERSION = "v1alpha1"
@@ -32,19 +35,6 @@ MAX_CONTEXT = 1_048_576
 PARALLEL_SIZES = (0, 1, 2, 4, 8, 16, 32)
 MAX_REPLICAS = 1024  # spec.replicas and autoscaling.maxReplicas
 MAX_SURGE = 64
-
-CelReason = Literal["FieldValueInvalid", "FieldValueForbidden", "FieldValueRequired", "FieldValueDuplicate"]
-
-
-def cel(rule: str, message: str, field_path: str | None = None, reason: CelReason | None = None) -> dict[str, Any]:
-    """One `x-kubernetes-validations` entry; `fieldPath` points kubectl's error at the field and
-    `reason` sets its type (the apiserver's default is FieldValueInvalid)."""
-    entry: dict[str, Any] = {"rule": rule, "message": message}
-    if field_path:
-        entry["fieldPath"] = field_path
-    if reason:
-        entry["reason"] = reason
-    return entry
 
 
 def invalid(problem: str, fix: str, field: str | None = None) -> PydanticCustomError:
@@ -154,15 +144,34 @@ class AutoscalingMode(StrEnum):
 
 
 class PvcSource(CamelModel):
-    claim_name: str = Field(min_length=1, max_length=253, description="PersistentVolumeClaim holding the checkpoint.")
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="PersistentVolumeClaim holding the checkpoint.",
+        json_schema_extra=children.name_rules("claimName"),
+    )
     sub_path: str = Field(
-        default="", max_length=1024, description="Directory inside the claim that holds the checkpoint."
+        default="",
+        max_length=1024,
+        description="Directory inside the claim that holds the checkpoint (relative, no '..').",
+        json_schema_extra=children.sub_path_rules(),
     )
 
 
 class SecretKeyRef(CamelModel):
-    name: str = Field(min_length=1, max_length=253, description="Secret in the resource's namespace.")
-    key: str = Field(default="token", min_length=1, max_length=253, description="Key inside the Secret.")
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Secret in the resource's namespace.",
+        json_schema_extra=children.name_rules("name"),
+    )
+    key: str = Field(
+        default="token",
+        min_length=1,
+        max_length=253,
+        description="Key inside the Secret.",
+        json_schema_extra=children.key_rules("key"),
+    )
 
 
 class HuggingFaceSource(CamelModel):
@@ -177,6 +186,7 @@ class HuggingFaceSource(CamelModel):
         description="PersistentVolumeClaim mounted as the Hugging Face cache (HF_HOME), so the weights are "
         "downloaded once and shared; ReadWriteMany when more than one pod mounts it. Never deleted by "
         "the operator.",
+        json_schema_extra=children.name_rules("cacheClaimName"),
     )
 
 
@@ -208,7 +218,12 @@ class NodeAffinityMode(StrEnum):
 class ModelCacheRef(CamelModel):
     """A MiniMaxM3ModelCache in the resource's namespace whose node-local copy the engine pods mount."""
 
-    name: str = Field(min_length=1, max_length=63, description="The MiniMaxM3ModelCache (same namespace).")
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        description="The MiniMaxM3ModelCache (same namespace).",
+        json_schema_extra=children.name_rules("name"),
+    )
     node_affinity: NodeAffinityMode = Field(
         default=NodeAffinityMode.REQUIRED,
         description="Required: pods run only on nodes holding a verified copy and mount it. Preferred: pods "
@@ -241,6 +256,7 @@ class ModelSpec(CamelModel):
         max_length=512,
         description="Checkpoint id or path; empty means the variant's default (MiniMaxAI/MiniMax-M3, "
         "MiniMaxAI/MiniMax-M3-MXFP8, amd/MiniMax-M3-MXFP4).",
+        json_schema_extra=children.no_dot_dot_rules("checkpoint"),
     )
     source: ModelSource = Field(description="Where the weights are.")
     language_model_only: bool = Field(
@@ -256,15 +272,97 @@ class ModelSpec(CamelModel):
 # --- spec.engine ----------------------------------------------------------------------------
 
 
-class EnvVar(CamelModel):
-    """A corev1 EnvVar; `valueFrom` is passed through to the pod as written."""
+class ObjectKeySelector(CamelModel):
+    """corev1 SecretKeySelector / ConfigMapKeySelector."""
 
-    name: str = Field(min_length=1, max_length=256, description="Environment variable name.")
+    name: str = Field(
+        max_length=253,
+        description="Secret or ConfigMap in the resource's namespace.",
+        json_schema_extra=children.name_rules("name"),
+    )
+    key: str = Field(max_length=253, description="Key inside it.", json_schema_extra=children.key_rules("key"))
+    optional: bool | None = Field(default=None, description="Start the pod even when the key is missing.")
+
+
+FIELD_PATH_PATTERN = (  # backslashes doubled: the pattern sits in a CEL string literal
+    r"^(metadata[.](name|namespace|uid)|metadata[.](labels|annotations)\\[.+\\]"
+    r"|spec[.](nodeName|serviceAccountName)|status[.](hostIP|hostIPs|podIP|podIPs))$"
+)
+RESOURCE_FIELD_PATTERN = "^(limits|requests)[.](cpu|memory|ephemeral-storage|hugepages-[-a-zA-Z0-9]+)$"
+
+
+class ObjectFieldSelector(CamelModel):
+    api_version: str | None = Field(default=None, max_length=64, description="v1.")
+    field_path: str = Field(
+        max_length=256,
+        description="A pod field the kubelet can expose (metadata.name, metadata.labels['k'], status.podIP, ...).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self.matches('{FIELD_PATH_PATTERN}')",
+                    "fieldPath is not a pod field the kubelet exposes to env; fix: use metadata.name, "
+                    "metadata.namespace, metadata.uid, metadata.labels['k'], metadata.annotations['k'], "
+                    "spec.nodeName, spec.serviceAccountName, status.hostIP(s) or status.podIP(s)",
+                )
+            ]
+        },
+    )
+
+
+class ResourceFieldSelector(CamelModel):
+    container_name: str | None = Field(default=None, max_length=63, description="The engine container (default).")
+    resource: str = Field(
+        max_length=128,
+        pattern=RESOURCE_FIELD_PATTERN,
+        description="limits.cpu, limits.memory, limits.ephemeral-storage, requests.* or *.hugepages-<size>.",
+    )
+    divisor: str | None = Field(default=None, max_length=64, description='A quantity, quoted (e.g. "1Mi").')
+
+
+class EnvVarSource(CamelModel):
+    """corev1 EnvVarSource, exactly one of its fields (typed here so a broken reference is refused at admission)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "minProperties": 1,
+            "x-kubernetes-validations": [
+                cel(
+                    "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef), "
+                    "has(self.resourceFieldRef)].filter(x, x).size() == 1",
+                    "valueFrom needs exactly one of secretKeyRef, configMapKeyRef, fieldRef and resourceFieldRef; "
+                    "fix: keep one of them",
+                )
+            ],
+        }
+    )
+    secret_key_ref: ObjectKeySelector | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: ObjectKeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: ObjectFieldSelector | None = Field(default=None, description="A field of the pod.")
+    resource_field_ref: ResourceFieldSelector | None = Field(default=None, description="A resource of the container.")
+
+
+class EnvVar(CamelModel):
+    """A corev1 EnvVar."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.valueFrom) || !has(self.value) || self.value == ''",
+                    "value and valueFrom are both set; fix: keep one of them",
+                )
+            ]
+        }
+    )
+    name: str = Field(
+        min_length=1,
+        max_length=256,
+        description="Environment variable name.",
+        json_schema_extra=children.env_name_rules(),
+    )
     value: str | None = Field(default=None, max_length=32768, description="Literal value.")
-    value_from: dict[str, Any] | None = Field(
-        default=None,
-        description="corev1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef).",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    value_from: EnvVarSource | None = Field(
+        default=None, description="corev1 EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef)."
     )
 
 
@@ -275,6 +373,7 @@ class EngineSpec(CamelModel):
         max_length=512,
         description="Engine image; empty means the catalog's versioned default for this engine and "
         "accelerator. Pin by digest in production.",
+        json_schema_extra=children.image_rules("image"),
     )
     moe_backend: MoeBackend = Field(
         default=MoeBackend.AUTO,
@@ -291,7 +390,8 @@ class EngineSpec(CamelModel):
         default_factory=list,
         max_length=64,
         description="Extra environment variables for the engine container. Variables that change how the "
-        "engine is executed (BASH_ENV, ENV, PATH, LD_*, PYTHONPATH, OMPI_*, ...) and those m3fleet sets "
+        "engine is executed (BASH_ENV, ENV, PATH, LD_*, PYTHONPATH, OMPI_*, "
+        "VLLM_LOGGING_CONFIG_PATH, VLLM_PLUGINS, ...) and those m3fleet sets "
         "(HOME, HF_HOME, HF_TOKEN, LWS_*, the engine's rendered variables) are rejected.",
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
@@ -476,10 +576,13 @@ CA_WITHOUT_TLS_PROBLEM = "sets caSecretRef or insecureSkipVerify for an http:// 
 CA_WITHOUT_TLS_FIX = "use an https:// URL, or drop caSecretRef/insecureSkipVerify"
 
 
-class CaSecretKeyRef(CamelModel):
-    name: str = Field(min_length=1, max_length=253, description="Secret in the resource's namespace.")
+class CaSecretKeyRef(SecretKeyRef):
     key: str = Field(
-        default="ca.crt", min_length=1, max_length=253, description="Key holding the PEM CA bundle (ca.crt)."
+        default="ca.crt",
+        min_length=1,
+        max_length=253,
+        description="Key holding the PEM CA bundle (ca.crt).",
+        json_schema_extra=children.key_rules("key"),
     )
 
 

@@ -103,40 +103,40 @@ def parse_spec(spec: Any) -> MiniMaxM3DeploymentSpec:
         raise spec_errors(exc, "spec") from None
 
 
-def parse_resource(doc: Any) -> MiniMaxM3Deployment:
-    """Validate one whole manifest as admission would, then read it. Raises SpecErrors (every problem)."""
+def _admitted(doc: Any, kind: str) -> dict[str, Any]:
+    """The document judged by its kind's CRD, as admission judges it (decoding, defaults, schema, CEL)."""
     if not isinstance(doc, Mapping):
         raise SpecErrors(
-            [SpecError("(document)", f"is {describe(doc)}, not a mapping", f"give a {KIND} manifest (a mapping)")]
+            [SpecError("(document)", f"is {describe(doc)}, not a mapping", f"give a {kind} manifest (a mapping)")]
         )
-    kind, api_version = doc.get("kind"), doc.get("apiVersion")
-    for field, value, expected in (("apiVersion", api_version, API_VERSION), ("kind", kind, KIND)):
+    for field, value, expected in (("apiVersion", doc.get("apiVersion"), API_VERSION), ("kind", doc.get("kind"), kind)):
         if value != expected:
             raise SpecErrors(
                 [
                     SpecError(
                         field,
-                        f"is {describe(value)}: this is not a {API_VERSION} {KIND}",
-                        f"set apiVersion: {API_VERSION} and kind: {KIND}",
+                        f"is {describe(value)}: this is not a {API_VERSION} {kind}",
+                        f"set apiVersion: {API_VERSION} and kind: {kind}",
                     )
                 ]
             )
+    return admit(doc)
+
+
+def parse_resource(doc: Any) -> MiniMaxM3Deployment:
+    """Validate one whole manifest as admission would, then read it. Raises SpecErrors (every problem)."""
+    admitted = _admitted(doc, KIND)
     try:
-        return MiniMaxM3Deployment.model_validate(admit(doc))
+        return MiniMaxM3Deployment.model_validate(admitted)
     except ValidationError as exc:
         raise spec_errors(exc, "") from None
 
 
 def parse_cache(doc: Any) -> MiniMaxM3ModelCache:
-    """Validate one MiniMaxM3ModelCache manifest. Raises SpecErrors."""
-    if not isinstance(doc, Mapping) or doc.get("kind") != CACHE_KIND or doc.get("apiVersion") != API_VERSION:
-        raise SpecErrors([SpecError("kind", "is not a MiniMaxM3ModelCache", f"set apiVersion: {API_VERSION}")])
-    meta = doc.get("metadata") or {}
-    if not isinstance(meta, Mapping) or not meta.get("name"):
-        raise SpecErrors([SpecError("metadata.name", "is missing", "give the cache a name")])
+    """Validate one MiniMaxM3ModelCache manifest by its CRD (the same contract as a deployment), then read it.
+    Raises SpecErrors (every problem)."""
+    admitted = _admitted(doc, CACHE_KIND)
     try:
-        return MiniMaxM3ModelCache.model_validate(
-            {"apiVersion": API_VERSION, "kind": CACHE_KIND, "metadata": dict(meta), "spec": doc.get("spec")}
-        )
+        return MiniMaxM3ModelCache.model_validate(admitted)
     except ValidationError as exc:
         raise spec_errors(exc, "") from None

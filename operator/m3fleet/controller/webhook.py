@@ -22,6 +22,7 @@ from typing import Any
 import kopf
 
 from m3fleet.admission import review
+from m3fleet.api.cache import CACHE_PLURAL
 from m3fleet.api.models import GROUP, PLURAL, VERSION
 
 WEBHOOK_ID = "validate"  # kopf serves a handler at /<its id>: the chart's clientConfig path is /validate
@@ -70,12 +71,17 @@ def register(registry: kopf.OperatorRegistry, webhook: Webhook) -> None:
         settings.admission.server = webhook.server()
         log.info("Serving the validating webhook at https://%s:%d/%s", webhook.address, webhook.port, WEBHOOK_ID)
 
-    # DELETE is not listed (kopf also never calls a validating handler for a DELETE it is not made for):
-    # deletion is never refused, whatever the spec.
-    @kopf.on.validate(GROUP, VERSION, PLURAL, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)
     def validate(body: kopf.Body, warnings: list[str], **kwargs: Any) -> None:
         old = kwargs.get("old")  # kopf passes the request's operation and oldObject by keyword
         verdict = review(str(kwargs.get("operation") or ""), dict(body), None if old is None else dict(old))
         warnings.extend(verdict.warnings)
         if not verdict.allowed:
             raise kopf.AdmissionError(verdict.message, code=REFUSED)
+
+    # One path (/validate) for both kinds: kopf picks the handler by the request's resource, and `review`
+    # judges each document by its own kind. DELETE is not listed (kopf also never calls a validating handler
+    # for a DELETE it is not made for): deletion is never refused, whatever the spec.
+    for plural in (PLURAL, CACHE_PLURAL):
+        kopf.on.validate(GROUP, VERSION, plural, id=WEBHOOK_ID, operations=["CREATE", "UPDATE"], registry=registry)(
+            validate
+        )

@@ -36,6 +36,23 @@ EXECUTION_VARIABLES: Mapping[str, str] = {
     "NCCL_NET_PLUGIN": "NCCL loads the shared library it names",
     "NCCL_TUNER_PLUGIN": "NCCL loads the shared library it names",
     "NCCL_PROFILER_PLUGIN": "NCCL loads the shared library it names",
+    # The engines' own (vLLM 0.33.0 vllm/envs.py, SGLang 0.5.23 sglang/srt/environ.py and where each is read):
+    "VLLM_LOGGING_CONFIG_PATH": "vLLM hands the file to logging.config.dictConfig, which imports and calls any "
+    "factory it names (vllm/logger.py)",
+    "SGLANG_LOGGING_CONFIG_PATH": "SGLang hands the file to logging.config.dictConfig, which imports and calls any "
+    "factory it names (srt/utils/common.py)",
+    "VLLM_PLUGINS": "it picks which installed plugins vLLM imports and runs in every process (vllm/plugins)",
+    "SGLANG_PLUGINS": "it picks which installed plugins SGLang imports and runs (runtime/platforms/plugins.py)",
+    "VLLM_NCCL_SO_PATH": "vLLM loads NCCL from the shared library it names (utils/nccl.py)",
+    "VLLM_CUDART_SO_PATH": "vLLM loads the CUDA runtime from the shared library it names (cuda_wrapper.py)",
+    "SGLANG_NCCL_SO_PATH": "SGLang loads NCCL from the shared library it names (pynccl_wrapper.py)",
+    "SGLANG_DIFFUSION_NCCL_SO_PATH": "SGLang loads NCCL from the shared library it names",
+    "VLLM_RUST_FRONTEND_PATH": "vLLM runs the program it names as its API server (entrypoints/cli/serve.py)",
+    "VLLM_MODEL_REDIRECT_PATH": "vLLM reads the model to load from the file it names (transformers_utils/utils.py), "
+    "and that model's remote code runs",
+    "SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE": "SGLang imports the Python package it names (tokenizer_manager.py)",
+    "SGLANG_EXTERNAL_MODEL_PACKAGE": "SGLang imports the Python package it names (external_model_package.py)",
+    "SGLANG_TEST_SCRIPTED_RUNTIME_SYS_PATH_ENTRY": "SGLang's test hook puts the directory it names on sys.path",
 }
 EXECUTION_PREFIXES: Mapping[str, str] = {
     "LD_": "the dynamic loader reads LD_* (LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, ...) to load code into every program",

@@ -17,7 +17,9 @@ FlexibleArgumentParser rewriting before it):
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -52,6 +54,7 @@ class OptionTable:
     rewrites_underscores: bool  # vLLM's FlexibleArgumentParser: `--tensor_parallel_size` is `--tensor-parallel-size`
     dotted_keys: bool  # vLLM: `--hf-overrides.text_config.x 1` is `--hf-overrides '{"text_config": {"x": 1}}'`
     options: Mapping[str, str]
+    complete: bool = True  # every option the engine takes (a parser's dump), so an unknown flag is an error
 
     def flag_name(self, token: str) -> str | None:
         """The option part of `token` after the engine's own rewriting; None for a value or positional."""
@@ -107,7 +110,7 @@ def parser_table(engine: str) -> OptionTable:
 def declared_table(engine: str, version: str, options: Iterable[str]) -> OptionTable:
     """A table for an engine whose parser cannot run here (trtllm-serve): the listed spellings, each its own dest,
     matched with prefixes (conservative: a prefix of an owned flag is refused even if the engine would not take it)."""
-    return OptionTable(engine, version, True, False, False, {option: option for option in options})
+    return OptionTable(engine, version, True, False, False, {option: option for option in options}, complete=False)
 
 
 @dataclass(frozen=True)
@@ -116,8 +119,27 @@ class OwnedFlag:
     instead: str  # what the user does instead: "set spec.x instead", or why nothing can
 
 
+# argparse's own test for a negative number (ArgumentParser._negative_number_matcher): a value, not a flag.
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def unknown_flag(index: int, token: str, table: OptionTable) -> SpecError | None:
+    """The refusal of a flag the pinned parser does not know (the engine would exit and the pod crash-loop)."""
+    name = table.flag_name(token)
+    if not table.complete or name is None or _NEGATIVE_NUMBER.match(token) or table.dests(token):
+        return None
+    close = difflib.get_close_matches(name, list(table.options), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return SpecError(
+        f"{EXTRA_ARGS_FIELD}[{index}]",
+        f"{token!r} is not an option of {table.engine} {table.version} (its own parser would exit at start)",
+        f"{hint}see `{table.engine} --help` of that version, or remove it",
+    )
+
+
 def check_extra_args(extra_args: Iterable[str], table: OptionTable, owned: Iterable[OwnedFlag]) -> None:
-    """Refuse an extra arg that sets (or may set) an owned flag, in any spelling the engine's parser accepts."""
+    """Refuse an extra arg that sets (or may set) an owned flag, in any spelling the engine's parser accepts, and
+    a flag the engine's parser does not know."""
     by_dest: dict[str, OwnedFlag] = {}
     for flag in owned:
         dest = table.options.get(flag.flag)
@@ -125,6 +147,8 @@ def check_extra_args(extra_args: Iterable[str], table: OptionTable, owned: Itera
             raise KeyError(f"{table.engine} {table.version} has no option {flag.flag}")
         by_dest[dest] = flag
     for index, token in enumerate(extra_args):
+        if (unknown := unknown_flag(index, token, table)) is not None:
+            raise unknown
         hit = sorted(table.dests(token) & by_dest.keys())
         if not hit:
             continue

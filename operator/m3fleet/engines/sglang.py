@@ -40,6 +40,13 @@ OWNED = (
     OwnedFlag("--ep-size", "set spec.parallelism.strategy (tp-ep or dp-ep) instead"),
     OwnedFlag("--enable-dp-attention", "set spec.parallelism.strategy dp-ep instead"),
     OwnedFlag("--mem-fraction-static", PLANNER),
+    # the KV cache's size (kvCacheTokensPerReplica), the GPUs each rank uses, and parallel sizes the plan counts
+    OwnedFlag("--max-total-tokens", PLANNER),
+    OwnedFlag("--base-gpu-id", PLANNER),
+    OwnedFlag("--gpu-id-step", PLANNER),
+    OwnedFlag("--attn-cp-size", PLANNER),
+    OwnedFlag("--dcp-size", PLANNER),
+    OwnedFlag("--moe-dp-size", PLANNER),
     OwnedFlag("--context-length", "set spec.context.maxModelLen instead"),
     OwnedFlag("--kv-cache-dtype", "set spec.context.kvCacheDtype instead"),
     OwnedFlag("--reasoning-parser", CATALOG),

@@ -30,11 +30,23 @@ OWNED = (
     OwnedFlag("--tensor-parallel-size", "set spec.parallelism.tensorParallelSize instead"),
     OwnedFlag("--pipeline-parallel-size", PLANNER),
     OwnedFlag("--data-parallel-size", "set spec.parallelism.dataParallelSize (strategy dp-ep) instead"),
+    # DP wiring: the plan places every DP rank (per node, ranks, the leader's address and port)
+    OwnedFlag("--data-parallel-size-local", PLANNER),
+    OwnedFlag("--data-parallel-rank", PLANNER),
+    OwnedFlag("--data-parallel-start-rank", PLANNER),
+    OwnedFlag("--data-parallel-address", PLANNER),
+    OwnedFlag("--data-parallel-rpc-port", PLANNER),
+    # context parallelism multiplies the GPUs of a replica and splits its KV cache: the plan's figures would lie
+    OwnedFlag("--prefill-context-parallel-size", PLANNER),
+    OwnedFlag("--decode-context-parallel-size", PLANNER),
     OwnedFlag("--enable-expert-parallel", "set spec.parallelism.strategy (tp-ep or dp-ep) instead"),
     OwnedFlag("--block-size", "nothing: MiniMax-M3's sparse attention needs block size 128"),
     OwnedFlag("--max-model-len", "set spec.context.maxModelLen instead"),
     OwnedFlag("--kv-cache-dtype", "set spec.context.kvCacheDtype instead"),
     OwnedFlag("--gpu-memory-utilization", PLANNER),
+    # the KV cache's size, which the plan computes (kvCacheTokensPerReplica, maxSequencesAtMaxLen)
+    OwnedFlag("--kv-cache-memory-bytes", PLANNER),
+    OwnedFlag("--num-gpu-blocks-override", PLANNER),
     OwnedFlag("--tool-call-parser", CATALOG),
     OwnedFlag("--reasoning-parser", CATALOG),
     OwnedFlag("--hf-overrides", "set spec.context.maxModelLen instead (m3fleet renders YaRN past the native context)"),

@@ -119,7 +119,7 @@ def _env(ctx: Context, container: Container) -> list[dict[str, Any]]:
     for user in ctx.spec.engine.env:
         entry: dict[str, Any] = {"name": user.name}
         if user.value_from is not None:
-            entry["valueFrom"] = user.value_from
+            entry["valueFrom"] = user.value_from.model_dump(by_alias=True, exclude_none=True, mode="json")
         else:
             entry["value"] = literal(user.value or "")  # data, not a $(VAR) reference the kubelet would expand
         values[user.name] = entry
@@ -164,8 +164,9 @@ def runs_as_root(ctx: Context, container: Container) -> bool:
 
 def pod_security_level(ctx: Context, containers: list[Container]) -> PodSecurityLevel:
     """Restricted for non-root pods with no added capability; baseline for root with baseline's capabilities
-    (sshd's); privileged for SYS_PTRACE/Unconfined (AMD) or IPC_LOCK (RDMA), which baseline forbids."""
-    if ctx.accelerator.vendor == "amd" or ctx.spec.node_pool.extra_resources:
+    (sshd's); privileged for SYS_PTRACE/Unconfined (AMD), IPC_LOCK (RDMA) or a model cache's hostPath volume,
+    which baseline forbids (and restricted with it)."""
+    if ctx.accelerator.vendor == "amd" or ctx.spec.node_pool.extra_resources or ctx.cache is not None:
         return PodSecurityLevel.PRIVILEGED
     if any(runs_as_root(ctx, c) or c.capabilities for c in containers):
         return PodSecurityLevel.BASELINE
