@@ -65,6 +65,7 @@ def job(node: str, state: str, attempt: int = 1, cache: MiniMaxM3ModelCache | No
 
 def inputs(cache: MiniMaxM3ModelCache | None = None, **kw: Any) -> Inputs:
     base: dict[str, Any] = {"uid": "u1", "nodes": [], "jobs": [], "images": [], "now": NOW, "stager_image": "op:1"}
+    base["allowed_prefixes"] = ("/mnt", "/srv")  # an admin's choice wide enough for the directories used here
     base.update(kw)
     return Inputs(cache=cache or the_cache(), **base)
 

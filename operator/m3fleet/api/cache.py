@@ -116,6 +116,31 @@ def path_not_allowed(path: str, prefixes: Sequence[str]) -> str | None:
     )
 
 
+def allowed_prefixes(setting: str | None) -> tuple[str, ...]:
+    """The admin's allowed path prefixes from a comma-separated setting (None or empty: the defaults). Raises
+    ValueError naming the first unusable one."""
+    prefixes = tuple(p.strip() for p in (setting or "").split(",") if p.strip()) or DEFAULT_PATH_PREFIXES
+    for prefix in prefixes:
+        if (problem := prefix_problem(prefix)) is not None:
+            raise ValueError(
+                f"{PATH_PREFIXES_CHART_VALUE}: {problem}; fix: give absolute directories, e.g. /mnt/*/m3fleet"
+            )
+    return prefixes
+
+
+def allowed_image_repositories(setting: str | None, operator_image: str) -> tuple[str, ...]:
+    """The admin's allowed stager image repositories from a comma-separated setting (None or empty: the operator
+    image's own repository). Raises ValueError on an entry that is not a bare repository."""
+    repositories = tuple(r.strip() for r in (setting or "").split(",") if r.strip())
+    for repository in repositories:
+        if image_repository(repository) != repository or " " in repository:
+            raise ValueError(
+                f"{STAGER_IMAGES_CHART_VALUE}: {repository!r} is not a bare image repository; fix: drop its tag or "
+                "digest, e.g. ghcr.io/m3fleet/operator"
+            )
+    return repositories or (image_repository(operator_image),)
+
+
 def image_repository(image: str) -> str:
     """The repository of an image reference: without its digest and tag."""
     name = image.split("@", 1)[0]

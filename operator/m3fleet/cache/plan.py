@@ -40,10 +40,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from m3fleet.api.cache import (
+    DEFAULT_PATH_PREFIXES,
     NODE_LABEL_READY,
     MiniMaxM3ModelCache,
+    foreign_file,
+    image_repository,
     label_key_problem,
     node_label_key,
+    path_not_allowed,
+    stager_image_not_allowed,
 )
 from m3fleet.catalog import ACCELERATORS
 
@@ -129,6 +134,29 @@ class Inputs:
     foreign_cleans: Sequence[JobView] = ()
     # node -> the hostPath directories engine pods there mount (not the cache's own Jobs): never cleaned under them.
     mounts: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # The cluster admin's rules (chart values, read at startup): where caches may write, and which image repositories
+    # may run the staging program (empty: only the operator's own, `stager_image`).
+    allowed_prefixes: Sequence[str] = DEFAULT_PATH_PREFIXES
+    allowed_images: Sequence[str] = ()
+
+    def image(self) -> str:
+        """The image of the cache's Jobs: spec.stagerImage when the admin allows it, else the operator's own."""
+        wanted = self.cache.spec.stager_image
+        return (
+            wanted
+            if wanted and stager_image_not_allowed(wanted, self.image_repositories()) is None
+            else (self.stager_image)
+        )
+
+    def image_repositories(self) -> list[str]:
+        return list(self.allowed_images) or [image_repository(self.stager_image)]
+
+    def not_allowed(self) -> str | None:
+        """Why the admin's rules refuse this cache's spec (its path, its stager image); None when they allow it."""
+        spec = self.cache.spec
+        return path_not_allowed(spec.path, self.allowed_prefixes) or stager_image_not_allowed(
+            spec.stager_image, self.image_repositories()
+        )
 
 
 @dataclass(frozen=True)
@@ -259,7 +287,7 @@ def _job(
     env = [*env, {"name": "HF_HOME", "value": f"{STAGE_MOUNT}/.m3fleet-hf-home"}]
     container = {
         "name": action,
-        "image": cache.spec.stager_image or inputs.stager_image,
+        "image": inputs.image(),
         "imagePullPolicy": "IfNotPresent",
         "command": command,
         "env": env,
@@ -452,6 +480,7 @@ def _may_clean(inputs: Inputs, directory: str) -> bool:
         inputs.cache.spec.delete_files_on_removal
         and not _nested(directory, inputs.cache.spec.path)
         and _used_by_another(inputs, directory) is None
+        and path_not_allowed(directory, inputs.allowed_prefixes) is None
     )
 
 
@@ -484,6 +513,8 @@ class _NodeStep:
     superseded: list[JobView] = field(default_factory=list)  # Jobs whose record a newer one replaces
     cleanups: list[dict[str, Any]] = field(default_factory=list)  # cleanup Jobs of directories left behind
     holder: str | None = None  # the cache (namespace/name) whose directory spec.path is on this node
+    foreign: str | None = None  # the first file in spec.path on this node that m3fleet did not write
+    nested: str | None = None  # a directory engine pods here mount that spec.path holds or is inside
 
 
 def _node_step(
@@ -507,6 +538,13 @@ def _node_step(
         step.superseded = [j for j in writing if not j.stopping]
         if partial := [j.path for j in writing if j.path and _may_clean(inputs, j.path)]:
             entry["leftBehind"] = sorted({*carried, *partial})
+        return step
+    # A path moved into the directory of the copy pods here still run from, or one holding it: staging there would
+    # write under their feet (and a cleanup of the old one would reach the new). Wait until they have rolled off it.
+    in_use = sorted(m for m in inputs.mounts.get(name, ()) if m != path and _nested(m, path))
+    if in_use and not (current is not None and current.state == "Complete"):
+        entry.update(phase="Pending", message=f"{path} and {in_use[0]}, which engine pods here mount, are nested")
+        step.nested, step.wait = in_use[0], MOUNT_RECHECK_SECONDS
         return step
     # The path changed back to a directory a cleanup empties (or one holding it, or inside it), or another cache
     # empties one it no longer uses: nothing is staged or trusted there until that cleanup has finished, and a copy
@@ -543,7 +581,8 @@ def _node_step(
         if partial:
             entry["leftBehind"] = sorted({*carried, *partial})
         return step
-    if current is not None and current.state == "Failed" and current.bad_source:
+    stray = foreign_file(current.message) if current is not None and current.state == "Failed" else None
+    if current is not None and current.state == "Failed" and current.bad_source and stray is None:
         entry.update(phase="Failed", message=current.message)
         step.bad_source = current.message
         if older_complete:  # the staging program rejected the source before writing: the old copy stands
@@ -559,7 +598,10 @@ def _node_step(
     if current is not None and current.state == "Failed":
         due = (current.finished_at or inputs.now) + retry_delay(current.attempt)
         entry.update(phase="Failed", message=current.message)
-        step.failure = current.message
+        if stray is not None:  # nothing was written: retried (someone may move the files), never silently
+            step.foreign = stray
+        else:
+            step.failure = current.message
         if due > inputs.now:
             step.wait = due - inputs.now
             return step
@@ -640,6 +682,14 @@ def plan_cache(inputs: Inputs) -> Work:
     if inputs.deleting:
         return _removal(inputs, work, label, labelled, nodes, stage_jobs, clean_jobs)
 
+    if (refused := inputs.not_allowed()) is not None:
+        # Nothing is staged or cleaned; a node keeps its label only while it holds a copy of this very spec.
+        holding = {j.node for j in stage_jobs if j.content == content and j.state == "Complete"}
+        work.labels = dict.fromkeys(sorted(labelled - holding))
+        reason = "PathNotAllowed" if refused.startswith("spec.path") else "StagerImageNotAllowed"
+        work.conditions = [Verdict("Ready", "False", reason, refused), Verdict("Degraded", "True", reason, refused)]
+        return work
+
     pool = sorted(n for n, node in nodes.items() if in_pool(cache, node))
     by_node: dict[str, list[JobView]] = {}
     for job in stage_jobs:
@@ -648,6 +698,8 @@ def plan_cache(inputs: Inputs) -> Work:
     failures: list[str] = []
     bad_source: list[str] = []
     conflicts: list[str] = []
+    foreign: list[tuple[str, str]] = []  # (node, the first file there m3fleet did not write)
+    nested: list[tuple[str, str]] = []  # (node, a directory pods there mount that spec.path is nested with)
     waiting: list[float] = []
     blocked = inputs.secret_missing is not None
     statuses: dict[str, dict[str, Any]] = {}
@@ -662,6 +714,8 @@ def plan_cache(inputs: Inputs) -> Work:
         failures.extend([f"{name}: {step.failure}"] if step.failure is not None else [])
         bad_source.extend([f"{name}: {step.bad_source}"] if step.bad_source is not None else [])
         conflicts.extend([f"{name} ({step.holder})"] if step.holder is not None else [])
+        foreign.extend([(name, step.foreign)] if step.foreign is not None else [])
+        nested.extend([(name, step.nested)] if step.nested is not None else [])
         waiting.extend([step.wait] if step.wait is not None else [])
         if step.stage_attempt is not None:
             work.create.append(_job(inputs, name, STAGE, step.stage_attempt))
@@ -683,6 +737,8 @@ def plan_cache(inputs: Inputs) -> Work:
         work.delete_daemonset = True
 
     work.conditions = _conditions(inputs, pool, pool_ready, failures, bad_source, conflicts)
+    if blocking := _directory_verdict(inputs, len(pool_ready), len(pool), foreign, nested):
+        work.conditions = blocking
     if blocked:
         waiting.append(BLOCKED_RECHECK_SECONDS)
     work.requeue_after = min(waiting) if waiting else None
@@ -744,6 +800,34 @@ def _conditions(
     return [ready_verdict, Verdict("Degraded", "False", "AsExpected", "the spec is valid")]
 
 
+def _directory_verdict(
+    inputs: Inputs, ready: int, total: int, foreign: list[tuple[str, str]], nested: list[tuple[str, str]]
+) -> list[Verdict]:
+    """The directory itself stops staging on some node: files m3fleet did not write are in it, or it is nested with
+    the one engine pods there still mount (a path moved into or around the old copy). Empty when neither."""
+    path, summary = inputs.cache.spec.path, f"{ready} of {total} nodes hold a verified copy"
+    if foreign:
+        node, first = foreign[0]
+        message = (
+            f"spec.path: {path} on node {node} holds files m3fleet did not write (first: {first}"
+            + (f"; {len(foreign) - 1} more node(s) too" if len(foreign) > 1 else "")
+            + "); nothing there was written or deleted; fix: give this cache an empty directory of its own, or move "
+            "those files out (staging is retried every few minutes)"
+        )
+        reason = "ForeignFiles"
+    elif nested:
+        node, mounted = nested[0]
+        message = (
+            f"spec.path: {path} is nested with {mounted}, which engine pods on node {node} still mount; nothing is "
+            "staged there while they do, so that no copy is written or removed under them; fix: choose a directory "
+            "beside the old one (not inside it, not holding it)"
+        )
+        reason = "PathNested"
+    else:
+        return []
+    return [Verdict("Ready", "False", reason, f"{summary}; {message}"), Verdict("Degraded", "True", reason, message)]
+
+
 def _may_hold_files(entry: Mapping[str, Any]) -> bool:
     """Whether a status.nodes entry names a node that may hold files: a staging attempt ran there, or an earlier
     round of the removal listed it. A pool node that never staged (cordoned all along) holds nothing to clean, and
@@ -778,13 +862,16 @@ def _removal(
                 work.delete.append(job)  # stop writing before the directory is removed (foreground: until its pods go)
         spec = inputs.cache.spec
         shared = _used_by_another(inputs, spec.path)
+        outside = path_not_allowed(spec.path, inputs.allowed_prefixes)
         if shared is not None:
             # Another cache stages there too: emptying the directory would delete its copy.
             work.left_behind.append(f"the files in {spec.path} are left on every node: cache {shared} uses them")
+        elif outside is not None:  # no Job of ours runs there: a staging Job never did either
+            work.left_behind.append(f"the files in {spec.path} are left on every node: the admin allows no cache there")
         for name in staged:
             # The directory in use, and any a path change left behind that no cleanup has removed yet.
             written = [j for j in stage_jobs if j.node == name]
-            current = {} if shared is not None else {spec.path: spec.content_digest()}
+            current = {} if shared is not None or outside is not None else {spec.path: spec.content_digest()}
             carried = _carried(inputs, name)
             directories = {**current, **_left_behind_paths(carried), **_left_behind(inputs, written)}
             cleanups = [_cleanup(inputs, name, d, clean_jobs, written) for d in sorted(directories.items())]

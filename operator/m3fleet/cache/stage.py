@@ -24,8 +24,8 @@ source (the record), else copied again. A listing that names a path outside DIR 
 Only when every file verified is `.m3fleet-complete.json` written (first removed, so an interrupted run never
 looks complete); exit 0. Exit 1: something failed that a retry may fix (network, a corrupt or partial file).
 Exit 3: the source or the destination is wrong (unknown revision or repo, no access, no source directory,
-files in DIR it did not write) — checked before anything in DIR is touched. The reason is also written to the termination log, where
-`kubectl describe pod` and the operator read it.
+files in DIR it did not write) — checked before anything in DIR is touched. The reason is also written to the
+termination log, where `kubectl describe pod` and the operator read it.
 """
 
 from __future__ import annotations
