@@ -253,7 +253,9 @@ class MiniMaxM3ModelCacheSpec(CamelModel):
     path: str = Field(
         max_length=1024,
         description="Absolute directory on each node's local disk (e.g. NVMe) that holds the copy; engine pods "
-        "mount it read-only.",
+        "mount it read-only. It must be inside a prefix the cluster admin allows (chart value "
+        "modelCache.allowedPathPrefixes; by default /var/lib/m3fleet and /mnt/*/m3fleet), and empty or holding only "
+        "what m3fleet staged there.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(f"self.matches('{PATH_PATTERN}')", f"path {PATH_PROBLEM}; fix: {PATH_FIX}"),
@@ -271,14 +273,15 @@ class MiniMaxM3ModelCacheSpec(CamelModel):
     )
     delete_files_on_removal: bool = Field(
         default=False,
-        description="When the cache is deleted, also delete the files on each node (a cleanup Job per node); "
-        "node labels are always removed. After a change of path, the old directory on each node once the new copy "
-        "is complete there.",
+        description="When the cache is deleted, also delete the files m3fleet staged on each node (those its "
+        "staging record lists; a cleanup Job per node); node labels are always removed. After a change of path, "
+        "those in the old directory on each node once the new copy is complete there.",
     )
     stager_image: str = Field(
         default="",
         max_length=512,
-        description="Image that runs `m3fleet stage` in the Jobs; empty means the operator's own image.",
+        description="Image that runs `m3fleet stage` in the Jobs; empty means the operator's own image. Its "
+        "repository must be one the cluster admin allows (chart value modelCache.allowedStagerImages).",
     )
 
     @field_validator("path")

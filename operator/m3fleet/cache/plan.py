@@ -26,6 +26,13 @@ Rules:
 * Two caches never write one directory: on a node both pools hold, a directory (or one inside it, or holding it)
   is the cache's created first; the other stages nothing there and reports `PathConflict` until one of them moves
   or goes. A directory another cache's cleanup Job is emptying on a node is staged only once that Job finished.
+* The cluster admin's rules come first: a path outside the allowed prefixes, or a stager image whose repository is
+  not allowed, stages and cleans nothing (`PathNotAllowed`, `StagerImageNotAllowed`).
+* A staging Job that stopped at files it did not write (`m3fleet stage` exits 3 naming the first) is `ForeignFiles`,
+  naming the node, the path and the file, and retried like a failure (someone may move the files). A path that holds
+  or is inside a directory engine pods on the node still mount stages nothing there (`PathNested`).
+* Only what the cache controls (owner reference with its uid) is its Job or DaemonSet; another cache's cleanup Job
+  counts only when a live cache controls it in its own namespace (the shell filters; look-alikes change nothing).
 * Deleting the cache removes every label; with `deleteFilesOnRemoval`, one cleanup Job per node and directory a
   staging Job wrote removes it, and the finalizer goes once they completed (or their node is gone). A node not
   Ready for UNREACHABLE_SECONDS holds the removal no longer: no Job runs there until its kubelet is back, so its
