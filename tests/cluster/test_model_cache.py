@@ -18,8 +18,12 @@ that images are really pulled (no container runtime), hostPath mounts, and that 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -816,3 +820,52 @@ def test_look_alike_jobs_and_daemonsets_in_any_namespace_change_nothing(
         for node in pool:
             label_node(chart, node, POOL_LABEL, None)
         label_node(chart, "h200-4", "m3fleet.test/poke", None)
+
+
+def test_files_the_cache_did_not_write_stop_staging_and_name_node_path_and_file(
+    chart: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """The real `m3fleet stage` run on a directory holding another team's files (as the Job would on the node): its
+    exit code and termination message, reported by the node's kubelet (the test, on the manual node), fail the Job at
+    once by its pod failure policy, and the cache says which node, which path and which file."""
+    dest = tmp_path / "crowded"
+    (dest / "team-b").mkdir(parents=True)
+    (dest / "team-b" / "weights.safetensors").write_bytes(b"w" * 64)
+    (dest / "NOTES.md").write_text("ours\n")
+    source = tmp_path / "claim"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"m" * 64)
+    log = tmp_path / "termination-log"
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "m3fleet"), "stage", "copy", "--from", str(source), "--dest", str(dest)],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "M3FLEET_TERMINATION_LOG": str(log)},
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 3 and (dest / "NOTES.md").read_text() == "ours\n", run.stderr
+    manual_node(chart)
+    chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x", check=False)
+    path = "/mnt/nvme/m3fleet/crowded"
+    try:
+        chart.apply(cache("crowded", "manual", path=path, deleteFilesOnRemoval=False))
+        [job] = eventually("a Job for the manual node", lambda: jobs(chart, "crowded"), 60)
+        name = job["metadata"]["name"]
+        fail_pod(chart, scheduled_pod(chart, name), run.returncode, log.read_text())
+        degraded = degraded_reason(chart, "crowded", "ForeignFiles")
+        assert degraded["message"].startswith(
+            f"spec.path: {path} on node {MANUAL_NODE} holds files m3fleet did not write (first: NOTES.md)"
+        ), degraded
+        assert "fix: give this cache an empty directory of its own, or move those files out" in degraded["message"]
+        failed = chart.get("job", name, NAMESPACE)
+        assert failed is not None
+        [cond] = [c for c in failed["status"]["conditions"] if c["type"] == "Failed"]
+        assert cond["reason"] == "PodFailurePolicy" and len(pods_of(chart, name)) == 1
+        assert f"cache.m3fleet.dev/{NAMESPACE}.crowded" not in node_labels(chart, MANUAL_NODE)
+    finally:
+        chart.kubectl(
+            "delete", "m3cache", "crowded", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False
+        )
+        eventually("crowded gone", lambda: chart.get("m3cache", "crowded", NAMESPACE) is None, 60)
+        chart.kubectl("delete", "node", MANUAL_NODE, "--ignore-not-found", "--wait=false", check=False)
