@@ -377,3 +377,23 @@ def test_an_interrupted_copy_is_recorded_as_it_writes_and_cleaned_from_the_recor
     (dest / "NOTES.md").write_text("mine")
     code, out, _ = stage(tmp_path, "clean", "--dest", str(dest))
     assert code == 0 and (dest / "NOTES.md").read_text() == "mine" and not (dest / "a.safetensors").exists(), out
+
+
+def test_a_record_naming_paths_outside_the_directory_reaches_nothing(tmp_path: Path) -> None:
+    """A staging record edited by hand to name `../` or absolute paths: `stage clean` removes nothing outside DIR,
+    and staging treats the file it named as someone else's."""
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep")
+    dest = tmp_path / "nvme" / "m3fleet" / "m3"
+    dest.mkdir(parents=True)
+    (dest / "x").write_text("x")
+    names = ["../../../precious.txt", str(outside), "x/../../../../precious.txt"]
+    (dest / STAGING).write_text(json.dumps({"source": None, "files": names, "trees": ["../.."]}))
+    code, out, _ = stage(tmp_path, "clean", "--dest", str(dest))
+    assert code == 0 and outside.read_text() == "keep" and (dest / "x").read_text() == "x", out
+    (dest / STAGING).write_text(json.dumps({"source": None, "files": names, "trees": []}))
+    source = tmp_path / "claim"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"m")
+    code, _, err = stage(tmp_path, "copy", "--from", str(source), "--dest", str(dest))
+    assert code == 3 and 'first: "x"' in err and outside.read_text() == "keep", err

@@ -87,8 +87,7 @@ def checked(files: Sequence[Expected], where: str) -> list[Expected]:
     """`files`, each a plain relative path (no absolute path, no `..`, no empty part): a listing that names any other
     would write or delete outside DIR. Raises StageError (the source is wrong) before anything is touched."""
     for expected in files:
-        parts = expected.path.split("/")
-        if expected.path.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        if not _inside(expected.path):
             raise StageError(f"{where} names {expected.path!r}, not a path inside the checkpoint", EXIT_BAD_SOURCE)
     return list(files)
 
@@ -173,10 +172,15 @@ def recorded(dest: Path) -> Record | None:
     staging, marker = _read(dest / STAGING), _read(dest / MARKER)
     if not staging and not marker:
         return None
-    files = {str(f) for f in staging.get("files") or [] if isinstance(f, str)}
-    files |= {str(f["path"]) for f in marker.get("files") or [] if isinstance(f, dict) and "path" in f}
-    trees = {str(t) for t in staging.get("trees") or [] if isinstance(t, str)} if "trees" in staging else set(TREES)
+    files = {f for f in staging.get("files") or [] if _inside(f)}
+    files |= {f["path"] for f in marker.get("files") or [] if isinstance(f, dict) and _inside(f.get("path"))}
+    trees = {t for t in staging.get("trees") or [] if _inside(t)} if "trees" in staging else set(TREES)
     return Record(dest, staging.get("source") or marker.get("source"), files, trees)
+
+
+def _inside(path: Any) -> bool:
+    """A plain relative path inside DIR: a record naming any other (edited by hand) must never reach outside it."""
+    return isinstance(path, str) and not path.startswith("/") and all(p not in ("", ".", "..") for p in path.split("/"))
 
 
 def entries(dest: Path) -> list[str]:
@@ -199,7 +203,8 @@ def claim(dest: Path) -> Record:
     mine = record or Record(dest, None, set(), set())
     foreign = [path for path in entries(dest) if not mine.owns(path)] if dest.is_dir() else []
     if foreign:
-        raise StageError(foreign_files_message(str(dest), foreign[0], len(foreign)) + f"; {FIX_DEST}", EXIT_BAD_SOURCE)
+        refusal = f"{foreign_files_message(str(dest), foreign[0], len(foreign))}; nothing was written or deleted"
+        raise StageError(f"{refusal}; {FIX_DEST}", EXIT_BAD_SOURCE)
     dest.mkdir(parents=True, exist_ok=True)
     mine.trees |= set(TREES)  # DIR holds none of them but ours: the download cache it makes is ours
     return mine
