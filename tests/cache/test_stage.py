@@ -397,3 +397,20 @@ def test_a_record_naming_paths_outside_the_directory_reaches_nothing(tmp_path: P
     (source / "model.safetensors").write_bytes(b"m")
     code, _, err = stage(tmp_path, "copy", "--from", str(source), "--dest", str(dest))
     assert code == 3 and 'first: "x"' in err and outside.read_text() == "keep", err
+
+
+def test_another_caches_record_is_not_its_own(tmp_path: Path) -> None:
+    """Two caches on one directory (one moved onto the other's): the second's run stops at the first's files, and
+    its cleanup removes none of them; the first's own cleanup does."""
+    source = tmp_path / "claim"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"m" * 100)
+    dest = tmp_path / "nvme" / "m3fleet" / "shared"
+    assert stage(tmp_path, "copy", "--from", str(source), "--dest", str(dest), "--owner", "team/a")[0] == 0
+    assert json.loads((dest / STAGING).read_text())["owner"] == "team/a"
+    code, _, err = stage(tmp_path, "copy", "--from", str(source), "--dest", str(dest), "--owner", "team/b")
+    assert code == 3 and "the staging record there is cache team/a's" in err, err
+    code, out, _ = stage(tmp_path, "clean", "--dest", str(dest), "--owner", "team/b")
+    assert code == 0 and "nothing removed" in out and (dest / "model.safetensors").exists(), out
+    code, out, _ = stage(tmp_path, "clean", "--dest", str(dest), "--owner", "team/a")
+    assert code == 0 and not dest.exists(), out

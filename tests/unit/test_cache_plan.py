@@ -622,13 +622,21 @@ def test_one_directory_serves_two_caches_whose_pools_do_not_meet() -> None:
     assert "h200-0 (team/a)" in _condition(work, "Degraded").message
 
 
-def test_a_second_cache_stops_writing_and_drops_its_label_when_the_first_moves_onto_its_directory() -> None:
+def test_a_cache_moved_onto_a_directory_in_use_is_refused_and_the_copy_there_stays() -> None:
+    """The first cache edited onto the second's directory: where the second's copy is in use (Ready) the second keeps
+    it and the first stages nothing (PathConflict); where the second was still staging, the first's comes first."""
     first = OtherCache("team/a", "/mnt/nvme/m3", "2026-11-01T00:00:00Z", _named("a"))
     jobs = [job("h200-0", "Complete"), job("h200-1", "Active")]
     work = plan_cache(
         inputs(nodes=nodes("h200-0", "h200-1", labelled=("h200-0",)), jobs=jobs, created="2026-11-02", others=[first])
     )
-    assert work.labels == {"h200-0": None} and work.delete == [jobs[1]] and work.create == []
+    assert work.labels == {} and work.delete == [jobs[1]] and work.create == []
+    # The first, as it sees the second: Ready on h200-0 for its current spec (its status says so).
+    second = OtherCache("team/b", "/mnt/nvme/m3", "2026-11-02T00:00:00Z", _named("b"), frozenset({"h200-0"}))
+    moved = plan_cache(inputs(nodes=nodes("h200-0", "h200-1"), created="2026-11-01", others=[second]))
+    reason, message = verdict(moved, "Degraded")
+    assert reason == "PathConflict" and "h200-0 (team/b)" in message and "h200-1" not in message
+    assert [j["metadata"]["annotations"]["m3fleet.dev/node"] for j in moved.create] == ["h200-1"]
 
 
 def test_a_directory_another_cache_is_emptying_is_staged_once_its_cleanup_ended() -> None:

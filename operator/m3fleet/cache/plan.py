@@ -118,6 +118,7 @@ class OtherCache:
     path: str  # its spec.path
     created: str = ""  # metadata.creationTimestamp (RFC 3339 in UTC: sorts in time order)
     cache: MiniMaxM3ModelCache | None = None  # None: its spec does not parse (it stages nothing)
+    ready_nodes: frozenset[str] = frozenset()  # nodes where its status (of its current spec) says Ready: in use
 
 
 @dataclass(frozen=True)
@@ -268,10 +269,15 @@ def stage_command(cache: MiniMaxM3ModelCache) -> tuple[list[str], list[dict[str,
         if hf.token_secret_ref is not None:  # referenced, never read by the operator
             ref = {"name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}
             env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
-        return [*args, "--dest", STAGE_MOUNT], env
+        return [*args, "--dest", STAGE_MOUNT, "--owner", owner_of(cache)], env
     assert source.pvc is not None
     origin = f"{SOURCE_MOUNT}/{source.pvc.sub_path.strip('/')}".rstrip("/") if source.pvc.sub_path else SOURCE_MOUNT
-    return ["m3fleet", "stage", "copy", "--from", origin, "--dest", STAGE_MOUNT], []
+    return ["m3fleet", "stage", "copy", "--from", origin, "--dest", STAGE_MOUNT, "--owner", owner_of(cache)], []
+
+
+def owner_of(cache: MiniMaxM3ModelCache) -> str:
+    """Who a staging record belongs to: the cache's namespace/name (a re-created cache of the name keeps its copy)."""
+    return f"{cache.metadata.namespace}/{cache.metadata.name}"
 
 
 def _job(
@@ -290,7 +296,7 @@ def _job(
             volumes.append({"name": "source", "persistentVolumeClaim": claim})
             mounts.append({"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True})
     else:
-        command, env = ["m3fleet", "stage", "clean", "--dest", STAGE_MOUNT], []
+        command, env = ["m3fleet", "stage", "clean", "--dest", STAGE_MOUNT, "--owner", owner_of(cache)], []
     env = [*env, {"name": "HF_HOME", "value": f"{STAGE_MOUNT}/.m3fleet-hf-home"}]
     container = {
         "name": action,
@@ -466,18 +472,21 @@ def _used_by_another(inputs: Inputs, path: str) -> str | None:
     return next((o.key for o in sorted(inputs.others, key=lambda o: o.key) if _nested(path, o.path)), None)
 
 
-def _holder(inputs: Inputs, node: NodeView) -> str | None:
-    """The cache created before this one whose directory on `node` is spec.path, is inside it or holds it (its
-    pool holds the node): the directory is that cache's there. Same-second creations go by namespace/name."""
+def _holder(inputs: Inputs, node: NodeView, ready_here: bool) -> str | None:
+    """The other cache whose directory on `node` is spec.path, is inside it or holds it (its pool holds the node), and
+    so keeps it: the one whose copy there is in use (Ready for its current spec), else, unless this cache's own copy
+    there is the one in use (`ready_here`: a cache moved onto it never takes it), the one created first. Same-second
+    creations go by namespace/name."""
     meta = inputs.cache.metadata
     mine = (inputs.created, f"{meta.namespace}/{meta.name}")
     first = sorted((o for o in inputs.others if o.cache is not None), key=lambda o: (o.created, o.key))
-    for other in first:
-        if (other.created, other.key) >= mine:
-            break
-        if other.cache is not None and _nested(other.path, inputs.cache.spec.path) and in_pool(other.cache, node):
-            return other.key
-    return None
+    sharing = [
+        o for o in first if o.cache is not None and _nested(o.path, inputs.cache.spec.path) and in_pool(o.cache, node)
+    ]
+    if in_use := [o for o in sharing if node.name in o.ready_nodes]:
+        return in_use[0].key
+    older = [o for o in sharing if (o.created, o.key) < mine]
+    return older[0].key if older and not ready_here else None
 
 
 def _may_clean(inputs: Inputs, directory: str) -> bool:
@@ -537,7 +546,8 @@ def _node_step(
     carried = _carried(inputs, name)
     if carried:
         entry["leftBehind"] = carried
-    if (holder := _holder(inputs, next(n for n in inputs.nodes if n.name == name))) is not None:
+    node = next(n for n in inputs.nodes if n.name == name)
+    if (holder := _holder(inputs, node, current is not None and current.state == "Complete")) is not None:
         # Another cache's staging would overwrite this one's copy and the reverse: the first cache keeps it.
         entry.update(phase="Pending", message=f"{path} is the directory of cache {holder} (created first) here")
         step.holder = holder
@@ -615,7 +625,7 @@ def _node_step(
     if inputs.secret_missing is not None:
         entry.update(phase="Pending", message=f"waiting for Secret {inputs.secret_missing}")
         return step
-    if not next(n for n in inputs.nodes if n.name == name).schedulable:
+    if not node.schedulable:
         entry.update(phase="Pending", message="node is cordoned (unschedulable)")
         return step
     step.stage_attempt = (current.attempt + 1) if current is not None else 1

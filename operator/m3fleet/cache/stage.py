@@ -126,9 +126,14 @@ class Record:
     (Hugging Face's download cache). Saved before each file is written, so an interrupted run resumes and a
     cleanup removes exactly what was written, and nothing else."""
 
-    def __init__(self, dest: Path, source: Any, files: set[str], trees: set[str]) -> None:
+    def __init__(self, dest: Path, source: Any, files: set[str], trees: set[str], owner: str = "") -> None:
         self.dest, self.source, self.files, self.trees = dest, source, files, trees
+        self.owner = owner  # the cache (namespace/name) it stages for; "" when run by hand
         self._lock = threading.Lock()
+
+    def foreign_to(self, owner: str) -> bool:
+        """Whether the record is another cache's (both named, and not the same)."""
+        return bool(self.owner and owner and self.owner != owner)
 
     def owns(self, relative: str) -> bool:
         return (
@@ -155,7 +160,8 @@ class Record:
             self._save()
 
     def _save(self) -> None:
-        _write(self.dest / STAGING, {"source": self.source, "files": sorted(self.files), "trees": sorted(self.trees)})
+        record = {"source": self.source, "files": sorted(self.files), "trees": sorted(self.trees), "owner": self.owner}
+        _write(self.dest / STAGING, record)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -175,7 +181,8 @@ def recorded(dest: Path) -> Record | None:
     files = {f for f in staging.get("files") or [] if _inside(f)}
     files |= {f["path"] for f in marker.get("files") or [] if isinstance(f, dict) and _inside(f.get("path"))}
     trees = {t for t in staging.get("trees") or [] if _inside(t)} if "trees" in staging else set(TREES)
-    return Record(dest, staging.get("source") or marker.get("source"), files, trees)
+    owner = str(staging.get("owner") or "")
+    return Record(dest, staging.get("source") or marker.get("source"), files, trees, owner)
 
 
 def _inside(path: Any) -> bool:
@@ -194,19 +201,23 @@ def entries(dest: Path) -> list[str]:
     return sorted(found)
 
 
-def claim(dest: Path) -> Record:
-    """DIR as this run may write it: empty (or absent), or holding only what the record lists. Any other file is
-    someone else's: StageError (exit 3) naming the first, before anything is written or deleted."""
+def claim(dest: Path, owner: str) -> Record:
+    """DIR as this run (for `owner`) may write it: empty (or absent), or holding only what its record lists. Any
+    other file, or any file of another cache's record, is someone else's: StageError (exit 3) naming the first,
+    before anything is written or deleted."""
     if dest.exists() and not dest.is_dir():
         raise StageError(f"{dest} is not a directory: {FIX_DEST}", EXIT_BAD_SOURCE)
     record = recorded(dest) if dest.is_dir() else None
-    mine = record or Record(dest, None, set(), set())
+    theirs = record is not None and record.foreign_to(owner)
+    mine = record if record is not None and not theirs else Record(dest, None, set(), set())
     foreign = [path for path in entries(dest) if not mine.owns(path)] if dest.is_dir() else []
     if foreign:
-        refusal = f"{foreign_files_message(str(dest), foreign[0], len(foreign))}; nothing was written or deleted"
-        raise StageError(f"{refusal}; {FIX_DEST}", EXIT_BAD_SOURCE)
+        refusal = foreign_files_message(str(dest), foreign[0], len(foreign))
+        whose = f" (the staging record there is cache {record.owner}'s)" if theirs and record is not None else ""
+        raise StageError(f"{refusal}{whose}; nothing was written or deleted; {FIX_DEST}", EXIT_BAD_SOURCE)
     dest.mkdir(parents=True, exist_ok=True)
     mine.trees |= set(TREES)  # DIR holds none of them but ours: the download cache it makes is ours
+    mine.owner = owner or mine.owner
     return mine
 
 
@@ -261,7 +272,7 @@ def _finish(
     return f"{len(files)} files ({total} bytes) complete and verified in {dest}"
 
 
-def stage_huggingface(repo: str, revision: str, dest: Path) -> str:
+def stage_huggingface(repo: str, revision: str, dest: Path, owner: str = "") -> str:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -302,7 +313,7 @@ def stage_huggingface(repo: str, revision: str, dest: Path) -> str:
     if not files:
         raise StageError(f"{repo}@{revision} lists no files", EXIT_BAD_SOURCE)
     files = checked(files, f"the file list of {repo}@{revision}")
-    record = claim(dest)
+    record = claim(dest, owner)
 
     def fetch(expected: Expected) -> None:
         (dest / expected.path).unlink(missing_ok=True)
@@ -326,7 +337,7 @@ def _manifest(source: Path) -> list[Expected]:
     return files
 
 
-def stage_copy(source: Path, dest: Path) -> str:
+def stage_copy(source: Path, dest: Path, owner: str = "") -> str:
     if not source.is_dir():
         raise StageError(f"source directory {source} does not exist: check the claim and subPath", EXIT_BAD_SOURCE)
     files = checked(_manifest(source), f"{source / MANIFEST}")
@@ -335,7 +346,7 @@ def stage_copy(source: Path, dest: Path) -> str:
     absent = [f.path for f in files if not (source / f.path).is_file()]
     if absent:  # before DIR is touched: exit 3 promises the copy staged before is intact
         raise StageError(f"{absent[0]} is in the manifest but not in {source}", EXIT_BAD_SOURCE)
-    record = claim(dest)
+    record = claim(dest, owner)
 
     def fetch(expected: Expected) -> None:
         origin = source / expected.path
@@ -350,11 +361,14 @@ def stage_copy(source: Path, dest: Path) -> str:
     return _finish(record, {"copy": str(source)}, files, fetch)
 
 
-def clean(dest: Path) -> str:
-    """Remove what the record lists, then the record, then DIR itself if nothing else is left in it."""
+def clean(dest: Path, owner: str = "") -> str:
+    """Remove what the record lists, then the record, then DIR itself if nothing else is left in it. Another cache's
+    record (`owner` given and not the one it names) removes nothing."""
     if not dest.is_dir():
         return f"{dest} does not exist: nothing to remove"
     record = recorded(dest)
+    if record is not None and record.foreign_to(owner):
+        return f"the staging record in {dest} is cache {record.owner}'s, not {owner}'s: nothing removed"
     removed = 0
     if record is not None:
         for relative in sorted(record.files):
@@ -409,17 +423,21 @@ def register(sub: Any) -> None:
         "clean", help="remove the files its staging record lists, then the directory if nothing else is in it"
     )
     cleanup.add_argument("--dest", required=True, type=Path)
+    for command in (hf, copy, cleanup):
+        command.add_argument(
+            "--owner", default="", help="the cache it works for (namespace/name): another cache's record is not its own"
+        )
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         if args.source == "huggingface":
-            summary = stage_huggingface(args.repo, args.revision, args.dest)
+            summary = stage_huggingface(args.repo, args.revision, args.dest, args.owner)
         elif args.source == "copy":
-            summary = stage_copy(args.origin, args.dest)
+            summary = stage_copy(args.origin, args.dest, args.owner)
         else:
-            summary = clean(args.dest)
+            summary = clean(args.dest, args.owner)
     except StageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         _terminate(str(exc))

@@ -145,6 +145,15 @@ def _readiness(body: Mapping[str, Any]) -> tuple[str, str]:
     return str(ready.get("status") or ""), str(ready.get("reason") or "")
 
 
+def ready_nodes(body: Mapping[str, Any]) -> frozenset[str]:
+    """The nodes where a cache's status says its copy is Ready, when that status is of its current spec (after a
+    spec change the old Ready entries say nothing about the new path)."""
+    status = body.get("status") or {}
+    if int(status.get("observedGeneration") or -1) != int(body["metadata"].get("generation") or 0):
+        return frozenset()
+    return frozenset(str(n.get("name")) for n in status.get("nodes") or [] if n.get("phase") == "Ready")
+
+
 def other_caches(caches: list[dict[str, Any]], namespace: str, name: str) -> list[OtherCache]:
     """Every cache listed but this one, with its spec.path (also when the rest of its spec does not parse: its
     directory is still never cleaned)."""
@@ -158,7 +167,7 @@ def other_caches(caches: list[dict[str, Any]], namespace: str, name: str) -> lis
         except (SpecError, SpecErrors):
             parsed = None
         key = f"{meta['namespace']}/{meta['name']}"
-        others.append(OtherCache(key, path, str(meta.get("creationTimestamp") or ""), parsed))
+        others.append(OtherCache(key, path, str(meta.get("creationTimestamp") or ""), parsed, ready_nodes(body)))
     return others
 
 
