@@ -7,15 +7,18 @@ import copy
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from m3fleet.api import parse_resource
 from m3fleet.api.cache import (
+    DEFAULT_PATH_PREFIXES,
     MiniMaxM3ModelCache,
     allowed_image_repositories,
     allowed_prefixes,
     foreign_files_message,
     node_label_key,
+    path_not_allowed,
 )
 from m3fleet.cache.plan import (
     BAD_SOURCE_EXIT_CODE,
@@ -772,3 +775,11 @@ def test_cleanup_jobs_count_only_when_a_live_cache_controls_them_in_its_namespac
         clean_job("llm", {"uid": "me"}),  # the cache's own: not another's
     ]
     assert of_other_caches([real, *forged], caches, "me") == [real]
+
+
+def test_every_sample_cache_is_inside_the_charts_default_prefixes() -> None:
+    samples = sorted((SAMPLES_DIR.parent / "cache").glob("*.yaml"))
+    caches = [d for p in samples for d in yaml.safe_load_all(p.read_text()) if d and d["kind"] == "MiniMaxM3ModelCache"]
+    assert caches
+    for body in caches:
+        assert path_not_allowed(body["spec"]["path"], DEFAULT_PATH_PREFIXES) is None, body["spec"]["path"]
