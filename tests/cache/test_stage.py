@@ -31,6 +31,7 @@ REPO = "MiniMaxAI/MiniMax-M3-tiny"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"
 MARKER = ".m3fleet-complete.json"
+STAGING = ".m3fleet-staging.json"
 
 
 def git_sha1(content: bytes) -> str:
@@ -179,14 +180,20 @@ def test_downloads_verifies_and_marks_complete_then_keeps_what_is_verified(
     assert downloads(fake) == sorted(fake.files)
     assert "4 files" in out and "verified" in (tmp_path / "termination-log").read_text()
 
+    # The staging record lists every file written here, and Hugging Face's download cache as its own.
+    record = json.loads((dest / STAGING).read_text())
+    assert record["files"] == sorted(fake.files) and ".cache/huggingface" in record["trees"]
+
     # Run again (the Job retried, or re-created after its record was deleted): nothing is downloaded again,
-    # and a file from an earlier revision that the repo no longer has is removed.
+    # and a file an earlier run wrote that the repo no longer has is removed.
     (dest / "old-shard.safetensors").write_bytes(b"x")
+    (dest / STAGING).write_text(json.dumps({**record, "files": [*record["files"], "old-shard.safetensors"]}))
     fake.requests.clear()
     code, _, err = hf(tmp_path, dest, endpoint)
     assert code == 0, err
     assert downloads(fake) == []
     assert not (dest / "old-shard.safetensors").exists()
+    assert json.loads((dest / STAGING).read_text())["files"] == sorted(fake.files)
 
 
 def test_a_corrupted_file_is_rejected_and_the_copy_never_marked_complete(
@@ -265,7 +272,8 @@ def test_copy_from_a_claim_directory_checks_the_manifest(tmp_path: Path) -> None
     assert (dest / MARKER).exists()
 
     code, out, _ = stage(tmp_path, "clean", "--dest", str(dest))
-    assert code == 0 and "emptied" in out and dest.is_dir() and list(dest.iterdir()) == []
+    assert code == 0 and "removed the 2 files m3fleet wrote and the empty directory" in out, out
+    assert not dest.exists()
 
 
 def test_copy_from_another_source_never_trusts_a_size_and_a_bad_manifest_touches_nothing(tmp_path: Path) -> None:
@@ -290,3 +298,121 @@ def test_copy_from_another_source_never_trusts_a_size_and_a_bad_manifest_touches
         assert (dest / MARKER).read_text() == complete  # the copy staged before is intact and still complete
         assert (dest / "model.safetensors").read_bytes() == b"b" * 4096
     assert not (tmp_path / "nvme" / "escape").exists()
+
+
+def foreign_tree(root: Path) -> dict[str, bytes]:
+    """What other people keep in a directory: another team's weights, a data set, a notes file."""
+    files = {
+        "team-b/llama/model-00001.safetensors": os.urandom(4096),
+        "datasets/eval.jsonl": b'{"q": 1}\n',
+        "NOTES.md": b"do not delete\n",
+    }
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content)
+    return files
+
+
+def intact(root: Path, files: dict[str, bytes]) -> bool:
+    return all((root / name).read_bytes() == content for name, content in files.items())
+
+
+def test_a_directory_holding_files_it_did_not_write_is_never_staged_into(
+    hub: tuple[FakeHub, str], tmp_path: Path
+) -> None:
+    """Another team's weights, a data set and a notes file: the real `m3fleet stage`, from the Hub or a claim, stops
+    before writing a byte (exit 3, the termination log naming the directory and the first foreign file), and
+    `stage clean` leaves them too."""
+    fake, endpoint = hub
+    dest = tmp_path / "raid"
+    theirs = foreign_tree(dest)
+    code, _, err = hf(tmp_path, dest, endpoint)
+    assert code == 3, err
+    said = (tmp_path / "termination-log").read_text()
+    assert f'{dest} holds 3 file(s) m3fleet did not write, first: "NOTES.md"' in said and "fix:" in said, said
+    assert downloads(fake) == [] and intact(dest, theirs)
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == sorted(theirs)
+
+    source = tmp_path / "pvc"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"m" * 1000)
+    code, _, err = stage(tmp_path, "copy", "--from", str(source), "--dest", str(dest))
+    assert code == 3 and "NOTES.md" in err and intact(dest, theirs) and not (dest / STAGING).exists()
+
+    code, out, _ = stage(tmp_path, "clean", "--dest", str(dest))
+    assert code == 0 and "removed the 0 files m3fleet wrote" in out and intact(dest, theirs), out
+
+
+def test_files_added_beside_a_staged_copy_stop_staging_and_survive_its_cleanup(
+    hub: tuple[FakeHub, str], tmp_path: Path
+) -> None:
+    """A directory m3fleet staged, then someone else's files put in it: a new run stops at them (exit 3), and the
+    cleanup removes only what the record lists, leaving their files and so the directory."""
+    fake, endpoint = hub
+    dest = tmp_path / "nvme" / "m3fleet" / "m3"
+    assert hf(tmp_path, dest, endpoint)[0] == 0
+    theirs = foreign_tree(dest)
+    code, _, err = hf(tmp_path, dest, endpoint)
+    assert code == 3 and 'first: "NOTES.md"' in err and intact(dest, theirs)
+    code, out, _ = stage(tmp_path, "clean", "--dest", str(dest))
+    assert code == 0 and f"removed the {len(fake.files)} files m3fleet wrote" in out, out
+    assert intact(dest, theirs) and not any((dest / name).exists() for name in fake.files)
+    assert not (dest / ".cache").exists() and not (dest / STAGING).exists() and not (dest / MARKER).exists()
+
+
+def test_an_interrupted_copy_is_recorded_as_it_writes_and_cleaned_from_the_record(tmp_path: Path) -> None:
+    """The record is saved before each file is written: a run stopped half way (its source gone mid-copy, here a
+    file the source cannot read) leaves a record of what it wrote; the next run resumes, and a cleanup of the stopped
+    run removes exactly that."""
+    source = tmp_path / "pvc"
+    source.mkdir()
+    for name in ("a.safetensors", "b.safetensors"):
+        (source / name).write_bytes(name.encode() * 100)
+    (source / "b.safetensors").chmod(0)
+    dest = tmp_path / "nvme" / "m3fleet" / "m3"
+    code, _, err = stage(tmp_path, "copy", "--from", str(source), "--dest", str(dest))
+    if os.geteuid() != 0:  # root reads a file of mode 0: the copy completes and there is nothing to resume
+        assert code == 1 and "b.safetensors" in err, err
+        assert json.loads((dest / STAGING).read_text())["files"] == ["a.safetensors", "b.safetensors"]
+        assert not (dest / MARKER).exists()
+    (source / "b.safetensors").chmod(0o644)
+    (dest / "NOTES.md").write_text("mine")
+    code, out, _ = stage(tmp_path, "clean", "--dest", str(dest))
+    assert code == 0 and (dest / "NOTES.md").read_text() == "mine" and not (dest / "a.safetensors").exists(), out
+
+
+def test_a_record_naming_paths_outside_the_directory_reaches_nothing(tmp_path: Path) -> None:
+    """A staging record edited by hand to name `../` or absolute paths: `stage clean` removes nothing outside DIR,
+    and staging treats the file it named as someone else's."""
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep")
+    dest = tmp_path / "nvme" / "m3fleet" / "m3"
+    dest.mkdir(parents=True)
+    (dest / "x").write_text("x")
+    names = ["../../../precious.txt", str(outside), "x/../../../../precious.txt"]
+    (dest / STAGING).write_text(json.dumps({"source": None, "files": names, "trees": ["../.."]}))
+    code, out, _ = stage(tmp_path, "clean", "--dest", str(dest))
+    assert code == 0 and outside.read_text() == "keep" and (dest / "x").read_text() == "x", out
+    (dest / STAGING).write_text(json.dumps({"source": None, "files": names, "trees": []}))
+    source = tmp_path / "claim"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"m")
+    code, _, err = stage(tmp_path, "copy", "--from", str(source), "--dest", str(dest))
+    assert code == 3 and 'first: "x"' in err and outside.read_text() == "keep", err
+
+
+def test_another_caches_record_is_not_its_own(tmp_path: Path) -> None:
+    """Two caches on one directory (one moved onto the other's): the second's run stops at the first's files, and
+    its cleanup removes none of them; the first's own cleanup does."""
+    source = tmp_path / "claim"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"m" * 100)
+    dest = tmp_path / "nvme" / "m3fleet" / "shared"
+    assert stage(tmp_path, "copy", "--from", str(source), "--dest", str(dest), "--owner", "team/a")[0] == 0
+    assert json.loads((dest / STAGING).read_text())["owner"] == "team/a"
+    code, _, err = stage(tmp_path, "copy", "--from", str(source), "--dest", str(dest), "--owner", "team/b")
+    assert code == 3 and "the staging record there is cache team/a's" in err, err
+    code, out, _ = stage(tmp_path, "clean", "--dest", str(dest), "--owner", "team/b")
+    assert code == 0 and "nothing removed" in out and (dest / "model.safetensors").exists(), out
+    code, out, _ = stage(tmp_path, "clean", "--dest", str(dest), "--owner", "team/a")
+    assert code == 0 and not dest.exists(), out

@@ -500,3 +500,23 @@ def test_cross_field_rules_fail_with_a_fix(values: dict[str, Any], message: str)
         render(values)
     assert message in str(exc.value)
     assert "; " in str(exc.value) or ": " in str(exc.value)
+
+
+def test_model_cache_rules_reach_the_operator_and_it_accepts_them() -> None:
+    """modelCache.allowedPathPrefixes and allowedStagerImages become the env `m3fleet run` reads at startup; the
+    defaults are the operator's own (a dedicated directory, the operator image's repository)."""
+    from m3fleet.api.cache import DEFAULT_PATH_PREFIXES, allowed_image_repositories, allowed_prefixes
+
+    env = {e["name"]: e.get("value") for e in container({})["env"]}
+    assert allowed_prefixes(env["M3FLEET_CACHE_PATH_PREFIXES"]) == DEFAULT_PATH_PREFIXES
+    assert allowed_image_repositories(env["M3FLEET_STAGER_IMAGES"], "x:1") == ("ghcr.io/m3fleet/operator",)
+    values = {
+        "image": {"repository": "mirror.local/m3fleet/operator"},
+        "modelCache": {"allowedPathPrefixes": ["/raid/m3fleet"], "allowedStagerImages": ["mirror.local/stager"]},
+    }
+    env = {e["name"]: e.get("value") for e in container(values)["env"]}
+    assert (
+        env["M3FLEET_CACHE_PATH_PREFIXES"] == "/raid/m3fleet" and env["M3FLEET_STAGER_IMAGES"] == "mirror.local/stager"
+    )
+    mirrored = container({"image": {"repository": "mirror.local/m3fleet/operator"}})["env"]
+    assert {e["name"]: e.get("value") for e in mirrored}["M3FLEET_STAGER_IMAGES"] == "mirror.local/m3fleet/operator"

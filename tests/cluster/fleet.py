@@ -150,9 +150,11 @@ def write_manifest(tmp: Path, document: dict[str, Any]) -> Path:
 
 
 @contextlib.contextmanager
-def operated_namespace(cluster: Cluster, namespace: str, name: str) -> Iterator[OperatorProcess]:
-    """A namespace with weight PVCs, and a cluster-scoped operator (its own process) running over it."""
+def operated_namespace(
+    cluster: Cluster, namespace: str, name: str, env: dict[str, str] | None = None
+) -> Iterator[OperatorProcess]:
+    """A namespace with weight PVCs, and a cluster-scoped operator (its own process, with `env`) running over it."""
     cluster.namespace(namespace)
     weight_volumes(cluster, namespace)
-    with cluster.operator("--all-namespaces", "--standalone", name=name) as running:
+    with cluster.operator("--all-namespaces", "--standalone", name=name, env=env) as running:
         yield running

@@ -18,12 +18,16 @@ that images are really pulled (no container runtime), hostPath mounts, and that 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cluster.cluster import Cluster, OperatorProcess, eventually
+from tests.cluster.cluster import OPERATOR_NAMESPACE, Cluster, OperatorProcess, eventually
 from tests.cluster.fleet import condition, delete, operated_namespace, renamed, sample, wait_ready
 
 NAMESPACE = "cache"
@@ -34,9 +38,20 @@ MANUAL_NODE = "h200-manual"  # no kwok: the test is its kubelet
 MANUAL_TAINT = {"key": "m3fleet.test/manual", "value": "true", "effect": "NoSchedule"}
 
 
+def chart_cache_env(cluster: Cluster) -> dict[str, str]:
+    """The model cache's rules as the installed chart gives them to the operator (its Deployment's env, from the
+    chart's default values): the operator process here starts with the same."""
+    [deployment] = cluster.list("deployments", OPERATOR_NAMESPACE, "app.kubernetes.io/name=m3fleet")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    wanted = ("M3FLEET_CACHE_PATH_PREFIXES", "M3FLEET_STAGER_IMAGES", "M3FLEET_STAGER_IMAGE")
+    return {e["name"]: e["value"] for e in container["env"] if e["name"] in wanted}
+
+
 @pytest.fixture(scope="module")
 def operator(chart: Cluster) -> Iterator[OperatorProcess]:
-    with operated_namespace(chart, NAMESPACE, "operator-model-cache") as running:
+    env = chart_cache_env(chart)
+    assert env["M3FLEET_CACHE_PATH_PREFIXES"] == "/var/lib/m3fleet,/mnt/*/m3fleet", env
+    with operated_namespace(chart, NAMESPACE, "operator-model-cache", env) as running:
         yield running
 
 
@@ -480,10 +495,10 @@ def test_one_directory_is_the_first_caches_until_it_goes(chart: Cluster, operato
     chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x", check=False)
     first_label, second_label = (f"cache.m3fleet.dev/{NAMESPACE}.{name}" for name in ("first", "second"))
     try:
-        chart.apply(cache("first", "shared", deleteFilesOnRemoval=False))
+        chart.apply(cache("first", "shared", path="/mnt/nvme/m3fleet/shared/m3", deleteFilesOnRemoval=False))
         eventually("first 2/2", lambda: status(chart, "first").get("nodesSummary") == "2/2", 90)
         staged = sorted(j["metadata"]["uid"] for j in jobs(chart, "first"))
-        chart.apply(cache("second", "shared", path="/mnt/nvme/m3fleet"))  # holds the first one's directory
+        chart.apply(cache("second", "shared", path="/mnt/nvme/m3fleet/shared"))  # holds the first one's directory
         degraded = eventually(
             "second: PathConflict",
             lambda: (
@@ -580,3 +595,277 @@ def test_a_directory_another_cache_is_emptying_is_staged_after_its_cleanup(
             chart.kubectl("delete", "m3cache", name, "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         chart.kubectl("delete", "node", MANUAL_NODE, "--ignore-not-found", "--wait=false", check=False)
         eventually("both gone", lambda: not chart.list("m3cache", NAMESPACE), 90)
+
+
+def degraded_reason(cluster: Cluster, name: str, reason: str) -> dict[str, Any]:
+    """The cache's Degraded condition, once it has this reason."""
+
+    def found() -> dict[str, Any] | None:
+        got = condition({"status": status(cluster, name)}, "Degraded")
+        return got if got.get("reason") == reason else None
+
+    result: dict[str, Any] = eventually(f"{name}: Degraded {reason}", found, 60)
+    return result
+
+
+def owned_jobs(cluster: Cluster, name: str, uid: str) -> list[dict[str, Any]]:
+    """The Jobs the cache itself controls (a look-alike carrying its labels is not one)."""
+    return [
+        j
+        for j in jobs(cluster, name)
+        if any(r.get("uid") == uid and r.get("controller") for r in j["metadata"].get("ownerReferences") or [])
+    ]
+
+
+def test_a_path_outside_the_allowed_prefixes_stages_nothing(chart: Cluster, operator: OperatorProcess) -> None:
+    """The chart's default prefixes (/var/lib/m3fleet, /mnt/*/m3fleet), given to the operator as the chart does: a
+    cache on /raid or in the kubelet's directory gets no Job at all, and its condition says how to fix it."""
+    try:
+        for name, path in (("raid", "/raid/models"), ("kubelet", "/var/lib/kubelet/pods")):
+            chart.apply(cache(name, "a", path=path))
+            degraded = degraded_reason(chart, name, "PathNotAllowed")
+            assert f"spec.path: {path} is not inside a directory the cluster admin allows" in degraded["message"]
+            assert "modelCache.allowedPathPrefixes" in degraded["message"]
+            assert jobs(chart, name) == []
+    finally:
+        for name in ("raid", "kubelet"):
+            chart.kubectl("delete", "m3cache", name, "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_path_edited_to_the_parent_of_the_copy_pods_mount_is_refused_and_nothing_is_removed(
+    chart: Cluster, operator: OperatorProcess
+) -> None:
+    """The issue's case: a live cache's path edited to its parent while an engine pod runs from the copy. Nothing is
+    staged into the parent and nothing is cleaned; the condition names the node and the directory pods mount. A
+    directory beside the old one is then staged, and the old copy is kept while the pod mounts it."""
+    node, old, parent, beside = "h200-4", "/mnt/nvme/m3fleet/nest/m3", "/mnt/nvme/m3fleet/nest", "/mnt/nvme/m3fleet/b"
+    label_node(chart, node, POOL_LABEL, "nest")
+    chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x", check=False)
+    deployment = renamed(sample("vllm-h200-tp8"), "nested", NAMESPACE)
+    deployment["spec"]["model"]["cacheRef"] = {"name": "nest"}
+    deployment["spec"]["rollout"] = {"maxSurge": 1, "maxUnavailable": 0}  # the old pod stays until one replaces it
+    try:
+        chart.apply(cache("nest", "nest", path=old))
+        eventually("nest 1/1", lambda: status(chart, "nest").get("nodesSummary") == "1/1", 90)
+        chart.apply(deployment)
+        wait_ready(chart, "nested", NAMESPACE)
+        [engine] = chart.list("pods", NAMESPACE, "m3fleet.dev/name=nested")
+        assert engine["spec"]["nodeName"] == node
+
+        patch = json.dumps({"spec": {"path": parent}})
+        chart.kubectl("patch", "m3cache", "nest", "-n", NAMESPACE, "--type=merge", "-p", patch)
+        degraded = degraded_reason(chart, "nest", "PathNested")
+        assert (
+            f"spec.path: {parent} is nested with {old}, which engine pods on node {node} still mount"
+            in degraded["message"]
+        ), degraded
+        assert "fix: choose a directory beside the old one" in degraded["message"]
+        time.sleep(5)  # a few more rounds: still nothing written into the parent, nothing cleaned
+        assert [host_path(j) for j in jobs(chart, "nest")] == [old]
+        assert chart.get("pod", engine["metadata"]["name"], NAMESPACE) is not None
+
+        patch = json.dumps({"spec": {"path": beside}})
+        chart.kubectl("patch", "m3cache", "nest", "-n", NAMESPACE, "--type=merge", "-p", patch)
+        eventually("staged beside the old copy", lambda: beside in {host_path(j) for j in jobs(chart, "nest")}, 60)
+        entry = eventually(
+            "the old copy kept under the engine pod",
+            lambda: next(
+                (
+                    n
+                    for n in status(chart, "nest").get("nodes", [])
+                    if "while pods on the node mount it" in n["message"]
+                ),
+                None,
+            ),
+            90,
+        )
+        assert old in entry["message"]
+        clean = [j for j in jobs(chart, "nest") if j["metadata"]["labels"]["m3fleet.dev/cache-action"] == "clean"]
+        assert clean == [] and condition({"status": status(chart, "nest")}, "Degraded").get("reason") == "AsExpected"
+    finally:
+        delete(chart, "nested", NAMESPACE)
+        chart.kubectl("delete", "m3cache", "nest", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        eventually("nest gone", lambda: chart.get("m3cache", "nest", NAMESPACE) is None, 90)
+        label_node(chart, node, POOL_LABEL, None)
+
+
+FORGER = "forger"  # a namespace where someone with `edit` makes look-alikes
+
+
+def look_alike_job(name: str, namespace: str, node: str, content: str, suspend: bool) -> dict[str, Any]:
+    """A Job carrying a cache cleanup Job's labels and annotations, no volume, owned by no one."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/managed-by": "m3fleet",
+                "m3fleet.dev/cache": "target",
+                "m3fleet.dev/cache-action": "clean",
+                "m3fleet.dev/cache-content": content,
+            },
+            "annotations": {"m3fleet.dev/node": node, "m3fleet.dev/attempt": "1"},
+        },
+        "spec": {
+            "suspend": suspend,
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                                ]
+                            }
+                        }
+                    },
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [{"name": "clean", "image": "busybox:1.36", "command": ["true"]}],
+                }
+            },
+        },
+    }
+
+
+def test_look_alike_jobs_and_daemonsets_in_any_namespace_change_nothing(
+    chart: Cluster, operator: OperatorProcess
+) -> None:
+    """Jobs carrying a cleanup Job's labels — suspended with no volume, or completed, in another namespace or the
+    cache's own — and a DaemonSet carrying the pre-pull one's: none is controlled by a live cache, so the cache's
+    node labels, Jobs and status stay as they are, and the look-alikes are left alone."""
+    pool = ("h200-4", "h200-5")
+    for node in pool:
+        label_node(chart, node, POOL_LABEL, "forge")
+    chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x", check=False)
+    chart.namespace(FORGER)
+    target_label = f"cache.m3fleet.dev/{NAMESPACE}.target"
+    try:
+        chart.apply(cache("target", "forge", path="/mnt/nvme/m3fleet/target", prePullImages=True))
+        eventually("target 2/2", lambda: status(chart, "target").get("nodesSummary") == "2/2", 90)
+        body = chart.get("m3cache", "target", NAMESPACE)
+        assert body is not None
+        uid, before = body["metadata"]["uid"], status(chart, "target")
+        staged = sorted(j["metadata"]["uid"] for j in owned_jobs(chart, "target", uid))
+        assert len(staged) == 2 and all(node_labels(chart, n).get(target_label) == "ready" for n in pool)
+
+        content = before["content"]
+        forged = [
+            look_alike_job("suspended", FORGER, "h200-4", content, suspend=True),
+            look_alike_job("completed", FORGER, "h200-5", content, suspend=False),
+            look_alike_job("completed-here", NAMESPACE, "h200-4", content, suspend=False),
+        ]
+        daemonset = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {
+                "name": "not-the-prepull",
+                "namespace": NAMESPACE,
+                "labels": {"app.kubernetes.io/managed-by": "m3fleet", "m3fleet.dev/cache": "target"},
+            },
+            "spec": {
+                "selector": {"matchLabels": {"app": "not-the-prepull"}},
+                "template": {
+                    "metadata": {"labels": {"app": "not-the-prepull"}},
+                    "spec": {
+                        "nodeSelector": {"m3fleet.test/nowhere": "true"},
+                        "containers": [{"name": "c", "image": "busybox:1.36"}],
+                    },
+                },
+            },
+        }
+        mark = operator.mark()
+        for obj in (*forged, daemonset):
+            chart.apply(obj)
+        for job in forged[1:]:
+            eventually(
+                f"look-alike {job['metadata']['name']} completed",
+                lambda job=job: (
+                    condition(
+                        chart.get("job", job["metadata"]["name"], job["metadata"]["namespace"]) or {}, "Complete"
+                    ).get("status")
+                    == "True"
+                ),
+                90,
+            )
+        # Every cache looks again (a node relabelled); the operator has listed Jobs since the look-alikes exist.
+        label_node(chart, "h200-4", "m3fleet.test/poke", "1")
+        eventually(
+            "the operator looked at Jobs again",
+            lambda: any(
+                e.get("verb") == "list" and (e.get("objectRef") or {}).get("resource") == "jobs"
+                for e in operator.requests_since(mark)
+            ),
+            30,
+        )
+        time.sleep(5)
+        after = status(chart, "target")
+        assert all(node_labels(chart, n).get(target_label) == "ready" for n in pool)
+        assert sorted(j["metadata"]["uid"] for j in owned_jobs(chart, "target", uid)) == staged
+        assert {n["name"]: n["phase"] for n in after["nodes"]} == dict.fromkeys(pool, "Ready")
+        assert after["nodesSummary"] == "2/2" and condition({"status": after}, "Ready").get("status") == "True"
+        assert chart.get("daemonset", "not-the-prepull", NAMESPACE) is not None
+        assert all(chart.get("job", j["metadata"]["name"], j["metadata"]["namespace"]) for j in forged)
+        writes = operator.writes(operator.requests_since(mark))
+        assert not [w for w in writes if "not-the-prepull" in w or "nodes" in w], writes
+    finally:
+        chart.kubectl("delete", "namespace", FORGER, "--ignore-not-found", "--wait=false", check=False)
+        chart.kubectl("delete", "job", "completed-here", "-n", NAMESPACE, "--ignore-not-found", check=False)
+        chart.kubectl("delete", "daemonset", "not-the-prepull", "-n", NAMESPACE, "--ignore-not-found", check=False)
+        chart.kubectl("delete", "m3cache", "target", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        eventually("target gone", lambda: chart.get("m3cache", "target", NAMESPACE) is None, 90)
+        for node in pool:
+            label_node(chart, node, POOL_LABEL, None)
+        label_node(chart, "h200-4", "m3fleet.test/poke", None)
+
+
+def test_files_the_cache_did_not_write_stop_staging_and_name_node_path_and_file(
+    chart: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """The real `m3fleet stage` run on a directory holding another team's files (as the Job would on the node): its
+    exit code and termination message, reported by the node's kubelet (the test, on the manual node), fail the Job at
+    once by its pod failure policy, and the cache says which node, which path and which file."""
+    dest = tmp_path / "crowded"
+    (dest / "team-b").mkdir(parents=True)
+    (dest / "team-b" / "weights.safetensors").write_bytes(b"w" * 64)
+    (dest / "NOTES.md").write_text("ours\n")
+    source = tmp_path / "claim"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"m" * 64)
+    log = tmp_path / "termination-log"
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "m3fleet"), "stage", "copy", "--from", str(source), "--dest", str(dest)],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"], "M3FLEET_TERMINATION_LOG": str(log)},
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 3 and (dest / "NOTES.md").read_text() == "ours\n", run.stderr
+    manual_node(chart)
+    chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x", check=False)
+    path = "/mnt/nvme/m3fleet/crowded"
+    try:
+        chart.apply(cache("crowded", "manual", path=path, deleteFilesOnRemoval=False))
+        [job] = eventually("a Job for the manual node", lambda: jobs(chart, "crowded"), 60)
+        name = job["metadata"]["name"]
+        fail_pod(chart, scheduled_pod(chart, name), run.returncode, log.read_text())
+        degraded = degraded_reason(chart, "crowded", "ForeignFiles")
+        assert degraded["message"].startswith(
+            f"spec.path: {path} on node {MANUAL_NODE} holds files m3fleet did not write (first: NOTES.md)"
+        ), degraded
+        assert "fix: give this cache an empty directory of its own, or move those files out" in degraded["message"]
+        failed = chart.get("job", name, NAMESPACE)
+        assert failed is not None
+        [cond] = [c for c in failed["status"]["conditions"] if c["type"] == "Failed"]
+        assert cond["reason"] == "PodFailurePolicy" and len(pods_of(chart, name)) == 1
+        assert f"cache.m3fleet.dev/{NAMESPACE}.crowded" not in node_labels(chart, MANUAL_NODE)
+    finally:
+        chart.kubectl(
+            "delete", "m3cache", "crowded", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False
+        )
+        eventually("crowded gone", lambda: chart.get("m3cache", "crowded", NAMESPACE) is None, 60)
+        chart.kubectl("delete", "node", MANUAL_NODE, "--ignore-not-found", "--wait=false", check=False)

@@ -7,10 +7,19 @@ import copy
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from m3fleet.api import parse_resource
-from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
+from m3fleet.api.cache import (
+    DEFAULT_PATH_PREFIXES,
+    MiniMaxM3ModelCache,
+    allowed_image_repositories,
+    allowed_prefixes,
+    foreign_files_message,
+    node_label_key,
+    path_not_allowed,
+)
 from m3fleet.cache.plan import (
     BAD_SOURCE_EXIT_CODE,
     CLEAN,
@@ -23,6 +32,7 @@ from m3fleet.cache.plan import (
     plan_cache,
     retry_delay,
 )
+from m3fleet.controller.cache import of_other_caches
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
 from m3fleet.render import POD_SECURITY_ANNOTATION, cache_mount, render
@@ -65,6 +75,7 @@ def job(node: str, state: str, attempt: int = 1, cache: MiniMaxM3ModelCache | No
 
 def inputs(cache: MiniMaxM3ModelCache | None = None, **kw: Any) -> Inputs:
     base: dict[str, Any] = {"uid": "u1", "nodes": [], "jobs": [], "images": [], "now": NOW, "stager_image": "op:1"}
+    base["allowed_prefixes"] = ("/mnt", "/srv")  # an admin's choice wide enough for the directories used here
     base.update(kw)
     return Inputs(cache=cache or the_cache(), **base)
 
@@ -614,13 +625,21 @@ def test_one_directory_serves_two_caches_whose_pools_do_not_meet() -> None:
     assert "h200-0 (team/a)" in _condition(work, "Degraded").message
 
 
-def test_a_second_cache_stops_writing_and_drops_its_label_when_the_first_moves_onto_its_directory() -> None:
+def test_a_cache_moved_onto_a_directory_in_use_is_refused_and_the_copy_there_stays() -> None:
+    """The first cache edited onto the second's directory: where the second's copy is in use (Ready) the second keeps
+    it and the first stages nothing (PathConflict); where the second was still staging, the first's comes first."""
     first = OtherCache("team/a", "/mnt/nvme/m3", "2026-11-01T00:00:00Z", _named("a"))
     jobs = [job("h200-0", "Complete"), job("h200-1", "Active")]
     work = plan_cache(
         inputs(nodes=nodes("h200-0", "h200-1", labelled=("h200-0",)), jobs=jobs, created="2026-11-02", others=[first])
     )
-    assert work.labels == {"h200-0": None} and work.delete == [jobs[1]] and work.create == []
+    assert work.labels == {} and work.delete == [jobs[1]] and work.create == []
+    # The first, as it sees the second: Ready on h200-0 for its current spec (its status says so).
+    second = OtherCache("team/b", "/mnt/nvme/m3", "2026-11-02T00:00:00Z", _named("b"), frozenset({"h200-0"}))
+    moved = plan_cache(inputs(nodes=nodes("h200-0", "h200-1"), created="2026-11-01", others=[second]))
+    reason, message = verdict(moved, "Degraded")
+    assert reason == "PathConflict" and "h200-0 (team/b)" in message and "h200-1" not in message
+    assert [j["metadata"]["annotations"]["m3fleet.dev/node"] for j in moved.create] == ["h200-1"]
 
 
 def test_a_directory_another_cache_is_emptying_is_staged_once_its_cleanup_ended() -> None:
@@ -652,3 +671,128 @@ def test_a_deployment_with_a_cache_is_not_labelled_restricted_it_mounts_a_host_p
     without = _vllm(None)
     plain = next(o for o in render(without, plan(without.spec)) if o["kind"] == "Deployment")
     assert plain["metadata"]["annotations"][POD_SECURITY_ANNOTATION] == "restricted"  # the same pod, no cache
+
+
+def verdict(work: Any, kind: str) -> tuple[str, str]:
+    found = next(v for v in work.conditions if v.type == kind)
+    return found.reason, found.message
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("/mnt/nvme/m3fleet/m3", True),
+        ("/var/lib/m3fleet/models/m3", True),
+        ("/mnt/nvme/m3fleet", False),  # the prefix itself: every cache's directory would be inside it
+        ("/mnt/nvme/m3", False),
+        ("/raid", False),
+        ("/var/lib/kubelet", False),
+        ("/etc/kubernetes/manifests", False),
+        ("/home/someone", False),
+    ],
+)
+def test_a_cache_writes_only_inside_the_prefixes_the_admin_allows(path: str, allowed: bool) -> None:
+    cache = the_cache(path=path)
+    staged = [job("h200-0", "Complete", cache=cache)]
+    # The admin's defaults (/var/lib/m3fleet, /mnt/*/m3fleet): Inputs as the operator builds it with no setting.
+    work = plan_cache(Inputs(cache, "u1", nodes("h200-0", labelled=("h200-0",)), staged, [], NOW, "op:1"))
+    if allowed:
+        assert verdict(work, "Ready")[0] != "PathNotAllowed"
+        return
+    reason, message = verdict(work, "Degraded")
+    assert reason == "PathNotAllowed" and f"spec.path: {path} is not inside" in message
+    assert "/var/lib/m3fleet, /mnt/*/m3fleet" in message and "modelCache.allowedPathPrefixes" in message
+    assert work.create == [] and work.delete == [] and work.labels == {}  # the node's copy of this spec stays labelled
+
+
+def test_a_stager_image_the_admin_does_not_allow_runs_nothing_and_an_allowed_one_runs() -> None:
+    pool = nodes("h200-0")
+    work = plan_cache(inputs(the_cache(stagerImage="docker.io/evil/root:1"), nodes=pool))
+    reason, message = verdict(work, "Degraded")
+    assert (
+        reason == "StagerImageNotAllowed"
+        and "docker.io/evil/root:1" in message
+        and "allowed repositories: op" in message
+    )
+    assert work.create == []
+    work = plan_cache(
+        inputs(
+            the_cache(stagerImage="mirror.local/m3fleet/operator@sha256:" + "a" * 64),
+            nodes=pool,
+            allowed_images=("mirror.local/m3fleet/operator",),
+        )
+    )
+    [created] = work.create
+    assert created["spec"]["template"]["spec"]["containers"][0]["image"].startswith("mirror.local/m3fleet/operator@")
+
+
+def test_admin_settings_are_checked_at_startup() -> None:
+    assert allowed_prefixes(None) == ("/var/lib/m3fleet", "/mnt/*/m3fleet")
+    assert allowed_prefixes(" /data/m3fleet , /mnt/*/models") == ("/data/m3fleet", "/mnt/*/models")
+    for bad in ("/", "relative/dir", "/mnt/../etc", "/etc"):
+        with pytest.raises(ValueError, match=r"modelCache\.allowedPathPrefixes"):
+            allowed_prefixes(bad)
+    assert allowed_image_repositories("", "ghcr.io/m3fleet/operator:0.1.0") == ("ghcr.io/m3fleet/operator",)
+    with pytest.raises(ValueError, match=r"modelCache\.allowedStagerImages"):
+        allowed_image_repositories("ghcr.io/m3fleet/operator:latest", "op:1")
+
+
+def test_files_the_cache_did_not_write_are_a_condition_naming_node_path_and_file_and_retried() -> None:
+    said = foreign_files_message("/cache", "team-b/llama/model.safetensors", 3) + "; fix: ..."
+    failed = job("h200-0", "Failed", finished_at=NOW - 10, bad_source=True, message=said)
+    work = plan_cache(inputs(nodes=nodes("h200-0"), jobs=[failed]))
+    reason, message = verdict(work, "Degraded")
+    assert reason == "ForeignFiles"
+    assert message.startswith(
+        "spec.path: /mnt/nvme/m3 on node h200-0 holds files m3fleet did not write (first: "
+        "team-b/llama/model.safetensors)"
+    ), message
+    assert work.create == [] and work.requeue_after == pytest.approx(retry_delay(1) - 10)
+    later = plan_cache(inputs(nodes=nodes("h200-0"), jobs=[failed], now=NOW + retry_delay(1)))
+    assert [j["metadata"]["annotations"]["m3fleet.dev/attempt"] for j in later.create] == ["2"]
+
+
+def test_a_path_moved_around_the_copy_pods_mount_stages_nothing_until_they_are_off_it() -> None:
+    """The issue's case: a live cache's path edited to its parent while engine pods run from the old copy."""
+    old = job("h200-0", "Complete", finished_at=NOW - 100)  # the copy in /mnt/nvme/m3
+    moved = the_cache(path="/mnt/nvme", deleteFilesOnRemoval=True)
+    mounts = {"h200-0": ["/mnt/nvme/m3"]}
+    work = plan_cache(inputs(moved, nodes=nodes("h200-0", labelled=("h200-0",)), jobs=[old], mounts=mounts))
+    reason, message = verdict(work, "Degraded")
+    assert reason == "PathNested" and "/mnt/nvme is nested with /mnt/nvme/m3" in message and "h200-0" in message
+    assert work.create == [] and work.delete == []
+    inside = the_cache(path="/mnt/nvme/m3/v2", deleteFilesOnRemoval=True)
+    work = plan_cache(inputs(inside, nodes=nodes("h200-0"), jobs=[old], mounts=mounts))
+    assert verdict(work, "Degraded")[0] == "PathNested" and work.create == []
+    # Off it: staged (the staging program itself refuses a directory holding files it did not write), never cleaned.
+    work = plan_cache(inputs(moved, nodes=nodes("h200-0"), jobs=[old], mounts={}))
+    assert [j["metadata"]["labels"]["m3fleet.dev/cache-action"] for j in work.create] == [STAGE]
+
+
+def test_cleanup_jobs_count_only_when_a_live_cache_controls_them_in_its_namespace() -> None:
+    def clean_job(namespace: str, owner: dict[str, Any] | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": "c", "namespace": namespace, "labels": {}}
+        if owner is not None:
+            meta["ownerReferences"] = [{"kind": "MiniMaxM3ModelCache", "controller": True, **owner}]
+        return {"metadata": meta}
+
+    caches = [
+        {"metadata": {"name": "a", "namespace": "team-a", "uid": "ua"}},
+        {"metadata": {"name": "me", "namespace": "llm", "uid": "me"}},
+    ]
+    real = clean_job("team-a", {"uid": "ua"})
+    forged = [
+        clean_job("forger", None),  # no owner
+        clean_job("forger", {"uid": "ua"}),  # a live cache's uid, another namespace
+        clean_job("team-a", {"uid": "gone"}),  # a cache that no longer exists
+        clean_job("llm", {"uid": "me"}),  # the cache's own: not another's
+    ]
+    assert of_other_caches([real, *forged], caches, "me") == [real]
+
+
+def test_every_sample_cache_is_inside_the_charts_default_prefixes() -> None:
+    samples = sorted((SAMPLES_DIR.parent / "cache").glob("*.yaml"))
+    caches = [d for p in samples for d in yaml.safe_load_all(p.read_text()) if d and d["kind"] == "MiniMaxM3ModelCache"]
+    assert caches
+    for body in caches:
+        assert path_not_allowed(body["spec"]["path"], DEFAULT_PATH_PREFIXES) is None, body["spec"]["path"]

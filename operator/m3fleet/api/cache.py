@@ -12,8 +12,11 @@ this package ships), labels the nodes whose copy is complete and verified, and r
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
+import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -58,6 +61,105 @@ REVISION_FIX = (
 )
 _PATH_RE = re.compile(PATH_PATTERN)
 FORBIDDEN_PATHS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/proc", "/root", "/sbin", "/sys", "/usr", "/var")
+
+
+# Where caches may write, and what may write there: the cluster admin's choice (chart values
+# modelCache.allowedPathPrefixes and modelCache.allowedStagerImages), read by the operator at startup.
+DEFAULT_PATH_PREFIXES = ("/var/lib/m3fleet", "/mnt/*/m3fleet")  # '*': any one directory (a disk's mount point)
+PATH_PREFIXES_CHART_VALUE = "modelCache.allowedPathPrefixes"
+STAGER_IMAGES_CHART_VALUE = "modelCache.allowedStagerImages"
+FOREIGN_FILES = "file(s) m3fleet did not write, first: "  # `m3fleet stage` says it; the cache's condition repeats it
+_FOREIGN_RE = re.compile(re.escape(FOREIGN_FILES) + r'("(?:[^"\\]|\\.)*")')
+
+
+def foreign_files_message(directory: str, first: str, count: int) -> str:
+    """`directory` holds `count` files no staging record lists; `first` is quoted so the controller can read it back."""
+    return f"{directory} holds {count} {FOREIGN_FILES}{json.dumps(first)}"
+
+
+def foreign_file(message: str) -> str | None:
+    """The first foreign file a staging program's message names (None: the message is about something else)."""
+    match = _FOREIGN_RE.search(message)
+    if match is None:
+        return None
+    try:
+        return str(json.loads(match.group(1)))
+    except ValueError:
+        return None
+
+
+def _under(path: str, prefix: str) -> bool:
+    """Whether `path` is strictly inside `prefix`, whose '*' segments match any one directory name."""
+    parts, wanted = path.strip("/").split("/"), prefix.strip("/").split("/")
+    return len(parts) > len(wanted) and all(fnmatch.fnmatchcase(p, w) for p, w in zip(parts, wanted, strict=False))
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why an allowed path prefix (an admin's setting) is unusable; None when it is fine."""
+    plain = prefix.replace("*", "x")
+    if not _PATH_RE.fullmatch(plain) or any(seg in (".", "..") for seg in plain.split("/")):
+        return f"{prefix!r} {PATH_PROBLEM}"
+    if prefix in FORBIDDEN_PATHS:
+        return f"{prefix!r} is a system directory: caches under it could overwrite the node's own files"
+    return None
+
+
+def path_not_allowed(path: str, prefixes: Sequence[str]) -> str | None:
+    """spec.path outside every prefix the admin allows: the condition's message (None: allowed)."""
+    if any(_under(path, prefix) for prefix in prefixes):
+        return None
+    allowed = ", ".join(prefixes) or "none"
+    example = prefixes[0].replace("*", "nvme") if prefixes else "/var/lib/m3fleet"
+    return (
+        f"spec.path: {path} is not inside a directory the cluster admin allows for model caches ({allowed}); "
+        f"nothing is staged or deleted there; fix: choose a directory inside one of them, e.g. {example}/<name>, "
+        f"or ask the admin to allow it (chart value {PATH_PREFIXES_CHART_VALUE})"
+    )
+
+
+def allowed_prefixes(setting: str | None) -> tuple[str, ...]:
+    """The admin's allowed path prefixes from a comma-separated setting (None or empty: the defaults). Raises
+    ValueError naming the first unusable one."""
+    prefixes = tuple(p.strip() for p in (setting or "").split(",") if p.strip()) or DEFAULT_PATH_PREFIXES
+    for prefix in prefixes:
+        if (problem := prefix_problem(prefix)) is not None:
+            raise ValueError(
+                f"{PATH_PREFIXES_CHART_VALUE}: {problem}; fix: give absolute directories, e.g. /mnt/*/m3fleet"
+            )
+    return prefixes
+
+
+def allowed_image_repositories(setting: str | None, operator_image: str) -> tuple[str, ...]:
+    """The admin's allowed stager image repositories from a comma-separated setting (None or empty: the operator
+    image's own repository). Raises ValueError on an entry that is not a bare repository."""
+    repositories = tuple(r.strip() for r in (setting or "").split(",") if r.strip())
+    for repository in repositories:
+        if image_repository(repository) != repository or " " in repository:
+            raise ValueError(
+                f"{STAGER_IMAGES_CHART_VALUE}: {repository!r} is not a bare image repository; fix: drop its tag or "
+                "digest, e.g. ghcr.io/m3fleet/operator"
+            )
+    return repositories or (image_repository(operator_image),)
+
+
+def image_repository(image: str) -> str:
+    """The repository of an image reference: without its digest and tag."""
+    name = image.split("@", 1)[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    return name[:colon] if colon > slash else name
+
+
+def stager_image_not_allowed(image: str, allowed: Sequence[str]) -> str | None:
+    """spec.stagerImage whose repository is not one the admin allows: the condition's message (None: allowed; empty
+    means the operator's own image, always allowed)."""
+    if not image or image_repository(image) in allowed:
+        return None
+    return (
+        f"spec.stagerImage: {image} is not an image the cluster admin allows to write node directories (allowed "
+        f"repositories: {', '.join(allowed) or 'none'}); nothing is staged or deleted with it; fix: leave it empty "
+        f"(the operator's own image) or ask the admin to allow it (chart value {STAGER_IMAGES_CHART_VALUE})"
+    )
 
 
 def node_label_key(namespace: str, name: str) -> str:
@@ -152,7 +254,9 @@ class MiniMaxM3ModelCacheSpec(CamelModel):
     path: str = Field(
         max_length=1024,
         description="Absolute directory on each node's local disk (e.g. NVMe) that holds the copy; engine pods "
-        "mount it read-only.",
+        "mount it read-only. It must be inside a prefix the cluster admin allows (chart value "
+        "modelCache.allowedPathPrefixes; by default /var/lib/m3fleet and /mnt/*/m3fleet), and empty or holding only "
+        "what m3fleet staged there.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(f"self.matches('{PATH_PATTERN}')", f"path {PATH_PROBLEM}; fix: {PATH_FIX}"),
@@ -170,14 +274,15 @@ class MiniMaxM3ModelCacheSpec(CamelModel):
     )
     delete_files_on_removal: bool = Field(
         default=False,
-        description="When the cache is deleted, also delete the files on each node (a cleanup Job per node); "
-        "node labels are always removed. After a change of path, the old directory on each node once the new copy "
-        "is complete there.",
+        description="When the cache is deleted, also delete the files m3fleet staged on each node (those its "
+        "staging record lists; a cleanup Job per node); node labels are always removed. After a change of path, "
+        "those in the old directory on each node once the new copy is complete there.",
     )
     stager_image: str = Field(
         default="",
         max_length=512,
-        description="Image that runs `m3fleet stage` in the Jobs; empty means the operator's own image.",
+        description="Image that runs `m3fleet stage` in the Jobs; empty means the operator's own image. Its "
+        "repository must be one the cluster admin allows (chart value modelCache.allowedStagerImages).",
         json_schema_extra=image_rules("stagerImage"),
     )
 

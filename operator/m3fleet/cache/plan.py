@@ -26,6 +26,13 @@ Rules:
 * Two caches never write one directory: on a node both pools hold, a directory (or one inside it, or holding it)
   is the cache's created first; the other stages nothing there and reports `PathConflict` until one of them moves
   or goes. A directory another cache's cleanup Job is emptying on a node is staged only once that Job finished.
+* The cluster admin's rules come first: a path outside the allowed prefixes, or a stager image whose repository is
+  not allowed, stages and cleans nothing (`PathNotAllowed`, `StagerImageNotAllowed`).
+* A staging Job that stopped at files it did not write (`m3fleet stage` exits 3 naming the first) is `ForeignFiles`,
+  naming the node, the path and the file, and retried like a failure (someone may move the files). A path that holds
+  or is inside a directory engine pods on the node still mount stages nothing there (`PathNested`).
+* Only what the cache controls (owner reference with its uid) is its Job or DaemonSet; another cache's cleanup Job
+  counts only when a live cache controls it in its own namespace (the shell filters; look-alikes change nothing).
 * Deleting the cache removes every label; with `deleteFilesOnRemoval`, one cleanup Job per node and directory a
   staging Job wrote removes it, and the finalizer goes once they completed (or their node is gone). A node not
   Ready for UNREACHABLE_SECONDS holds the removal no longer: no Job runs there until its kubelet is back, so its
@@ -40,10 +47,15 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from m3fleet.api.cache import (
+    DEFAULT_PATH_PREFIXES,
     NODE_LABEL_READY,
     MiniMaxM3ModelCache,
+    foreign_file,
+    image_repository,
     label_key_problem,
     node_label_key,
+    path_not_allowed,
+    stager_image_not_allowed,
 )
 from m3fleet.catalog import ACCELERATORS
 from m3fleet.exitcodes import EXIT_BAD_SOURCE
@@ -107,6 +119,7 @@ class OtherCache:
     path: str  # its spec.path
     created: str = ""  # metadata.creationTimestamp (RFC 3339 in UTC: sorts in time order)
     cache: MiniMaxM3ModelCache | None = None  # None: its spec does not parse (it stages nothing)
+    ready_nodes: frozenset[str] = frozenset()  # nodes where its status (of its current spec) says Ready: in use
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,29 @@ class Inputs:
     foreign_cleans: Sequence[JobView] = ()
     # node -> the hostPath directories engine pods there mount (not the cache's own Jobs): never cleaned under them.
     mounts: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # The cluster admin's rules (chart values, read at startup): where caches may write, and which image repositories
+    # may run the staging program (empty: only the operator's own, `stager_image`).
+    allowed_prefixes: Sequence[str] = DEFAULT_PATH_PREFIXES
+    allowed_images: Sequence[str] = ()
+
+    def image(self) -> str:
+        """The image of the cache's Jobs: spec.stagerImage when the admin allows it, else the operator's own."""
+        wanted = self.cache.spec.stager_image
+        return (
+            wanted
+            if wanted and stager_image_not_allowed(wanted, self.image_repositories()) is None
+            else (self.stager_image)
+        )
+
+    def image_repositories(self) -> list[str]:
+        return list(self.allowed_images) or [image_repository(self.stager_image)]
+
+    def not_allowed(self) -> str | None:
+        """Why the admin's rules refuse this cache's spec (its path, its stager image); None when they allow it."""
+        spec = self.cache.spec
+        return path_not_allowed(spec.path, self.allowed_prefixes) or stager_image_not_allowed(
+            spec.stager_image, self.image_repositories()
+        )
 
 
 @dataclass(frozen=True)
@@ -234,10 +270,15 @@ def stage_command(cache: MiniMaxM3ModelCache) -> tuple[list[str], list[dict[str,
         if hf.token_secret_ref is not None:  # referenced, never read by the operator
             ref = {"name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}
             env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
-        return [*args, "--dest", STAGE_MOUNT], env
+        return [*args, "--dest", STAGE_MOUNT, "--owner", owner_of(cache)], env
     assert source.pvc is not None
     origin = f"{SOURCE_MOUNT}/{source.pvc.sub_path.strip('/')}".rstrip("/") if source.pvc.sub_path else SOURCE_MOUNT
-    return ["m3fleet", "stage", "copy", "--from", origin, "--dest", STAGE_MOUNT], []
+    return ["m3fleet", "stage", "copy", "--from", origin, "--dest", STAGE_MOUNT, "--owner", owner_of(cache)], []
+
+
+def owner_of(cache: MiniMaxM3ModelCache) -> str:
+    """Who a staging record belongs to: the cache's namespace/name (a re-created cache of the name keeps its copy)."""
+    return f"{cache.metadata.namespace}/{cache.metadata.name}"
 
 
 def _job(
@@ -256,11 +297,11 @@ def _job(
             volumes.append({"name": "source", "persistentVolumeClaim": claim})
             mounts.append({"name": "source", "mountPath": SOURCE_MOUNT, "readOnly": True})
     else:
-        command, env = ["m3fleet", "stage", "clean", "--dest", STAGE_MOUNT], []
+        command, env = ["m3fleet", "stage", "clean", "--dest", STAGE_MOUNT, "--owner", owner_of(cache)], []
     env = [*env, {"name": "HF_HOME", "value": f"{STAGE_MOUNT}/.m3fleet-hf-home"}]
     container = {
         "name": action,
-        "image": cache.spec.stager_image or inputs.stager_image,
+        "image": inputs.image(),
         "imagePullPolicy": "IfNotPresent",
         "command": command,
         "env": env,
@@ -432,18 +473,21 @@ def _used_by_another(inputs: Inputs, path: str) -> str | None:
     return next((o.key for o in sorted(inputs.others, key=lambda o: o.key) if _nested(path, o.path)), None)
 
 
-def _holder(inputs: Inputs, node: NodeView) -> str | None:
-    """The cache created before this one whose directory on `node` is spec.path, is inside it or holds it (its
-    pool holds the node): the directory is that cache's there. Same-second creations go by namespace/name."""
+def _holder(inputs: Inputs, node: NodeView, ready_here: bool) -> str | None:
+    """The other cache whose directory on `node` is spec.path, is inside it or holds it (its pool holds the node), and
+    so keeps it: the one whose copy there is in use (Ready for its current spec), else, unless this cache's own copy
+    there is the one in use (`ready_here`: a cache moved onto it never takes it), the one created first. Same-second
+    creations go by namespace/name."""
     meta = inputs.cache.metadata
     mine = (inputs.created, f"{meta.namespace}/{meta.name}")
     first = sorted((o for o in inputs.others if o.cache is not None), key=lambda o: (o.created, o.key))
-    for other in first:
-        if (other.created, other.key) >= mine:
-            break
-        if other.cache is not None and _nested(other.path, inputs.cache.spec.path) and in_pool(other.cache, node):
-            return other.key
-    return None
+    sharing = [
+        o for o in first if o.cache is not None and _nested(o.path, inputs.cache.spec.path) and in_pool(o.cache, node)
+    ]
+    if in_use := [o for o in sharing if node.name in o.ready_nodes]:
+        return in_use[0].key
+    older = [o for o in sharing if (o.created, o.key) < mine]
+    return older[0].key if older and not ready_here else None
 
 
 def _may_clean(inputs: Inputs, directory: str) -> bool:
@@ -453,6 +497,7 @@ def _may_clean(inputs: Inputs, directory: str) -> bool:
         inputs.cache.spec.delete_files_on_removal
         and not _nested(directory, inputs.cache.spec.path)
         and _used_by_another(inputs, directory) is None
+        and path_not_allowed(directory, inputs.allowed_prefixes) is None
     )
 
 
@@ -485,6 +530,8 @@ class _NodeStep:
     superseded: list[JobView] = field(default_factory=list)  # Jobs whose record a newer one replaces
     cleanups: list[dict[str, Any]] = field(default_factory=list)  # cleanup Jobs of directories left behind
     holder: str | None = None  # the cache (namespace/name) whose directory spec.path is on this node
+    foreign: str | None = None  # the first file in spec.path on this node that m3fleet did not write
+    nested: str | None = None  # a directory engine pods here mount that spec.path holds or is inside
 
 
 def _node_step(
@@ -500,7 +547,8 @@ def _node_step(
     carried = _carried(inputs, name)
     if carried:
         entry["leftBehind"] = carried
-    if (holder := _holder(inputs, next(n for n in inputs.nodes if n.name == name))) is not None:
+    node = next(n for n in inputs.nodes if n.name == name)
+    if (holder := _holder(inputs, node, current is not None and current.state == "Complete")) is not None:
         # Another cache's staging would overwrite this one's copy and the reverse: the first cache keeps it.
         entry.update(phase="Pending", message=f"{path} is the directory of cache {holder} (created first) here")
         step.holder = holder
@@ -508,6 +556,13 @@ def _node_step(
         step.superseded = [j for j in writing if not j.stopping]
         if partial := [j.path for j in writing if j.path and _may_clean(inputs, j.path)]:
             entry["leftBehind"] = sorted({*carried, *partial})
+        return step
+    # A path moved into the directory of the copy pods here still run from, or one holding it: staging there would
+    # write under their feet (and a cleanup of the old one would reach the new). Wait until they have rolled off it.
+    in_use = sorted(m for m in inputs.mounts.get(name, ()) if m != path and _nested(m, path))
+    if in_use and not (current is not None and current.state == "Complete"):
+        entry.update(phase="Pending", message=f"{path} and {in_use[0]}, which engine pods here mount, are nested")
+        step.nested, step.wait = in_use[0], MOUNT_RECHECK_SECONDS
         return step
     # The path changed back to a directory a cleanup empties (or one holding it, or inside it), or another cache
     # empties one it no longer uses: nothing is staged or trusted there until that cleanup has finished, and a copy
@@ -544,7 +599,8 @@ def _node_step(
         if partial:
             entry["leftBehind"] = sorted({*carried, *partial})
         return step
-    if current is not None and current.state == "Failed" and current.bad_source:
+    stray = foreign_file(current.message) if current is not None and current.state == "Failed" else None
+    if current is not None and current.state == "Failed" and current.bad_source and stray is None:
         entry.update(phase="Failed", message=current.message)
         step.bad_source = current.message
         if older_complete:  # the staging program rejected the source before writing: the old copy stands
@@ -560,14 +616,17 @@ def _node_step(
     if current is not None and current.state == "Failed":
         due = (current.finished_at or inputs.now) + retry_delay(current.attempt)
         entry.update(phase="Failed", message=current.message)
-        step.failure = current.message
+        if stray is not None:  # nothing was written: retried (someone may move the files), never silently
+            step.foreign = stray
+        else:
+            step.failure = current.message
         if due > inputs.now:
             step.wait = due - inputs.now
             return step
     if inputs.secret_missing is not None:
         entry.update(phase="Pending", message=f"waiting for Secret {inputs.secret_missing}")
         return step
-    if not next(n for n in inputs.nodes if n.name == name).schedulable:
+    if not node.schedulable:
         entry.update(phase="Pending", message="node is cordoned (unschedulable)")
         return step
     step.stage_attempt = (current.attempt + 1) if current is not None else 1
@@ -641,6 +700,14 @@ def plan_cache(inputs: Inputs) -> Work:
     if inputs.deleting:
         return _removal(inputs, work, label, labelled, nodes, stage_jobs, clean_jobs)
 
+    if (refused := inputs.not_allowed()) is not None:
+        # Nothing is staged or cleaned; a node keeps its label only while it holds a copy of this very spec.
+        holding = {j.node for j in stage_jobs if j.content == content and j.state == "Complete"}
+        work.labels = dict.fromkeys(sorted(labelled - holding))
+        reason = "PathNotAllowed" if refused.startswith("spec.path") else "StagerImageNotAllowed"
+        work.conditions = [Verdict("Ready", "False", reason, refused), Verdict("Degraded", "True", reason, refused)]
+        return work
+
     pool = sorted(n for n, node in nodes.items() if in_pool(cache, node))
     by_node: dict[str, list[JobView]] = {}
     for job in stage_jobs:
@@ -649,6 +716,8 @@ def plan_cache(inputs: Inputs) -> Work:
     failures: list[str] = []
     bad_source: list[str] = []
     conflicts: list[str] = []
+    foreign: list[tuple[str, str]] = []  # (node, the first file there m3fleet did not write)
+    nested: list[tuple[str, str]] = []  # (node, a directory pods there mount that spec.path is nested with)
     waiting: list[float] = []
     blocked = inputs.secret_missing is not None
     statuses: dict[str, dict[str, Any]] = {}
@@ -663,6 +732,8 @@ def plan_cache(inputs: Inputs) -> Work:
         failures.extend([f"{name}: {step.failure}"] if step.failure is not None else [])
         bad_source.extend([f"{name}: {step.bad_source}"] if step.bad_source is not None else [])
         conflicts.extend([f"{name} ({step.holder})"] if step.holder is not None else [])
+        foreign.extend([(name, step.foreign)] if step.foreign is not None else [])
+        nested.extend([(name, step.nested)] if step.nested is not None else [])
         waiting.extend([step.wait] if step.wait is not None else [])
         if step.stage_attempt is not None:
             work.create.append(_job(inputs, name, STAGE, step.stage_attempt))
@@ -684,6 +755,8 @@ def plan_cache(inputs: Inputs) -> Work:
         work.delete_daemonset = True
 
     work.conditions = _conditions(inputs, pool, pool_ready, failures, bad_source, conflicts)
+    if blocking := _directory_verdict(inputs, len(pool_ready), len(pool), foreign, nested):
+        work.conditions = blocking
     if blocked:
         waiting.append(BLOCKED_RECHECK_SECONDS)
     work.requeue_after = min(waiting) if waiting else None
@@ -745,6 +818,34 @@ def _conditions(
     return [ready_verdict, Verdict("Degraded", "False", "AsExpected", "the spec is valid")]
 
 
+def _directory_verdict(
+    inputs: Inputs, ready: int, total: int, foreign: list[tuple[str, str]], nested: list[tuple[str, str]]
+) -> list[Verdict]:
+    """The directory itself stops staging on some node: files m3fleet did not write are in it, or it is nested with
+    the one engine pods there still mount (a path moved into or around the old copy). Empty when neither."""
+    path, summary = inputs.cache.spec.path, f"{ready} of {total} nodes hold a verified copy"
+    if foreign:
+        node, first = foreign[0]
+        message = (
+            f"spec.path: {path} on node {node} holds files m3fleet did not write (first: {first}"
+            + (f"; {len(foreign) - 1} more node(s) too" if len(foreign) > 1 else "")
+            + "); nothing there was written or deleted; fix: give this cache an empty directory of its own, or move "
+            "those files out (staging is retried every few minutes)"
+        )
+        reason = "ForeignFiles"
+    elif nested:
+        node, mounted = nested[0]
+        message = (
+            f"spec.path: {path} is nested with {mounted}, which engine pods on node {node} still mount; nothing is "
+            "staged there while they do, so that no copy is written or removed under them; fix: choose a directory "
+            "beside the old one (not inside it, not holding it)"
+        )
+        reason = "PathNested"
+    else:
+        return []
+    return [Verdict("Ready", "False", reason, f"{summary}; {message}"), Verdict("Degraded", "True", reason, message)]
+
+
 def _may_hold_files(entry: Mapping[str, Any]) -> bool:
     """Whether a status.nodes entry names a node that may hold files: a staging attempt ran there, or an earlier
     round of the removal listed it. A pool node that never staged (cordoned all along) holds nothing to clean, and
@@ -779,13 +880,16 @@ def _removal(
                 work.delete.append(job)  # stop writing before the directory is removed (foreground: until its pods go)
         spec = inputs.cache.spec
         shared = _used_by_another(inputs, spec.path)
+        outside = path_not_allowed(spec.path, inputs.allowed_prefixes)
         if shared is not None:
             # Another cache stages there too: emptying the directory would delete its copy.
             work.left_behind.append(f"the files in {spec.path} are left on every node: cache {shared} uses them")
+        elif outside is not None:  # no Job of ours runs there: a staging Job never did either
+            work.left_behind.append(f"the files in {spec.path} are left on every node: the admin allows no cache there")
         for name in staged:
             # The directory in use, and any a path change left behind that no cleanup has removed yet.
             written = [j for j in stage_jobs if j.node == name]
-            current = {} if shared is not None else {spec.path: spec.content_digest()}
+            current = {} if shared is not None or outside is not None else {spec.path: spec.content_digest()}
             carried = _carried(inputs, name)
             directories = {**current, **_left_behind_paths(carried), **_left_behind(inputs, written)}
             cleanups = [_cleanup(inputs, name, d, clean_jobs, written) for d in sorted(directories.items())]

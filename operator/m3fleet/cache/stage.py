@@ -2,47 +2,58 @@
 
     m3fleet stage huggingface --repo ORG/NAME --revision COMMIT --dest DIR   # HF_ENDPOINT, HF_TOKEN as usual
     m3fleet stage copy --from DIR --dest DIR                                 # from a mounted claim
-    m3fleet stage clean --dest DIR                                           # empty DIR (the cache is removed)
+    m3fleet stage clean --dest DIR                                           # remove what it wrote in DIR
+
+DIR is written only when it is empty (or absent) or holds nothing but what this program wrote there, as its
+staging record (`.m3fleet-staging.json`) lists: the source, every file, and the trees Hugging Face's client makes
+while it downloads. Any other file (another team's weights, a data set, a notes file) stops the run before a byte is
+written or deleted: exit 3, naming DIR and the first such file. The record is saved before each file is written, so
+an interrupted run resumes and a cleanup finds everything it wrote. Only files the record lists are ever deleted:
+one an earlier run wrote that the new source does not have, one that fails verification, and everything on `clean`,
+which then removes DIR itself only if nothing else is left in it.
 
 Hugging Face: the repo's file list at the pinned commit comes from the Hub API (`huggingface_hub`, the client
 the Hub documents), with what the Hub publishes per file: its size, and the sha256 of LFS files or the git blob
 sha1 of the others. Every file already in DIR that matches is kept; every other one is downloaded with
 `hf_hub_download` (from its first byte: a file that failed is fetched whole again; HF_ENDPOINT and HF_TOKEN
-honoured) and then checked; a file that does not match is
-deleted and the run fails. Copy: the files of the source directory, checked against `m3fleet-manifest.json` in
-it when present (path, size and sha256 of each file), else against the source files' sizes; a file only a size
-describes is kept only when DIR was staged from this same source (`.m3fleet-staging.json`, written first), else
-copied again. Files in DIR that the source does not have are removed (an earlier revision's). A listing that names a
-path outside DIR (absolute, `..`) is a bad source.
+honoured) and then checked; a file that does not match is deleted and the run fails. Copy: the files of the source
+directory, checked against `m3fleet-manifest.json` in it when present (path, size and sha256 of each file), else
+against the source files' sizes; a file only a size describes is kept only when DIR was staged from this same
+source (the record), else copied again. A listing that names a path outside DIR (absolute, `..`) is a bad source.
 
 Only when every file verified is `.m3fleet-complete.json` written (first removed, so an interrupted run never
 looks complete); exit 0. Exit 6: something failed that a retry may fix (network, a corrupt or partial file).
-Exit 3: the source itself is wrong (unknown revision or repo, no access, no source directory) — checked
-before anything in DIR is touched. The reason is also written to the termination log, where
-`kubectl describe pod` and the operator read it.
+Exit 3: the source or the destination is wrong (unknown revision or repo, no access, no source directory,
+files in DIR it did not write) — checked before anything in DIR is touched. The reason is also written to the
+termination log, where `kubectl describe pod` and the operator read it.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from m3fleet.api.cache import foreign_files_message
 from m3fleet.exitcodes import EXIT_BAD_SOURCE, EXIT_OK, EXIT_RETRY
 
 MARKER = ".m3fleet-complete.json"
 STAGING = ".m3fleet-staging.json"  # the source a run stages from, written first: a resumed run may trust its files
 MANIFEST = "m3fleet-manifest.json"
 HF_HOME_DIR = ".m3fleet-hf-home"  # HF_HOME inside the directory (the Job sets it): nothing outside DIR is written
-KEEP = (MARKER, STAGING, ".cache", HF_HOME_DIR)  # never treated as stale checkpoint files
+TREES = (HF_HOME_DIR, ".cache/huggingface")  # what huggingface_hub writes while it downloads: ours in DIR
+BOOKKEEPING = frozenset({MARKER, STAGING, f"{MARKER}.tmp", f"{STAGING}.tmp"})
+FIX_DEST = "fix: give the cache an empty directory of its own (spec.path), or move those files out of it"
 TERMINATION_LOG = "/dev/termination-log"
 CHUNK = 16 * 1024 * 1024
 WORKERS = 8
@@ -76,8 +87,7 @@ def checked(files: Sequence[Expected], where: str) -> list[Expected]:
     """`files`, each a plain relative path (no absolute path, no `..`, no empty part): a listing that names any other
     would write or delete outside DIR. Raises StageError (the source is wrong) before anything is touched."""
     for expected in files:
-        parts = expected.path.split("/")
-        if expected.path.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        if not _inside(expected.path):
             raise StageError(f"{where} names {expected.path!r}, not a path inside the checkpoint", EXIT_BAD_SOURCE)
     return list(files)
 
@@ -111,25 +121,104 @@ def mismatch(dest: Path, expected: Expected) -> str | None:
     return None
 
 
-def _stale(dest: Path, wanted: set[str]) -> list[Path]:
-    found = []
-    for path in sorted(dest.rglob("*")):
-        relative = path.relative_to(dest).as_posix()
-        if relative.split("/")[0] in KEEP or not (path.is_file() or path.is_symlink()):
-            continue
-        if relative not in wanted:
-            found.append(path)
-    return found
+class Record:
+    """What this program wrote in DIR (`.m3fleet-staging.json`): the source, every file, and the trees it owns
+    (Hugging Face's download cache). Saved before each file is written, so an interrupted run resumes and a
+    cleanup removes exactly what was written, and nothing else."""
+
+    def __init__(self, dest: Path, source: Any, files: set[str], trees: set[str], owner: str = "") -> None:
+        self.dest, self.source, self.files, self.trees = dest, source, files, trees
+        self.owner = owner  # the cache (namespace/name) it stages for; "" when run by hand
+        self._lock = threading.Lock()
+
+    def foreign_to(self, owner: str) -> bool:
+        """Whether the record is another cache's (both named, and not the same)."""
+        return bool(self.owner and owner and self.owner != owner)
+
+    def owns(self, relative: str) -> bool:
+        return (
+            relative in BOOKKEEPING
+            or relative in self.files
+            or any(relative == tree or relative.startswith(f"{tree}/") for tree in self.trees)
+        )
+
+    def add(self, relative: str) -> None:
+        with self._lock:
+            if relative not in self.files:
+                self.files.add(relative)
+                self._save()
+
+    def discard(self, relative: str) -> None:
+        with self._lock:
+            if relative in self.files:
+                self.files.discard(relative)
+                self._save()
+
+    def save(self, source: Any) -> None:
+        with self._lock:
+            self.source = source
+            self._save()
+
+    def _save(self) -> None:
+        record = {"source": self.source, "files": sorted(self.files), "trees": sorted(self.trees), "owner": self.owner}
+        _write(self.dest / STAGING, record)
 
 
-def _source_staged(dest: Path) -> Any:
-    """The source the files in DIR were staged from, as the last run recorded it (None: unknown)."""
-    for name in (STAGING, MARKER):
-        try:
-            return json.loads((dest / name).read_text()).get("source")
-        except (OSError, ValueError, AttributeError):
-            continue
-    return None
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def recorded(dest: Path) -> Record | None:
+    """The record of what this program wrote in DIR; None when DIR holds none. A complete copy of an earlier version
+    (its marker lists the checkpoint's files, its staging file none) counts as written here too."""
+    staging, marker = _read(dest / STAGING), _read(dest / MARKER)
+    if not staging and not marker:
+        return None
+    files = {f for f in staging.get("files") or [] if _inside(f)}
+    files |= {f["path"] for f in marker.get("files") or [] if isinstance(f, dict) and _inside(f.get("path"))}
+    trees = {t for t in staging.get("trees") or [] if _inside(t)} if "trees" in staging else set(TREES)
+    owner = str(staging.get("owner") or "")
+    return Record(dest, staging.get("source") or marker.get("source"), files, trees, owner)
+
+
+def _inside(path: Any) -> bool:
+    """A plain relative path inside DIR: a record naming any other (edited by hand) must never reach outside it."""
+    return isinstance(path, str) and not path.startswith("/") and all(p not in ("", ".", "..") for p in path.split("/"))
+
+
+def entries(dest: Path) -> list[str]:
+    """Every file and symlink under DIR, relative and sorted (symlinks are never followed)."""
+    found: list[str] = []
+    for root, directories, names in os.walk(dest):
+        base = Path(root)
+        links = [d for d in directories if (base / d).is_symlink()]
+        directories[:] = sorted(d for d in directories if d not in links)
+        found.extend((base / name).relative_to(dest).as_posix() for name in (*names, *links))
+    return sorted(found)
+
+
+def claim(dest: Path, owner: str) -> Record:
+    """DIR as this run (for `owner`) may write it: empty (or absent), or holding only what its record lists. Any
+    other file, or any file of another cache's record, is someone else's: StageError (exit 3) naming the first,
+    before anything is written or deleted."""
+    if dest.exists() and not dest.is_dir():
+        raise StageError(f"{dest} is not a directory: {FIX_DEST}", EXIT_BAD_SOURCE)
+    record = recorded(dest) if dest.is_dir() else None
+    theirs = record is not None and record.foreign_to(owner)
+    mine = record if record is not None and not theirs else Record(dest, None, set(), set())
+    foreign = [path for path in entries(dest) if not mine.owns(path)] if dest.is_dir() else []
+    if foreign:
+        refusal = foreign_files_message(str(dest), foreign[0], len(foreign))
+        whose = f" (the staging record there is cache {record.owner}'s)" if theirs and record is not None else ""
+        raise StageError(f"{refusal}{whose}; nothing was written or deleted; {FIX_DEST}", EXIT_BAD_SOURCE)
+    dest.mkdir(parents=True, exist_ok=True)
+    mine.trees |= set(TREES)  # DIR holds none of them but ours: the download cache it makes is ours
+    mine.owner = owner or mine.owner
+    return mine
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
@@ -138,21 +227,28 @@ def _write(path: Path, record: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _finish(dest: Path, source: dict[str, Any], files: Sequence[Expected], fetch: Callable[[Expected], None]) -> str:
+def _finish(
+    record: Record, source: dict[str, Any], files: Sequence[Expected], fetch: Callable[[Expected], None]
+) -> str:
     """Fetch what is missing or wrong, verify everything, then write the marker. Returns a summary."""
+    dest = record.dest
     # A file that only a size describes is kept only when it came from this same source (a resumed run): the
     # same size from another source (a fine-tune's shards, another subPath) says nothing about the bytes.
-    same_source = _source_staged(dest) == source
+    same_source = record.source == source
     (dest / MARKER).unlink(missing_ok=True)
-    _write(dest / STAGING, {"source": source})
-    for path in _stale(dest, {f.path for f in files}):
-        path.unlink()
-        print(f"removed {path.relative_to(dest)} (not in the source)", flush=True)
+    record.save(source)
+    wanted = {f.path for f in files}
+    for stale in sorted(record.files - wanted):  # written here by an earlier run, not in this source
+        (dest / stale).unlink(missing_ok=True)
+        record.discard(stale)
+        print(f"removed {stale} (not in the source)", flush=True)
 
     def one(expected: Expected) -> str | None:
         hashed = bool(expected.sha256 or expected.git_sha1)
         if (hashed or same_source) and mismatch(dest, expected) is None:
+            record.add(expected.path)
             return None  # already here and verified
+        record.add(expected.path)  # recorded before a byte is written: a cleanup finds it whatever happens next
         try:
             fetch(expected)
         except StageError:
@@ -176,7 +272,7 @@ def _finish(dest: Path, source: dict[str, Any], files: Sequence[Expected], fetch
     return f"{len(files)} files ({total} bytes) complete and verified in {dest}"
 
 
-def stage_huggingface(repo: str, revision: str, dest: Path) -> str:
+def stage_huggingface(repo: str, revision: str, dest: Path, owner: str = "") -> str:
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -217,13 +313,13 @@ def stage_huggingface(repo: str, revision: str, dest: Path) -> str:
     if not files:
         raise StageError(f"{repo}@{revision} lists no files", EXIT_BAD_SOURCE)
     files = checked(files, f"the file list of {repo}@{revision}")
-    dest.mkdir(parents=True, exist_ok=True)
+    record = claim(dest, owner)
 
     def fetch(expected: Expected) -> None:
         (dest / expected.path).unlink(missing_ok=True)
         hf_hub_download(repo, expected.path, revision=revision, local_dir=dest, force_download=True)
 
-    return _finish(dest, {"huggingFace": {"repo": repo, "revision": revision}}, files, fetch)
+    return _finish(record, {"huggingFace": {"repo": repo, "revision": revision}}, files, fetch)
 
 
 def _manifest(source: Path) -> list[Expected]:
@@ -241,7 +337,7 @@ def _manifest(source: Path) -> list[Expected]:
     return files
 
 
-def stage_copy(source: Path, dest: Path) -> str:
+def stage_copy(source: Path, dest: Path, owner: str = "") -> str:
     if not source.is_dir():
         raise StageError(f"source directory {source} does not exist: check the claim and subPath", EXIT_BAD_SOURCE)
     files = checked(_manifest(source), f"{source / MANIFEST}")
@@ -250,28 +346,58 @@ def stage_copy(source: Path, dest: Path) -> str:
     absent = [f.path for f in files if not (source / f.path).is_file()]
     if absent:  # before DIR is touched: exit 3 promises the copy staged before is intact
         raise StageError(f"{absent[0]} is in the manifest but not in {source}", EXIT_BAD_SOURCE)
-    dest.mkdir(parents=True, exist_ok=True)
+    record = claim(dest, owner)
 
     def fetch(expected: Expected) -> None:
         origin = source / expected.path
         target = dest / expected.path
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.partial")
+        record.add(partial.relative_to(dest).as_posix())
         shutil.copyfile(origin, partial)
         partial.replace(target)
+        record.discard(partial.relative_to(dest).as_posix())
 
-    return _finish(dest, {"copy": str(source)}, files, fetch)
+    return _finish(record, {"copy": str(source)}, files, fetch)
 
 
-def clean(dest: Path) -> str:
-    if not dest.exists():
+def clean(dest: Path, owner: str = "") -> str:
+    """Remove what the record lists, then the record, then DIR itself if nothing else is left in it. Another cache's
+    record (`owner` given and not the one it names) removes nothing."""
+    if not dest.is_dir():
         return f"{dest} does not exist: nothing to remove"
-    for child in dest.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
-    return f"emptied {dest}"
+    record = recorded(dest)
+    if record is not None and record.foreign_to(owner):
+        return f"the staging record in {dest} is cache {record.owner}'s, not {owner}'s: nothing removed"
+    removed = 0
+    if record is not None:
+        for relative in sorted(record.files):
+            target = dest / relative
+            if target.is_file() or target.is_symlink():
+                target.unlink()
+                removed += 1
+        for tree in sorted(record.trees):
+            target = dest / tree
+            if target.is_symlink():
+                target.unlink()
+            elif target.is_dir():
+                shutil.rmtree(target)
+        # Directories the recorded files sat in, deepest first, when nothing else is in them.
+        parents = {p for f in (*record.files, *record.trees) for p in (dest / f).parents if dest in p.parents}
+        for directory in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        for name in (MARKER, f"{MARKER}.tmp", f"{STAGING}.tmp", STAGING):  # the record last: a rerun resumes
+            (dest / name).unlink(missing_ok=True)
+    left = entries(dest)
+    if left:
+        first = foreign_files_message(str(dest), left[0], len(left))
+        return f"removed the {removed} files m3fleet wrote; {first}: they are left as they are"
+    try:
+        dest.rmdir()
+    except OSError:  # a mount point (the Job's volume) cannot be removed from inside: it is left empty
+        return f"removed the {removed} files m3fleet wrote; {dest} is empty"
+    return f"removed the {removed} files m3fleet wrote and the empty directory {dest}"
 
 
 def _terminate(message: str) -> None:
@@ -293,19 +419,25 @@ def register(sub: Any) -> None:
     copy = which.add_parser("copy", help="copy from a directory (a mounted claim)")
     copy.add_argument("--from", dest="origin", required=True, type=Path)
     copy.add_argument("--dest", required=True, type=Path)
-    cleanup = which.add_parser("clean", help="remove everything in the directory")
+    cleanup = which.add_parser(
+        "clean", help="remove the files its staging record lists, then the directory if nothing else is in it"
+    )
     cleanup.add_argument("--dest", required=True, type=Path)
+    for command in (hf, copy, cleanup):
+        command.add_argument(
+            "--owner", default="", help="the cache it works for (namespace/name): another cache's record is not its own"
+        )
     parser.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
         if args.source == "huggingface":
-            summary = stage_huggingface(args.repo, args.revision, args.dest)
+            summary = stage_huggingface(args.repo, args.revision, args.dest, args.owner)
         elif args.source == "copy":
-            summary = stage_copy(args.origin, args.dest)
+            summary = stage_copy(args.origin, args.dest, args.owner)
         else:
-            summary = clean(args.dest)
+            summary = clean(args.dest, args.owner)
     except StageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         _terminate(str(exc))

@@ -20,14 +20,14 @@ import asyncio
 import copy
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from m3fleet import __version__
 from m3fleet.api import parse_resource
-from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
+from m3fleet.api.cache import CACHE_KIND, DEFAULT_PATH_PREFIXES, MiniMaxM3ModelCache, node_label_key
 from m3fleet.api.parse import parse_cache
 from m3fleet.cache.plan import (
     ACTION_LABEL,
@@ -57,11 +57,14 @@ from m3fleet.controller.reconcile import digest, utc_now
 from m3fleet.controller.status import condition
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
-from m3fleet.render.ownership import controlled_by
+from m3fleet.render.ownership import controlled_by, controller_of
 
 Key = tuple[str, str]
 DEFAULT_STAGER_IMAGE = f"ghcr.io/m3fleet/operator:{__version__}"  # the operator image of this release
 STAGER_IMAGE_VARIABLE = "M3FLEET_STAGER_IMAGE"  # the chart sets it to the operator's own image
+# The admin's rules (chart values modelCache.allowedPathPrefixes, modelCache.allowedStagerImages), comma-separated.
+PATH_PREFIXES_VARIABLE = "M3FLEET_CACHE_PATH_PREFIXES"
+STAGER_IMAGES_VARIABLE = "M3FLEET_STAGER_IMAGES"
 TRIGGERS = ("uid", "generation", "labels", "deletionTimestamp")
 
 log = logging.getLogger("m3fleet.cache")
@@ -143,6 +146,15 @@ def _readiness(body: Mapping[str, Any]) -> tuple[str, str]:
     return str(ready.get("status") or ""), str(ready.get("reason") or "")
 
 
+def ready_nodes(body: Mapping[str, Any]) -> frozenset[str]:
+    """The nodes where a cache's status says its copy is Ready, when that status is of its current spec (after a
+    spec change the old Ready entries say nothing about the new path)."""
+    status = body.get("status") or {}
+    if int(status.get("observedGeneration") or -1) != int(body["metadata"].get("generation") or 0):
+        return frozenset()
+    return frozenset(str(n.get("name")) for n in status.get("nodes") or [] if n.get("phase") == "Ready")
+
+
 def other_caches(caches: list[dict[str, Any]], namespace: str, name: str) -> list[OtherCache]:
     """Every cache listed but this one, with its spec.path (also when the rest of its spec does not parse: its
     directory is still never cleaned)."""
@@ -156,8 +168,22 @@ def other_caches(caches: list[dict[str, Any]], namespace: str, name: str) -> lis
         except (SpecError, SpecErrors):
             parsed = None
         key = f"{meta['namespace']}/{meta['name']}"
-        others.append(OtherCache(key, path, str(meta.get("creationTimestamp") or ""), parsed))
+        others.append(OtherCache(key, path, str(meta.get("creationTimestamp") or ""), parsed, ready_nodes(body)))
     return others
+
+
+def of_other_caches(jobs: list[dict[str, Any]], caches: list[dict[str, Any]], uid: str) -> list[dict[str, Any]]:
+    """The Jobs another live cache controls (its uid, in its namespace): only those say a directory is being emptied.
+    A look-alike carrying the same labels (made by hand, in any namespace) is no one's cleanup and changes nothing."""
+    live = {c["metadata"].get("uid"): c["metadata"]["namespace"] for c in caches if c["metadata"].get("uid") != uid}
+    ours = []
+    for job in jobs:
+        owner = controller_of(job)
+        if owner is None or owner.get("kind") != CACHE_KIND:
+            continue
+        if live.get(owner.get("uid")) == job["metadata"].get("namespace"):
+            ours.append(job)
+    return ours
 
 
 def images_for(cache: MiniMaxM3ModelCache, deployments: list[dict[str, Any]]) -> list[str]:
@@ -190,9 +216,12 @@ class CacheReconciler:
         events: Events | None = None,
         clock: Callable[[], str] = utc_now,
         scope: str | None = None,
+        allowed_prefixes: Sequence[str] = DEFAULT_PATH_PREFIXES,
+        allowed_images: Sequence[str] = (),
     ) -> None:
         self.api = api
         self.stager_image = stager_image
+        self.allowed_prefixes, self.allowed_images = tuple(allowed_prefixes), tuple(allowed_images)
         self.scope = scope  # the namespace the operator watches (None: all): where it may list other caches
         self.events: Events = events or KopfEvents()
         self.clock = clock
@@ -232,6 +261,9 @@ class CacheReconciler:
             self.api.list(kube.JOB, self.scope, f"{ACTION_LABEL}={CLEAN},{MANAGED_BY}={MANAGER}"),
             self.api.list(kube.POD, namespace, f"{MANAGED_BY}={MANAGER}"),
         )
+        # A look-alike DaemonSet is not ours to delete or overwrite: only its name is kept, to stay off it.
+        taken = {d["metadata"]["name"] for d in daemonsets if not controlled_by(d, meta["uid"])}
+        daemonsets = [d for d in daemonsets if controlled_by(d, meta["uid"])]
         views = []
         for job in jobs:
             if not controlled_by(job, meta["uid"]):
@@ -267,10 +299,20 @@ class CacheReconciler:
                 reported_nodes=(body.get("status") or {}).get("nodes") or [],
                 created=str(meta.get("creationTimestamp") or ""),
                 others=other_caches(caches, namespace, name),
-                foreign_cleans=[job_view(j, []) for j in cleans if not controlled_by(j, meta["uid"])],
+                foreign_cleans=[job_view(j, []) for j in of_other_caches(cleans, caches, meta["uid"])],
                 mounts=mounts_of(running),
+                allowed_prefixes=self.allowed_prefixes,
+                allowed_images=self.allowed_images,
             )
         )
+        if work.daemonset is not None and work.daemonset["metadata"]["name"] in taken:
+            log.warning(
+                "%s/%s: DaemonSet %s exists and is not the cache's: not pre-pulling",
+                namespace,
+                name,
+                work.daemonset["metadata"]["name"],
+            )
+            work.daemonset = None
         await self._apply(cache, work, namespace, daemonsets)
         if deleting and work.release:
             released = await self._release(body)

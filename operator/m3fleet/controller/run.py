@@ -21,9 +21,17 @@ import kopf
 import kubernetes
 import urllib3
 
+from m3fleet.api.cache import allowed_image_repositories, allowed_prefixes
 from m3fleet.controller import metrics
 from m3fleet.controller.autoscaler import Autoscaler
-from m3fleet.controller.cache import DEFAULT_STAGER_IMAGE, STAGER_IMAGE_VARIABLE, CacheManager, CacheReconciler
+from m3fleet.controller.cache import (
+    DEFAULT_STAGER_IMAGE,
+    PATH_PREFIXES_VARIABLE,
+    STAGER_IMAGE_VARIABLE,
+    STAGER_IMAGES_VARIABLE,
+    CacheManager,
+    CacheReconciler,
+)
 from m3fleet.controller.handlers import PEERING_NAME, register
 from m3fleet.controller.kube import KubeApi
 from m3fleet.controller.manager import Manager
@@ -117,7 +125,14 @@ def run(
     reconciler = Reconciler(api)
     manager = Manager(reconciler, Autoscaler(api, reconciler.events), StartupTimer(api))
     stager_image = os.environ.get(STAGER_IMAGE_VARIABLE) or DEFAULT_STAGER_IMAGE
-    cache_reconciler = CacheReconciler(api, stager_image, reconciler.events, scope=scope)
+    try:  # the admin's rules for model caches: a bad setting is said at once, before anything starts
+        prefixes = allowed_prefixes(os.environ.get(PATH_PREFIXES_VARIABLE))
+        images = allowed_image_repositories(os.environ.get(STAGER_IMAGES_VARIABLE), stager_image)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    cache_reconciler = CacheReconciler(
+        api, stager_image, reconciler.events, scope=scope, allowed_prefixes=prefixes, allowed_images=images
+    )
     caches = CacheManager(cache_reconciler, on_change=manager.cache_changed)
     if not standalone:  # one gate for both queues: a paused peer stages nothing either
         caches.queue.pause()  # until the gate has looked at the peering object (as the manager's queue)
