@@ -177,6 +177,19 @@ CLUSTER_SCOPED: frozenset[tuple[str, str]] = frozenset(
         ("", "nodes"),
     }
 )
+SECRETS_REFUSED = "SecretsForbidden"  # the condition reason when a feature needs Secrets where none are granted
+SECRETS_RETRY_SECONDS = 30.0  # a Role granted later sends no event: look again this often
+
+
+def secrets_refused(namespace: str, needed_for: str) -> str:
+    """The message for a 403 on a Secret: the chart grants Secrets one namespace at a time (docs/security.md)."""
+    return (
+        f"the operator may not use Secrets in namespace {namespace}, which {needed_for} needs: add {namespace} to "
+        "the chart's rbac.secretNamespaces (helm upgrade --reuse-values --set 'rbac.secretNamespaces={...}'), "
+        "or grant its ServiceAccount get/create/delete on secrets there (docs/security.md)"
+    )
+
+
 # What the chart's ValidatingAdmissionPolicies (rbac.admissionPolicy) leave the operator's `patch` on nodes and pods:
 # node labels under this prefix, and these annotations on pods carrying the managed-by label.
 NODE_LABEL_PREFIXES = (NODE_LABEL_PREFIX,)
