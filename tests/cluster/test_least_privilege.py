@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.cluster import dra
 from tests.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, Cluster, eventually, fresh_cluster
 from tests.cluster.fleet import condition, delete, pods, renamed, sample, wait_ready, weight_volumes
 
@@ -183,3 +184,32 @@ def test_fleet_and_model_cache_run_on_the_defaults_and_pods_take_only_the_deleti
         defaults.kubectl("delete", "pod", "foreign", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         for node in POOL:
             defaults.kubectl("label", "node", node, f"{POOL_LABEL}-", check=False)
+
+
+def test_a_fleet_that_needs_a_secret_where_none_is_granted_says_how_to_grant_it(defaults: Cluster) -> None:
+    """Multi-node TensorRT-LLM needs its SSH key Secret; in a namespace the chart grants no Secrets, the apiserver
+    refuses the operator (its only 403s, all on secrets) and the resource says which value grants them — and nothing
+    of the fleet is applied meanwhile."""
+    dra.install(defaults)  # GB200 groups need the ComputeDomain API served, or the fleet waits for that first
+    document = renamed(sample("trtllm-gb200-2x4-tep"), "keyed", NAMESPACE)
+    try:
+        run = defaults.operator("--all-namespaces", "--standalone", name="operator-no-secrets", allow_forbidden=True)
+        with run as op:
+            defaults.apply(document)
+            degraded = eventually(
+                "Degraded SecretsForbidden",
+                lambda: (
+                    (c := condition(defaults.get("m3d", "keyed", NAMESPACE), "Degraded")).get("reason")
+                    == "SecretsForbidden"
+                    and c
+                ),
+                90,
+            )
+            assert f"Secrets in namespace {NAMESPACE}" in degraded["message"]
+            assert f"add {NAMESPACE} to the chart's rbac.secretNamespaces" in degraded["message"]
+            assert defaults.list("leaderworkersets", NAMESPACE) == []
+        refused = op.forbidden()
+        assert refused, "the operator was never refused a Secret"
+        assert all(r.startswith("get secrets/") for r in refused), refused
+    finally:
+        delete(defaults, "keyed", NAMESPACE)
