@@ -49,6 +49,16 @@ CASES: dict[str, dict[str, Any]] = {
     },
     "pinned-priority": {"peering": {"enabled": True, "priority": 100}, "extraEnv": [{"name": "X", "value": "1"}]},
     "webhook-off": {"webhook": {"enabled": False}},
+    "narrowed-network": {
+        "rbac": {"secretNamespaces": ["llm", "team-a"]},
+        "networkPolicy": {
+            "webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+            "apiServer": {"cidrs": ["10.0.0.10/32"], "ports": [6443]},
+            "prometheus": {"peers": [{"namespaceSelector": {"matchLabels": {"team": "obs"}}}], "queryPort": 9091},
+            "extraEgress": [{"ports": [{"protocol": "TCP", "port": 4317}]}],
+        },
+    },
+    "no-network-policy": {"networkPolicy": {"enabled": False}, "rbac": {"admissionPolicy": False}},
     "webhook-outside": {"webhook": {"url": "https://127.0.0.1:9443/validate", "failurePolicy": "Fail"}},
     "webhook-cert-manager": {"webhook": {"certManager": {"enabled": True}}, "scope": "namespace"},
     "webhook-cluster-issuer": {
@@ -97,13 +107,52 @@ def test_default_objects() -> None:
         ("ClusterRole", "m3fleet-view"),
         ("ClusterRoleBinding", "m3fleet"),
         ("Deployment", "m3fleet"),
+        ("NetworkPolicy", "m3fleet"),
         ("Secret", "m3fleet-webhook-tls"),
         ("Service", "m3fleet-metrics"),
         ("Service", "m3fleet-webhook"),
         ("ServiceAccount", "m3fleet"),
+        ("ValidatingAdmissionPolicy", "m3fleet-m3fleet-system-nodes"),
+        ("ValidatingAdmissionPolicy", "m3fleet-m3fleet-system-pods"),
+        ("ValidatingAdmissionPolicyBinding", "m3fleet-m3fleet-system-nodes"),
+        ("ValidatingAdmissionPolicyBinding", "m3fleet-m3fleet-system-pods"),
         ("ValidatingWebhookConfiguration", "m3fleet-m3fleet-system"),
     ]
     assert all(o["metadata"].get("namespace") in (None, NAMESPACE) for o in render())
+
+
+def _ports(rules: list[dict[str, Any]]) -> list[set[tuple[str, int]]]:
+    return [{(p["protocol"], p["port"]) for p in rule["ports"]} for rule in rules]
+
+
+def test_operator_network_policy_admits_the_webhook_and_prometheus_and_reaches_the_apiserver_dns_prometheus() -> None:
+    """Ingress: the webhook port (any source unless webhookFrom) and the metrics port (Prometheus only, so no other
+    tenant reads every fleet's metrics); egress: the API server, DNS and Prometheus's query port, nothing else."""
+    policy = one(render(), "NetworkPolicy")
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"] == deployment({})["spec"]["selector"]["matchLabels"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    webhook, metrics = spec["ingress"]
+    assert _ports([webhook, metrics]) == [{("TCP", 9443)}, {("TCP", 9090)}]
+    monitoring = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    }
+    assert "from" not in webhook and metrics["from"] == [monitoring]
+    assert _ports(spec["egress"]) == [{("TCP", 443), ("TCP", 6443)}, {("UDP", 53), ("TCP", 53)}, {("TCP", 9090)}]
+    assert [rule.get("to") for rule in spec["egress"]] == [None, None, [monitoring]]
+    container_ports = {p["containerPort"] for p in container({})["ports"]}
+    assert {9443, 9090} <= container_ports  # the ports the policy opens are the ones the operator serves
+
+    narrowed = one(render(CASES["narrowed-network"]), "NetworkPolicy")["spec"]
+    assert narrowed["ingress"][0]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    assert narrowed["egress"][0] == {
+        "ports": [{"protocol": "TCP", "port": 6443}],
+        "to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}],
+    }
+    assert _ports(narrowed["egress"])[2:] == [{("TCP", 9091)}, {("TCP", 4317)}]
+    assert narrowed["egress"][2]["to"] == [{"namespaceSelector": {"matchLabels": {"team": "obs"}}}]
+    assert _ports(one(render({"webhook": {"enabled": False}}), "NetworkPolicy")["spec"]["ingress"]) == [{("TCP", 9090)}]
+    assert not by_kind(render(CASES["no-network-policy"]), "NetworkPolicy")
 
 
 def test_chart_crds_are_the_repositorys() -> None:
@@ -433,6 +482,8 @@ BAD_VALUES = [
     ({"image": {"digest": "sha256:abc"}}, "at '/image/digest': 'sha256:abc' does not match pattern"),
     ({"image": {"repository": "ghcr.io/m3fleet/operator@sha256:" + "a" * 64}}, "at '/image/repository'"),
     ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy': value must be one of"),
+    ({"rbac": {"secretNamespaces": ["Team A"]}}, "at '/rbac/secretNamespaces/0': 'Team A' does not match pattern"),
+    ({"networkPolicy": {"apiServer": {"cidrs": ["10.0.0.1"]}}}, "at '/networkPolicy/apiServer/cidrs/0'"),
     ({"imge": {"tag": "x"}}, "additional properties 'imge' not allowed"),
     ({"rbac": {"wildcards": True}}, "at '/rbac': additional properties 'wildcards' not allowed"),
     ({"metrics": {"serviceMonitor": {"interval": "30 seconds"}}}, "at '/metrics/serviceMonitor/interval'"),
@@ -464,6 +515,10 @@ CROSS_FIELD = [
         "metrics.serviceMonitor.enabled needs metrics.service.enabled=true",
     ),
     ({"serviceAccount": {"create": False}}, "serviceAccount.create=false needs serviceAccount.name"),
+    (
+        {"scope": "namespace", "rbac": {"secretNamespaces": ["other"]}},
+        "rbac.secretNamespaces: [other] is only used with scope=cluster",
+    ),
     ({"webhook": {"port": 9090}}, "webhook.port: 9090 is taken by the operator's liveness (8080) or metrics (9090)"),
     ({"podLabels": {"app.kubernetes.io/name": "x"}}, "podLabels: app.kubernetes.io/name is the Deployment's selector"),
     (

@@ -28,7 +28,7 @@ def test_generate_check_mode_reports_drift(tmp_path: Any) -> None:
     import shutil
     import sys
 
-    for part in ("hack", "charts", "crds", "manifests"):
+    for part in ("hack", "charts", "crds", "manifests", "docs"):
         shutil.copytree(ROOT / part, tmp_path / part)
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     script = [sys.executable, str(tmp_path / "hack" / "generate.py"), "--check"]

@@ -10,7 +10,8 @@ them a configuration needs is kopf's business and is stated here independently o
 * customresourcedefinitions list/watch only with scanning (rbac.scanning).
 
 In namespace scope the namespaced grants live in a Role in the watched namespace; the cluster-scoped
-ones (CRDs, namespaces) in a small ClusterRole, since no Role can grant cluster-scoped resources.
+ones (CRDs, namespaces, nodes) in a small ClusterRole, since no Role can grant cluster-scoped resources.
+Secrets are never in a ClusterRole: in cluster scope only in a Role in each namespace of rbac.secretNamespaces.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from m3fleet.controller.kube import RBAC
+from m3fleet.controller.kube import NODE_LABEL_PREFIXES, POD_ANNOTATIONS, RBAC
+from m3fleet.render.labels import MANAGED_BY
 from tests.chart.support import NAMESPACE, render
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
@@ -28,8 +30,8 @@ CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "clusterkopfpeering
 
 
 def expected(scope: str, peering: bool, scanning: bool) -> set[Grant]:
-    grants = {(g, r, v) for g, r, verbs in RBAC for v in verbs}
-    unused = set()
+    grants = {(grant.group, grant.resource, v) for grant in RBAC for v in grant.verbs}
+    unused = set() if scope == "namespace" else {"secrets"}  # cluster scope: Secrets only per namespace
     if not (peering and scope == "cluster"):
         unused.add("clusterkopfpeerings")
     if not (peering and scope == "namespace"):
@@ -81,7 +83,7 @@ def test_operator_gets_exactly_kube_rbac(scope: str, peering: bool, scanning: bo
     assert union == expected(scope, peering, scanning)
 
     if scope == "cluster":
-        assert set(grants) == {("ClusterRole", None)}
+        assert set(grants) == {("ClusterRole", None)}  # no Secrets anywhere by default
     else:
         namespaced = grants[("Role", "llm")]
         assert all(r.split("/")[0] not in CLUSTER_SCOPED for _, r, _ in namespaced)
@@ -111,12 +113,59 @@ def test_no_wildcards_anywhere(scope: str) -> None:
                 assert all("*" not in item for item in rule[field]), f"{role['metadata']['name']}: {rule}"
 
 
-def test_secrets_only_as_the_ssh_keys_need() -> None:
+SECRET_VERBS = {"get", "create", "delete"}
+
+
+def test_secrets_only_per_namespace_and_by_name() -> None:
     """get by name, create (once per resource), delete (pruning); never list, watch, update or patch: the
-    operator never enumerates Secrets, so it cannot read ones it does not know the name of."""
-    for scope in ("cluster", "namespace"):
-        grants = set().union(*operator_grants(render({"scope": scope})).values())
-        assert {v for g, r, v in grants if (g, r) == ("", "secrets")} == {"get", "create", "delete"}
+    operator never enumerates Secrets. Never in a ClusterRole: with scope=cluster only in a Role in each namespace
+    of rbac.secretNamespaces (none by default), with scope=namespace in the watched namespace's Role."""
+    default = operator_grants(render())
+    assert not any(r == "secrets" for grants in default.values() for _, r, _ in grants)
+
+    listed = operator_grants(render({"rbac": {"secretNamespaces": ["llm", "team-a"]}}))
+    assert set(listed) == {("ClusterRole", None), ("Role", "llm"), ("Role", "team-a")}
+    assert not any(r == "secrets" for _, r, _ in listed[("ClusterRole", None)])
+    for namespace in ("llm", "team-a"):
+        assert listed[("Role", namespace)] == {("", "secrets", v) for v in SECRET_VERBS}
+
+    scoped = operator_grants(render({"scope": "namespace", "watchNamespace": "llm"}))
+    assert {v for g, r, v in scoped[("Role", "llm")] if (g, r) == ("", "secrets")} == SECRET_VERBS
+    assert not any(r == "secrets" for _, r, _ in scoped.get(("ClusterRole", None), set()))
+
+
+def _policies(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+
+
+def test_admission_policies_narrow_the_operators_node_and_pod_patches_only() -> None:
+    """One policy for nodes and one for pods, each matching UPDATEs of the operator's ServiceAccount only, bound
+    with Deny; the node labels and pod annotations they leave it are the code's (kube.NODE_LABEL_PREFIXES,
+    kube.POD_ANNOTATIONS), so a renamed label cannot drift from the policy."""
+    objects = render()
+    policies = _policies(objects)
+    assert set(policies) == {f"m3fleet-{NAMESPACE}-nodes", f"m3fleet-{NAMESPACE}-pods"}
+    bindings = {o["spec"]["policyName"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert set(bindings) == set(policies)
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings.values())
+    for name, policy in policies.items():
+        spec = policy["spec"]
+        assert spec["failurePolicy"] == "Fail"
+        [rule] = spec["matchConstraints"]["resourceRules"]
+        assert rule["operations"] == ["UPDATE"] and rule["resources"] == [name.rsplit("-", 1)[1]]
+        [condition] = spec["matchConditions"]
+        assert condition["expression"] == f"request.userInfo.username == 'system:serviceaccount:{NAMESPACE}:m3fleet'"
+    node_rules = str(policies[f"m3fleet-{NAMESPACE}-nodes"]["spec"])
+    assert all(f"k.startsWith('{prefix}')" in node_rules for prefix in NODE_LABEL_PREFIXES)
+    pod_rules = str(policies[f"m3fleet-{NAMESPACE}-pods"]["spec"])
+    assert all(f"k == '{annotation}'" in pod_rules for annotation in POD_ANNOTATIONS)
+    assert f"'{MANAGED_BY}' in oldObject.metadata.labels" in pod_rules
+
+    renamed_account = _policies(render({"serviceAccount": {"name": "ops"}}))
+    for policy in renamed_account.values():
+        assert policy["spec"]["matchConditions"][0]["expression"].endswith(f":{NAMESPACE}:ops'")
+    assert not _policies(render({"rbac": {"admissionPolicy": False}}))
+    assert not _policies(render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "x"}}))
 
 
 def test_rbac_create_false_renders_no_rbac() -> None:
@@ -138,7 +187,7 @@ def test_user_roles_aggregate_and_are_not_the_operators() -> None:
     # People never write status: the operator owns it.
     status_rule = next(r for r in edit["rules"] if "minimaxm3deployments/status" in r["resources"])
     assert status_rule["verbs"] == ["get"]
-    bound = {o["roleRef"]["name"] for o in objects if o["kind"].endswith("Binding")}
+    bound = {o["roleRef"]["name"] for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")}
     assert not bound & {"m3fleet-edit", "m3fleet-view"}
     names = {o["metadata"]["name"] for o in render({"rbac": {"aggregateToDefaultRoles": False}})}
     assert not names & {"m3fleet-edit", "m3fleet-view"}

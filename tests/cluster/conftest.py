@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from tests.cluster.cluster import Cluster, fresh_cluster
+from tests.cluster.cluster import OPERATOR_NAMESPACE, RELEASE, Cluster, fresh_cluster
 
 
 @pytest.fixture(scope="session")
@@ -18,10 +18,29 @@ def cluster() -> Iterator[Cluster]:
         yield cluster
 
 
+# The namespaces where this tier's tests use a feature that needs Secrets (multi-node TensorRT-LLM's SSH key, a
+# Prometheus CA, a model cache's token): the chart grants the operator Secrets only there (docs/security.md).
+# Every other namespace, e.g. test_journeys.py's, has the chart's default: no Secrets.
+SECRET_NAMESPACES = (
+    "cache",
+    "contract",
+    "groups",
+    "lifecycle",
+    "ownership",
+    "prom-safety",
+    "psa-trtllm-gb200-baseline",
+    "psa-trtllm-gb200-restricted",
+)
+
+
 @pytest.fixture(scope="session")
 def chart(cluster: Cluster) -> Cluster:
-    """The operator chart installed with Helm (cluster scope, the defaults); CRDs come with it."""
-    cluster.install_chart()
+    """The operator chart installed with Helm (cluster scope, the defaults but rbac.secretNamespaces); CRDs come
+    with it. tests/cluster/test_least_privilege.py installs it with every default, on a control plane of its own."""
+    for namespace in SECRET_NAMESPACES:  # a Role needs its namespace
+        cluster.namespace(namespace)
+    granted = f"rbac.secretNamespaces={{{','.join(SECRET_NAMESPACES)}}}"
+    cluster.install_chart(RELEASE, OPERATOR_NAMESPACE, "--set", granted)
     return cluster
 
 

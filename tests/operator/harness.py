@@ -109,7 +109,7 @@ def scrubbed(value: Any) -> Any:
 # RBAC: every request the operator made must be allowed by kube.RBAC
 # ---------------------------------------------------------------------------------------------
 
-ALLOWED = {(group, resource, verb) for group, resource, verbs in kube.RBAC for verb in verbs}
+ALLOWED = {(grant.group, grant.resource, verb) for grant in kube.RBAC for verb in grant.verbs}
 CLUSTER_SCOPED = frozenset({"namespaces", "customresourcedefinitions", "clusterkopfpeerings"})
 
 

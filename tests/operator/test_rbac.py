@@ -99,5 +99,5 @@ async def test_everything_the_operator_does_stays_within_rbac(cluster: Cluster, 
         ("kopf.dev", "kopfpeerings", "watch"),
         ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     } <= used
-    granted = {(group, resource, verb) for group, resource, verbs in RBAC for verb in verbs}
+    granted = {(grant.group, grant.resource, verb) for grant in RBAC for verb in grant.verbs}
     print("granted but not used here:", sorted(granted - used))

@@ -116,6 +116,9 @@ Cross-field rules the JSON schema cannot phrase clearly; each message names the 
 {{- fail (printf "metrics.%s.scrapeTimeout: %s is longer than its interval %s, and Prometheus refuses such a scrape; set a timeout no longer than the interval" $monitor $values.scrapeTimeout $values.interval) -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.rbac.secretNamespaces (ne .Values.scope "cluster") -}}
+{{- fail (printf "rbac.secretNamespaces: %v is only used with scope=cluster; with scope=namespace the Role in the watched namespace grants Secrets there; leave rbac.secretNamespaces empty" .Values.rbac.secretNamespaces) -}}
+{{- end -}}
 {{- if and (not .Values.serviceAccount.create) (not .Values.serviceAccount.name) -}}
 {{- fail "serviceAccount.create=false needs serviceAccount.name: the existing ServiceAccount the operator runs as" -}}
 {{- end -}}
@@ -123,10 +126,11 @@ Cross-field rules the JSON schema cannot phrase clearly; each message names the 
 
 {{/*
 The operator's RBAC rules for one kind of role, from files/rbac.yaml (generated from
-m3fleet.controller.kube.RBAC by hack/generate.py). Pass (dict "ctx" $ "only" "all"|"namespaced"|"cluster"):
-the rules for resources of that scope.
+m3fleet.controller.kube.RBAC by hack/generate.py). Pass (dict "ctx" $ "only" "all"|"namespaced"|"cluster"|"perNamespace"):
+the rules for resources of that scope ("perNamespace": only the rules granted one namespace at a time).
 Each entry's `when` says in which configuration the operator makes that call:
   always            every configuration
+  perNamespace      only in a Role: the watched namespace (scope=namespace), or each of rbac.secretNamespaces
   scanning          rbac.scanning (kopf watches CRDs)
   namespaceScanning rbac.scanning and scope=namespace (kopf lists namespaces only when not cluster-wide)
   clusterPeering    peering.enabled and scope=cluster (ClusterKopfPeering)
@@ -137,13 +141,22 @@ Each entry's `when` says in which configuration the operator makes that call:
 {{- $cluster := eq $ctx.Values.scope "cluster" -}}
 {{- $peering := $ctx.Values.peering.enabled -}}
 {{- $scanning := $ctx.Values.rbac.scanning -}}
-{{- $wanted := dict "always" true "scanning" $scanning "namespaceScanning" (and $scanning (not $cluster)) "clusterPeering" (and $peering $cluster) "namespacedPeering" (and $peering (not $cluster)) -}}
+{{- $wanted := dict "always" true "perNamespace" (not $cluster) "scanning" $scanning "namespaceScanning" (and $scanning (not $cluster)) "clusterPeering" (and $peering $cluster) "namespacedPeering" (and $peering (not $cluster)) -}}
 {{- range (($ctx.Files.Get "files/rbac.yaml") | fromYaml).rules -}}
 {{- $scope := ternary "cluster" "namespaced" .clusterScoped -}}
-{{- if and (get $wanted .when) (or (eq $.only "all") (eq $.only $scope)) }}
+{{- $take := and (get $wanted .when) (or (eq $.only "all") (eq $.only $scope)) -}}
+{{- if eq $.only "perNamespace" -}}
+{{- $take = eq .when "perNamespace" -}}
+{{- end -}}
+{{- if $take }}
 - apiGroups: [{{ .apiGroup | quote }}]
   resources: [{{ .resource | quote }}]
   verbs: [{{ range $i, $v := .verbs }}{{ if $i }}, {{ end }}{{ $v | quote }}{{ end }}]
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The operator's user name at the apiserver: what the ValidatingAdmissionPolicies match on. */}}
+{{- define "m3fleet.operatorUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "m3fleet.serviceAccountName" . }}
 {{- end -}}

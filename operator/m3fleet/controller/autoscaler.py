@@ -187,7 +187,12 @@ class Autoscaler:
         ref = prometheus.ca_secret_ref
         if ref is None:
             return Tls(insecure_skip_verify=prometheus.insecure_skip_verify)
-        secret = await self.api.get(kube.SECRET, namespace, ref.name)
+        try:
+            secret = await self.api.get(kube.SECRET, namespace, ref.name)
+        except ApiError as exc:
+            if exc.status == 403:
+                raise ValueError(kube.secrets_refused(namespace, "spec.autoscaling.prometheus.caSecretRef")) from None
+            raise
         return Tls(ca_pem=ca_from_secret(secret, ref.name, ref.key))
 
     async def _source(

@@ -228,6 +228,7 @@ class CacheReconciler:
         # Per DaemonSet: (digest of our intent, the generation the apply returned). Quiet at rest: applied again
         # only when the intent changes or someone changed its spec (a new generation).
         self._applied: dict[tuple[str, str], tuple[str, int]] = {}
+        self._unchecked_tokens: set[str] = set()  # namespaces where the token check was refused (warned once)
 
     async def reconcile(self, body: Mapping[str, Any]) -> CacheOutcome:
         meta = body["metadata"]
@@ -281,7 +282,7 @@ class CacheReconciler:
         missing = None
         hf = cache.spec.source.hugging_face
         secret = hf.token_secret_ref if hf is not None and not deleting else None
-        if secret is not None and not await self.api.exists(kube.SECRET, namespace, secret.name):
+        if secret is not None and not await self._token_exists(body, secret.name):
             missing = secret.name
         now = time.time()
         work = plan_cache(
@@ -358,6 +359,22 @@ class CacheReconciler:
             for ds in daemonsets:
                 await self.api.delete(kube.DAEMON_SET, namespace, ds["metadata"]["name"], ds["metadata"]["uid"])
                 self._applied.pop((namespace, ds["metadata"]["name"]), None)
+
+    async def _token_exists(self, body: Mapping[str, Any], name: str) -> bool:
+        """Whether the token Secret exists (metadata only). Where the operator is granted no Secrets the check is
+        skipped, said once as a Warning: the kubelet then reports a missing Secret on the staging pod."""
+        namespace = body["metadata"]["namespace"]
+        try:
+            return await self.api.exists(kube.SECRET, namespace, name)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+        if namespace not in self._unchecked_tokens:
+            self._unchecked_tokens.add(namespace)
+            message = kube.secrets_refused(namespace, "checking spec.source.huggingFace.tokenSecretRef")
+            self.events.warn(body, kube.SECRETS_REFUSED, message)
+            log.warning("%s/%s: %s", namespace, body["metadata"]["name"], message)
+        return True
 
     async def _unlabel_all(self, namespace: str, name: str) -> None:
         label = node_label_key(namespace, name)

@@ -59,6 +59,10 @@ FAILED_CREATE_EVENTS = "reason=FailedCreate"
 log = logging.getLogger("m3fleet.reconcile")
 
 
+class SecretsForbidden(Exception):
+    """The API server refused a Secret of the plan: the operator is granted none in this namespace."""
+
+
 def digest(obj: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
 
@@ -188,9 +192,14 @@ class Reconciler:
             outcome.gone = True
             return outcome
         present: set[str] = set()  # generated Secrets that exist (and are ours)
-        conflicts = await self._foreign(
-            objects, required_secrets(resource, plan), live, present, (namespace, name, uid)
-        )
+        try:
+            conflicts = await self._foreign(
+                objects, required_secrets(resource, plan), live, present, (namespace, name, uid)
+            )
+        except SecretsForbidden:  # not granted in this namespace (the chart's default): say how, look again later
+            outcome.retry_after = kube.SECRETS_RETRY_SECONDS
+            message = kube.secrets_refused(namespace, "the TensorRT-LLM multi-node SSH key")
+            return await self._blocked(body, outcome, Blocked(kube.SECRETS_REFUSED, message), plan)
         if conflicts:  # a name we would take is held by an object we do not control: touch nothing
             outcome.retry_after = CONFLICT_RETRY_SECONDS
             return await self._blocked(body, outcome, Blocked(CONFLICT_REASON, conflict_message(conflicts)), plan)
@@ -342,7 +351,12 @@ class Reconciler:
             if problem is not None:
                 found.append(problem)
         for secret_name in secret_names:
-            secret = await self.api.get(kube.SECRET, namespace, secret_name)
+            try:
+                secret = await self.api.get(kube.SECRET, namespace, secret_name)
+            except ApiError as exc:
+                if exc.status == 403:
+                    raise SecretsForbidden(namespace) from None
+                raise
             problem = conflict(kube.SECRET.kind, secret, uid, name)
             if problem is not None:
                 found.append(problem)  # never mounted: the pods would trust a key someone else holds
