@@ -123,6 +123,26 @@ def _undone(cluster: Cluster, vllm: str, trt: str, lws: str, before: dict[str, A
         eventually(f"{what} restored", check, 60)
 
 
+# What a fleet's children are made of: ours, and what the LeaderWorkerSet controller makes from ours.
+CHILD_KINDS = (
+    "deployments,leaderworkersets,statefulsets,services,configmaps,secrets,poddisruptionbudgets,networkpolicies"
+)
+
+
+def _child_versions(cluster: Cluster) -> dict[str, tuple[int | None, str]]:
+    """kind/name -> (metadata.generation, metadata.resourceVersion) of every child in the namespace that a fleet
+    owns, directly or through its LeaderWorkerSet."""
+    listed = json.loads(cluster.kubectl("get", CHILD_KINDS, "-n", NAMESPACE, "-o", "json").stdout)["items"]
+    return {
+        f"{item['kind']}/{item['metadata']['name']}": (
+            item["metadata"].get("generation"),
+            item["metadata"]["resourceVersion"],
+        )
+        for item in listed
+        if item["metadata"].get("ownerReferences")
+    }
+
+
 def test_hand_edits_are_undone_while_running_and_after_a_restart(fleet: Cluster) -> None:
     vllm, trt, lws = "drift-vllm", "drift-trt", "drift-lws"
     with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-1"):
@@ -140,11 +160,20 @@ def test_hand_edits_are_undone_while_running_and_after_a_restart(fleet: Cluster)
             wait_ready(fleet, name, NAMESPACE)
         settle(second)
         assert second.forbidden() == []
-    # a third start over a converged fleet: a full window without a single write
+    # a third start over a converged fleet: a full window without a single write, and no child of any workload
+    # kind (Deployment, LeaderWorkerSet and what each brings) changed by anyone because of it
+    before_restart = _child_versions(fleet)
     with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-3") as third:
         time.sleep(QUIET_SECONDS)
         writes = third.writes(third.requests())
         assert writes == [], f"writes at rest after a restart: {writes}; traffic {traffic(third.requests())}"
+    after_restart = _child_versions(fleet)
+    kinds = {key.split("/", 1)[0] for key in before_restart}
+    assert {"Deployment", "LeaderWorkerSet", "StatefulSet", "ConfigMap", "Service"} <= kinds, kinds
+    changed = {
+        key: (was, after_restart.get(key)) for key, was in before_restart.items() if after_restart.get(key) != was
+    }
+    assert changed == {}, f"children changed by a restart (generation, resourceVersion): {changed}"
     for name in (vllm, trt, lws):
         delete(fleet, name, NAMESPACE, wait=False)
 

@@ -361,7 +361,7 @@ def test_grid_properties(doc: dict[str, Any]) -> None:
         assert lwt["size"] == p.nodes_per_replica > 1
         pods = [lwt["leaderTemplate"]] + [lwt["workerTemplate"]] * (lwt["size"] - 1)
     # GPUs requested per group equal gpusPerReplica.
-    assert sum(t["spec"]["containers"][0]["resources"]["limits"][gpu] for t in pods) == p.gpus_per_replica
+    assert sum(int(t["spec"]["containers"][0]["resources"]["limits"][gpu]) for t in pods) == p.gpus_per_replica
     for argv in engine_argv(workload, engine):
         ns = parse_with_model(engine, argv)
         if engine == "vllm":

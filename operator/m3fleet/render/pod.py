@@ -212,8 +212,10 @@ def _resources(ctx: Context) -> dict[str, Any]:
     never BestEffort. Memory limit = request: the engine never runs above its request, so under node memory
     pressure the kubelet evicts other pods first (it ranks pods by usage above request); the limit also bounds the
     memory-backed /dev/shm. No CPU limit: a CFS quota would throttle the tokenizer and scheduler threads."""
-    devices: dict[str, Any] = {ctx.accelerator.resource_name: ctx.plan.gpus_per_node}
-    devices.update(ctx.spec.node_pool.extra_resources)
+    # Quantities as strings, the form the API server stores: a LeaderWorkerSet (a custom resource) keeps what it is
+    # sent, so a number here read back as "8" and every restart saw drift and re-applied the group.
+    devices = {ctx.accelerator.resource_name: str(ctx.plan.gpus_per_node)}
+    devices.update({name: str(count) for name, count in ctx.spec.node_pool.extra_resources.items()})
     memory = f"{ctx.plan.memory_gib_per_pod}Gi"
     requests = {"cpu": str(ctx.plan.cpu_per_pod), "memory": memory, **devices}
     limits = {"memory": memory, **devices}
