@@ -354,7 +354,8 @@ def key_guard_command() -> list[str]:
 
 
 def key_guard_container(ctx: Context, guard: KeyGuard, engine: dict[str, Any]) -> dict[str, Any]:
-    """The key guard beside the engine: the engine's image and security context, the engine's port, the keys."""
+    """The key guard beside the engine: the engine's image and port, the keys, and restricted's security context
+    whatever the engine needs (it only proxies HTTP)."""
     env = [
         {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
         for name, (secret, key) in sorted(guard.secret_env.items())
@@ -368,7 +369,16 @@ def key_guard_container(ctx: Context, guard: KeyGuard, engine: dict[str, Any]) -
         **({"env": env} if env else {}),
         "ports": engine["ports"],
         "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
-        "securityContext": engine["securityContext"],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+            "runAsNonRoot": True,
+            "runAsUser": NON_ROOT_UID,
+            "runAsGroup": NON_ROOT_UID,
+            "readOnlyRootFilesystem": True,
+        },
     }
 
 
