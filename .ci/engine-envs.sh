@@ -57,12 +57,18 @@ VLLM_SMOKE="import torch, vllm, vllm.entrypoints.cli.main, vllm.benchmarks.serve
 # The second line of each SGLang list: what its benchmark client (`python3 -m sglang.benchmark.serving`, for
 # m3fleet bench) imports beyond the parser, found the same way; torchvision is the release built for
 # SGL_TORCH (change them together), the others as sglang's Requires-Dist pins them.
+# The third lines: what SGLang's HTTP server (srt/entrypoints/http_server.py) imports beyond those, for
+# tests/engine_parsers/test_key_guard.py, which serves SGLang's own FastAPI app on a CPU; pins as sglang's Requires-Dist
+# (fastapi: the range vLLM pins; later releases import opentelemetry).
 SGL_NODEPS=("torch==$SGL_TORCH" "sglang==$SGLANG_VERSION" triton==3.8.0
-  torchvision==0.29.2 apache-tvm-ffi==0.1.11 compressed-tensors==0.18.0)
+  torchvision==0.29.2 apache-tvm-ffi==0.1.11 compressed-tensors==0.18.0
+  xgrammar==0.2.7)
 SGL_DEPS=("${TORCH_CUDA[@]}" filelock typing-extensions 'setuptools>=77.0.3' sympy networkx jinja2 fsspec
   numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic 'pyzmq>=25.1.2' tqdm IPython aiohttp
-  transformers==5.19.0 datasets sentencepiece gguf loguru)
-SGL_SMOKE="import torch, triton, sglang, sglang.benchmark.serving; $(torch_pin_check sglang SGL_TORCH)"
+  transformers==5.19.0 datasets sentencepiece gguf loguru
+  'fastapi>=0.133.0,<0.137.0' 'uvicorn>=0.51' uvloop python-multipart 'prometheus-client>=0.20.0' openai==2.8.0
+  partial_json_parser setproctitle einops jsonschema soundfile==0.13.1)
+SGL_SMOKE="import torch, triton, sglang, sglang.benchmark.serving, sglang.srt.entrypoints.http_server; $(torch_pin_check sglang SGL_TORCH)"
 
 mkdir -p "$ROOT"
 exec 9>"$ROOT/.lock" && flock 9   # two concurrent runs must not build the same env twice

@@ -99,3 +99,50 @@ def _replacement(old: Mapping[str, Any] | None, planned: Plan) -> str | None:
     except (SpecError, SpecErrors):
         return None
     return replacement_notice(workload_kind(previous), planned)
+
+
+REVIEW_API_VERSION = "admission.k8s.io/v1"  # the chart's admissionReviewVersions
+REVIEW_KIND = "AdmissionReview"
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """Why an AdmissionReview body cannot be judged. `uid`: the request's uid when it has one, so the answer can be
+    a denial of that request; without one only an HTTP 400 can be given."""
+
+    message: str
+    uid: str | None = None
+
+
+def malformed(review_body: object) -> Malformed | None:
+    """What makes a decoded AdmissionReview body unusable, or None when it has the shape the API server sends
+    (kopf's admission code indexes these keys without checking them)."""
+    if not isinstance(review_body, Mapping):
+        return Malformed(f"the body is a JSON {type(review_body).__name__}, not an {REVIEW_KIND} object")
+    api_version, kind = review_body.get("apiVersion"), review_body.get("kind")
+    if api_version != REVIEW_API_VERSION or kind != REVIEW_KIND:
+        return Malformed(f"apiVersion/kind {api_version!r}/{kind!r}: expected {REVIEW_API_VERSION}/{REVIEW_KIND}")
+    request = review_body.get("request")
+    if not isinstance(request, Mapping):
+        return Malformed(f"{REVIEW_KIND}.request is missing or not an object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        return Malformed(f"{REVIEW_KIND}.request.uid is missing or not a non-empty string")
+    resource = request.get("resource")
+    if not isinstance(resource, Mapping) or not all(
+        isinstance(resource.get(key), str) for key in ("group", "version", "resource")
+    ):
+        return Malformed("request.resource needs string group, version and resource", uid)
+    if not isinstance(request.get("operation"), str):
+        return Malformed("request.operation is missing or not a string", uid)
+    if not isinstance(request.get("userInfo"), Mapping):
+        return Malformed("request.userInfo is missing or not an object", uid)
+    new, old = request.get("object"), request.get("oldObject")
+    for field_name, value in (("object", new), ("oldObject", old)):
+        if value is not None and not isinstance(value, Mapping):
+            return Malformed(f"request.{field_name} is a JSON {type(value).__name__}, not an object", uid)
+        if value is not None and not isinstance(value.get("metadata", {}), Mapping):
+            return Malformed(f"request.{field_name}.metadata is not an object", uid)
+    if new is None and old is None:
+        return Malformed("request has neither object nor oldObject", uid)
+    return None

@@ -146,7 +146,7 @@ def test_the_chart_carries_the_project_version(tmp_path: Any) -> None:
     import shutil
     import sys
 
-    for part in ("hack", "charts", "crds", "manifests"):
+    for part in ("hack", "charts", "crds", "manifests", "docs"):
         shutil.copytree(ROOT / part, tmp_path / part)
     pyproject = (ROOT / "pyproject.toml").read_text()
     current = generate().project_version()

@@ -178,6 +178,7 @@ EXERCISED_BY_CLI_TESTS = {
     """ | jq -r '.items[] | .kind + "/" + .metadata.name'""",
 }
 NEEDS_CLUSTER = {
+    "helm upgrade m3fleet charts/m3fleet -n m3fleet-system --reuse-values --set 'rbac.secretNamespaces={llm,team-a}'",
     "m3fleet bench -f manifests/samples/vllm-h200-tp8.yaml --dry-run -o json | kubectl apply --dry-run=server -f -",
     "kubectl apply --server-side --force-conflicts -f charts/m3fleet/crds/",
     "kubectl apply -k manifests/install",

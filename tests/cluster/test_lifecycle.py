@@ -123,28 +123,63 @@ def _undone(cluster: Cluster, vllm: str, trt: str, lws: str, before: dict[str, A
         eventually(f"{what} restored", check, 60)
 
 
+# What a fleet's children are made of: ours, and what the LeaderWorkerSet controller makes from ours.
+CHILD_KINDS = (
+    "deployments,leaderworkersets,statefulsets,services,configmaps,secrets,poddisruptionbudgets,networkpolicies"
+)
+
+
+def _child_versions(cluster: Cluster) -> dict[str, tuple[int | None, str]]:
+    """kind/name -> (metadata.generation, metadata.resourceVersion) of every child in the namespace that a fleet
+    owns, directly or through its LeaderWorkerSet."""
+    listed = json.loads(cluster.kubectl("get", CHILD_KINDS, "-n", NAMESPACE, "-o", "json").stdout)["items"]
+    return {
+        f"{item['kind']}/{item['metadata']['name']}": (
+            item["metadata"].get("generation"),
+            item["metadata"]["resourceVersion"],
+        )
+        for item in listed
+        if item["metadata"].get("ownerReferences")
+    }
+
+
+def _restart_writes_nothing(cluster: Cluster, name: str) -> None:
+    """An operator started over converged fleets: a full window without a single write, and no child of any
+    workload kind (Deployment, LeaderWorkerSet and what each brings) changed by anyone because of it."""
+    before = _child_versions(cluster)
+    with cluster.operator("--all-namespaces", "--standalone", name=name) as restarted:
+        time.sleep(QUIET_SECONDS)
+        writes = restarted.writes(restarted.requests())
+        assert writes == [], f"writes at rest after a restart: {writes}; traffic {traffic(restarted.requests())}"
+    after = _child_versions(cluster)
+    kinds = {key.split("/", 1)[0] for key in before}
+    assert {"Deployment", "LeaderWorkerSet", "StatefulSet", "ConfigMap", "Service"} <= kinds, kinds
+    changed = {key: (was, after.get(key)) for key, was in before.items() if after.get(key) != was}
+    assert changed == {}, f"children changed by a restart (generation, resourceVersion): {changed}"
+
+
 def test_hand_edits_are_undone_while_running_and_after_a_restart(fleet: Cluster) -> None:
     vllm, trt, lws = "drift-vllm", "drift-trt", "drift-lws"
-    with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-1"):
+    with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-1") as first:
         for document in (_vllm(vllm), _trtllm_h200(trt), _one_million(lws)):
             fleet.apply(document)
         for name in (vllm, trt, lws):
             wait_ready(fleet, name, NAMESPACE)
+        settle(first)
+    # the first restart over fleets as created (what the API server and the LeaderWorkerSet webhook made of them)
+    _restart_writes_nothing(fleet, "operator-drift-restart-1")
+    with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-2"):
         before = _edit_children(fleet, vllm, trt, lws)
         _undone(fleet, vllm, trt, lws, before)
     # the same edits while no operator runs: undone when it starts
     _edit_children(fleet, vllm, trt, lws)
-    with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-2") as second:
+    with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-3") as third:
         _undone(fleet, vllm, trt, lws, before)
         for name in (vllm, trt, lws):
             wait_ready(fleet, name, NAMESPACE)
-        settle(second)
-        assert second.forbidden() == []
-    # a third start over a converged fleet: a full window without a single write
-    with fleet.operator("--all-namespaces", "--standalone", name="operator-drift-3") as third:
-        time.sleep(QUIET_SECONDS)
-        writes = third.writes(third.requests())
-        assert writes == [], f"writes at rest after a restart: {writes}; traffic {traffic(third.requests())}"
+        settle(third)
+        assert third.forbidden() == []
+    _restart_writes_nothing(fleet, "operator-drift-restart-2")
     for name in (vllm, trt, lws):
         delete(fleet, name, NAMESPACE, wait=False)
 

@@ -9,13 +9,16 @@ deletion is never held up; a paused standby serves the webhook as well as the ac
 
 from __future__ import annotations
 
+import http.client
+import json
+import ssl
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cluster.cluster import BIN, Cluster, OperatorProcess, eventually
+from tests.cluster.cluster import BIN, RELEASE, Cluster, OperatorProcess, eventually
 from tests.cluster.fleet import condition, delete, pods, renamed, sample, wait_ready, weight_volumes, write_manifest
 
 NAMESPACE = "webhook"
@@ -103,6 +106,92 @@ def test_a_spec_the_planner_refuses_is_refused_at_apply_with_its_message(
         assert result.returncode != 0, result.stdout
         assert DENIED + message in result.stderr, result.stderr
     assert fleet.get("m3d", "refused", NAMESPACE) is None
+
+
+def _review(request: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def _request(**changes: Any) -> dict[str, Any]:
+    """A CREATE of a valid resource as the API server sends it, with `changes` applied (None: key removed)."""
+    request: dict[str, Any] = {
+        "uid": "0f0e0d0c-malformed",
+        "kind": {"group": "m3fleet.dev", "version": "v1alpha1", "kind": "MiniMaxM3Deployment"},
+        "resource": {"group": "m3fleet.dev", "version": "v1alpha1", "resource": "minimaxm3deployments"},
+        "operation": "CREATE",
+        "userInfo": {"username": "someone"},
+        "object": valid("malformed"),
+    }
+    request.update(changes)
+    return {k: v for k, v in request.items() if v is not None}
+
+
+# Bodies no API server sends; each must get a well-formed answer: a 400 (or aiohttp's 413 past its 1 MiB
+# limit) when the body names no request uid, else a denial of that request.
+MALFORMED: dict[str, tuple[bytes, int]] = {
+    "empty": (b"", 400),
+    "not json": (b"{not json", 400),
+    "not utf-8": (b'{"kind": "' + bytes([0xFF, 0xFE]) + b'"}', 400),
+    "nested past the parser": (b"[" * 100_000 + b"]" * 100_000, 400),
+    "a list": (b"[]", 400),
+    "a number": (b"8", 400),
+    "wrong apiVersion": (json.dumps({**_review(_request()), "apiVersion": "admission.k8s.io/v1beta2"}).encode(), 400),
+    "wrong kind": (json.dumps({**_review(_request()), "kind": "TokenReview"}).encode(), 400),
+    "no request": (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode(), 400),
+    "request not an object": (json.dumps(_review("x")).encode(), 400),  # type: ignore[arg-type]
+    "no uid": (json.dumps(_review(_request(uid=None))).encode(), 400),
+    "uid not a string": (json.dumps(_review(_request(uid=7))).encode(), 400),
+    "huge": (b'{"pad": "' + b"x" * (2 * 1024 * 1024) + b'"}', 413),
+    "object a string": (json.dumps(_review(_request(object="spec"))).encode(), 200),
+    "object a list": (json.dumps(_review(_request(object=[1, 2]))).encode(), 200),
+    "metadata a string": (json.dumps(_review(_request(object={"metadata": "x"}))).encode(), 200),
+    "no object at all": (json.dumps(_review(_request(object=None))).encode(), 200),
+    "no resource": (json.dumps(_review(_request(resource=None))).encode(), 200),
+    "resource not ours": (
+        json.dumps(_review(_request(resource={"group": "", "version": "v1", "resource": "pods"}))).encode(),
+        200,
+    ),
+    "no userInfo": (json.dumps(_review(_request(userInfo=None))).encode(), 200),
+    "operation a number": (json.dumps(_review(_request(operation=1))).encode(), 200),
+}
+
+
+def _post(port: int, body: bytes) -> tuple[int, dict[str, Any]]:
+    """POST `body` to the webhook's path as the API server would (TLS; the certificate is not what is tested)."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    connection = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=context)
+    try:
+        connection.request("POST", "/validate", body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        text = response.read().decode("utf-8", errors="replace")
+    finally:
+        connection.close()
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = {"text": text}
+    return response.status, answer if isinstance(answer, dict) else {"value": answer}
+
+
+def test_malformed_admission_reviews_get_an_answer_and_never_crash_the_webhook(
+    fleet: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    port = fleet.webhook_ports[RELEASE]
+    for case, (body, expected) in MALFORMED.items():
+        status, answer = _post(port, body)
+        assert status == expected, f"{case}: HTTP {status} {answer}"
+        if status == 400:
+            assert answer.get("message"), f"{case}: a 400 without a message: {answer}"
+        if status == 200:
+            response = answer["response"]
+            assert response["uid"] == "0f0e0d0c-malformed" and response["allowed"] is False, f"{case}: {answer}"
+            assert response["status"]["code"] == 400 and response["status"]["message"], f"{case}: {answer}"
+    # a well-formed review still gets its verdict, and the real apiserver path still works
+    status, answer = _post(port, json.dumps(_review(_request())).encode())
+    assert status == 200 and answer["response"]["allowed"] is True, answer
+    assert serving(fleet, tmp_path)
+    assert "Traceback" not in operator.log(), operator.log()[-4000:]
 
 
 def test_a_spec_naming_a_model_cache_not_yet_applied_is_admitted(

@@ -43,16 +43,29 @@ KEY = {"apiKeySecretRef": {"name": "llm-api", "key": "key"}}
 
 
 @pytest.mark.parametrize(
-    ("engine", "accelerator", "variable"),
-    [("vllm", "h200", "VLLM_API_KEY"), ("sglang", "h200", "M3FLEET_API_KEY"), ("sglang", "gb200", "M3FLEET_API_KEY")],
+    ("engine", "accelerator", "variable", "holder"),
+    [
+        ("vllm", "h200", "VLLM_API_KEY", "engine"),
+        ("sglang", "h200", "M3FLEET_API_KEY", "key-guard"),
+        ("sglang", "gb200", "M3FLEET_API_KEY", "key-guard"),
+    ],
 )
-def test_the_api_key_comes_from_its_secret_and_nowhere_else(engine: str, accelerator: str, variable: str) -> None:
+def test_the_api_key_comes_from_its_secret_and_nowhere_else(
+    engine: str, accelerator: str, variable: str, holder: str
+) -> None:
+    """The key reaches one container, as env from its Secret: vLLM's engine (it reads VLLM_API_KEY), SGLang's key
+    guard (SGLang itself gets none: it would print it). Never in argv, and no container sees another's processes."""
     objs = objects(doc(engine, accelerator, engine=KEY, context={"maxModelLen": 262144}))
+    ref = {"secretKeyRef": {"name": "llm-api", "key": "key"}}
     for template in templates(objs):
-        container = template["spec"]["containers"][0]
-        ref = {"secretKeyRef": {"name": "llm-api", "key": "key"}}
-        assert {"name": variable, "valueFrom": ref} in container["env"]
-        assert not any("api-key" in arg and arg != "--admin-api-key" for arg in container.get("args", []))
+        assert "shareProcessNamespace" not in template["spec"]
+        containers = {c["name"]: c for c in template["spec"]["containers"]}
+        assert {"name": variable, "valueFrom": ref} in containers[holder]["env"]
+        for name, container in containers.items():
+            argv = [*container["command"], *container.get("args", [])]
+            assert not any(arg.startswith(("--api-key", "--admin-api-key")) for arg in argv)
+            if name != holder:
+                assert "llm-api" not in json.dumps(container["env"])
     assert "llm-api" not in json.dumps([o for o in objs if o["kind"] == "ConfigMap"])
 
 

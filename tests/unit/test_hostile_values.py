@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,6 @@ import pytest
 
 from m3fleet.api import parse_resource
 from m3fleet.engines.base import CONFIG_MOUNT, HOME_MOUNT, SSH_MOUNT
-from m3fleet.engines.sglang import ADMIN_KEY_FILE
 from m3fleet.planner import plan
 from m3fleet.render import render
 from tests.engine_parsers.grid import expand
@@ -37,7 +35,7 @@ name="$(basename "$0")"
 printf '%s\\0' "$@" > "${STUB_LOG}/${name}.argv"
 env -0 > "${STUB_LOG}/${name}.env"
 if [ "${name}" = python3 ] && [ "${1:-}" = -c ]; then
-  case "$2" in *hf_hub_download*) echo /hf-cache/chat_template.jinja ;; *) echo stand-in-random-admin-key ;; esac
+  case "$2" in *hf_hub_download*) echo /hf-cache/chat_template.jinja ;; esac
 fi
 exit 0
 """
@@ -184,34 +182,23 @@ def test_vllm_gets_every_value_literally(tmp_path: Path) -> None:
     assert_untouched(tmp_path)
 
 
-def test_sglang_launcher_passes_values_literally_and_adds_the_keys(tmp_path: Path) -> None:
+def test_sglang_gets_every_value_literally_and_no_key(tmp_path: Path) -> None:
+    """SGLang holds no key (the key guard beside it does): none in its argv or its environment."""
     values = values_for(tmp_path)
-    run = start(tmp_path, rendered("sglang", "h200", False, values), "single")
-    argv = run.argv("python3")
-    assert argv[:2] == ["-m", "sglang.launch_server"]
-    assert argv[argv.index("--model-path") + 1] == f"/models/{values.sub_path}"
-    assert argv[argv.index("--served-model-name") + 1] == values.checkpoint
-    keys = argv[-4:]
-    assert argv[-4 - len(values.extra) : -4] == values.extra
-    assert keys[:1] == ["--admin-api-key"] and keys[2:] == ["--api-key", SECRET_VALUE]
-    # No admin key in the spec: a random one, kept in the pod only (mode 0600 in the emptyDir HOME).
-    admin_file = run.home / ADMIN_KEY_FILE
-    assert admin_file.read_text() == f"{keys[1]}\n" and keys[1] == "stand-in-random-admin-key"
-    assert stat.S_IMODE(admin_file.stat().st_mode) == 0o600
-    env = run.env("python3")
-    assert env["USER_NOTE"] == values.env_value
-    assert "M3FLEET_API_KEY" not in env and "M3FLEET_ADMIN_API_KEY" not in env  # unset before exec
-    assert_untouched(tmp_path)
-
-
-def test_sglang_takes_the_admin_key_from_its_secret(tmp_path: Path) -> None:
-    doc = hostile_resource("sglang", "h200", False, values_for(tmp_path))
+    doc = hostile_resource("sglang", "h200", False, values)
     doc["spec"]["engine"]["adminApiKeySecretRef"] = {"name": "admin", "key": "key"}
     resource = parse_resource(doc)
     run = start(tmp_path, render(resource, plan(resource.spec)), "single")
     argv = run.argv("python3")
-    assert argv[argv.index("--admin-api-key") + 1] == SECRET_VALUE
-    assert not (run.home / ADMIN_KEY_FILE).exists()
+    assert argv[:2] == ["-m", "sglang.launch_server"]
+    assert argv[argv.index("--model-path") + 1] == f"/models/{values.sub_path}"
+    assert argv[argv.index("--served-model-name") + 1] == values.checkpoint
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[-len(values.extra) :] == values.extra
+    env = run.env("python3")
+    assert env["USER_NOTE"] == values.env_value
+    assert SECRET_VALUE not in argv and SECRET_VALUE not in env.values()
+    assert_untouched(tmp_path)
 
 
 @pytest.mark.parametrize("hf", [False, True], ids=["pvc-direct-exec", "hub-launch-script"])

@@ -361,7 +361,7 @@ def test_grid_properties(doc: dict[str, Any]) -> None:
         assert lwt["size"] == p.nodes_per_replica > 1
         pods = [lwt["leaderTemplate"]] + [lwt["workerTemplate"]] * (lwt["size"] - 1)
     # GPUs requested per group equal gpusPerReplica.
-    assert sum(t["spec"]["containers"][0]["resources"]["limits"][gpu] for t in pods) == p.gpus_per_replica
+    assert sum(int(t["spec"]["containers"][0]["resources"]["limits"][gpu]) for t in pods) == p.gpus_per_replica
     for argv in engine_argv(workload, engine):
         ns = parse_with_model(engine, argv)
         if engine == "vllm":
@@ -648,8 +648,8 @@ def test_sglang_workers_are_probed_on_their_health_server() -> None:
     # it keeps the worker, and so the LeaderWorkerSet group, unready until then.
     objs = rendered(resource_for("sglang", "h200", "bf16", "tp", "bf16", 1048576, False, "auto", 1, False))
     lws = next(o for o in objs if o["kind"] == "LeaderWorkerSet")
-    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
-    (port,) = worker["ports"]
+    worker, guard = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]
+    (port,) = guard["ports"]  # through the key guard, as on the leader: SGLang listens on 127.0.0.1 only
     for kind in ("startup", "readiness", "liveness"):
         assert worker[f"{kind}Probe"]["httpGet"] == {"path": "/health", "port": port["containerPort"]}
     # Startup allows the whole weight load before liveness can restart the group.

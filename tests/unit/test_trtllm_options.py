@@ -81,7 +81,7 @@ def test_rank_count_equals_tensor_parallel_size(rendered: grid.Rendered) -> None
     if workload["kind"] == "LeaderWorkerSet":
         ranks = int(re.search(r" -np (\d+) ", config_map["data"][LEADER_SCRIPT])[1])  # type: ignore[index]
     else:
-        ranks = workload["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+        ranks = int(workload["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
     opts = options(rendered)
     assert ranks == opts["tensor_parallel_size"] * opts.get("pipeline_parallel_size", 1)
     assert opts["cuda_graph_config"]["max_batch_size"] <= opts["max_batch_size"]

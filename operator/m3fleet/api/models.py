@@ -397,14 +397,14 @@ class EngineSpec(CamelModel):
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding the API key the OpenAI-compatible endpoint requires (Authorization: "
-        "Bearer <key>). vLLM reads it from VLLM_API_KEY, SGLang's launcher passes it at start; it is never "
-        "in the command line of the pod spec or in a ConfigMap. Not supported by trtllm.",
+        "Bearer <key>). vLLM reads it from VLLM_API_KEY; SGLang never holds it: the key-guard container in front "
+        "of it enforces it. Only env from the Secret, never a command line or a ConfigMap. Not supported by trtllm.",
     )
     admin_api_key_secret_ref: SecretKeyRef | None = Field(
         default=None,
         description="SGLang only: Secret key holding the key of SGLang's admin endpoints (flush_cache, "
-        "update_weights_*, profiling, ...). Without it each pod generates a random admin key at start that "
-        "never leaves the pod (kubectl exec can read it from $HOME/.sglang-admin-key).",
+        "update_weights_*, profiling, ...), enforced by the key-guard container (SGLang never holds it). Without it "
+        "the admin endpoints answer no one.",
     )
 
 

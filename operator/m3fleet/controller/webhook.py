@@ -14,14 +14,16 @@ mounted as a volume); kopf reloads it when the files change (a rotated cert-mana
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import kopf
 
-from m3fleet.admission import review
+from m3fleet.admission import REVIEW_API_VERSION, REVIEW_KIND, Malformed, malformed, review
 from m3fleet.api.cache import CACHE_PLURAL
 from m3fleet.api.models import GROUP, PLURAL, VERSION
 
@@ -60,9 +62,48 @@ class Webhook:
             )
 
     def server(self) -> kopf.WebhookServer:
-        return kopf.WebhookServer(
+        return GuardedWebhookServer(
             addr=self.address, port=self.port, certfile=str(self.certfile), pkeyfile=str(self.keyfile)
         )
+
+
+def _answer(problem: Malformed) -> aiohttp.web.Response:
+    """A request that names its uid is denied as an AdmissionReview; one that does not gets a plain 400."""
+    if problem.uid is None:
+        return aiohttp.web.json_response({"message": problem.message}, status=400)
+    status = {"code": 400, "message": f"malformed AdmissionReview: {problem.message}"}
+    response = {"uid": problem.uid, "allowed": False, "status": status}
+    return aiohttp.web.json_response({"apiVersion": REVIEW_API_VERSION, "kind": REVIEW_KIND, "response": response})
+
+
+class GuardedWebhookServer(kopf.WebhookServer):
+    """kopf's server, with every body checked before kopf's admission code reads it: kopf indexes the
+    AdmissionReview's keys unchecked, so a body that is not JSON text (bytes that are not UTF-8, nesting deep
+    enough to exhaust the parser), not an AdmissionReview, or one without `request.uid` ended in a 500 and a
+    traceback. Now each gets a 400, or a denial of the request it names; a body over aiohttp's 1 MiB limit gets
+    its 413. An error inside the handling is a denial too: the failure policy never sees a crash."""
+
+    @staticmethod
+    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        raw = await request.read()  # raises HTTPRequestEntityTooLarge (a plain 413) past client_max_size
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            return _answer(Malformed(f"the body is not JSON text ({type(exc).__name__})"))
+        problem = malformed(data)
+        if problem is not None:
+            log.warning("Refused a malformed admission request: %s", problem.message)
+            return _answer(problem)
+        uid = data["request"]["uid"]
+        sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
+        try:
+            response = await fn(
+                data, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=dict(request.headers)
+            )
+        except Exception as exc:  # kopf's own errors included: answered as a denial, never a 500
+            log.warning("Could not judge admission request %s: %s", uid, exc)
+            return _answer(Malformed(f"{type(exc).__name__}: {exc}", uid))
+        return aiohttp.web.json_response(response)
 
 
 def register(registry: kopf.OperatorRegistry, webhook: Webhook) -> None:

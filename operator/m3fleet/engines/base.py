@@ -129,6 +129,15 @@ class Probes:
 
 
 @dataclass(frozen=True)
+class KeyGuard:
+    """The authenticating proxy (`m3fleet.keyguard`) a container of its own runs in front of an engine that holds
+    no key: it listens on the engine's port, the engine on 127.0.0.1 only."""
+
+    config: str  # keyguard's one argument (JSON): ports and the engine's API-key routes
+    secret_env: dict[str, tuple[str, str]]  # the keys, as for Container.secret_env (only this container has them)
+
+
+@dataclass(frozen=True)
 class Container:
     command: list[str]
     args: list[str]
@@ -142,6 +151,7 @@ class Container:
     runs_as_root: bool = False  # the image's launch needs root (sshd); otherwise the pod runs as NON_ROOT_UID
     # Scraped for metrics without serving (SGLang's worker nodes: their DP ranks' schedulers export there).
     exports_metrics: bool = False
+    key_guard: KeyGuard | None = None  # the proxy that owns `ports` and the keys (SGLang)
 
 
 @dataclass(frozen=True)
@@ -196,6 +206,7 @@ def node_rank_launch(
     worker_args: tuple[str, ...] = (),
     secrets: dict[str, tuple[str, str]] | None = None,
     worker_health: Probes | None = None,
+    key_guard: KeyGuard | None = None,
 ) -> EngineLaunch:
     """The launch shape vLLM and SGLang share: one pod per replica, or a leader (node rank 0, serves
     HTTP) plus workers (node rank from the LWS environment). With `worker_health` a worker runs its own health
@@ -205,13 +216,17 @@ def node_rank_launch(
     port = ctx.engine.port
     refs = secrets or {}
     if not ctx.multi_node:
-        single = Container(command, [*args, *extra], env, probes, {SERVING_PORT: port}, True, secret_env=refs)
+        single = Container(
+            command, [*args, *extra], env, probes, {SERVING_PORT: port}, True, secret_env=refs, key_guard=key_guard
+        )
         return EngineLaunch({Role.SINGLE: single})
     leader_args = [*args, *group_args, "--node-rank", "0", *extra]
     worker_args_all = [*args, *group_args, "--node-rank", LWS_WORKER_INDEX, *worker_args, *extra]
     return EngineLaunch(
         {
-            Role.LEADER: Container(command, leader_args, env, probes, {SERVING_PORT: port}, True, secret_env=refs),
+            Role.LEADER: Container(
+                command, leader_args, env, probes, {SERVING_PORT: port}, True, secret_env=refs, key_guard=key_guard
+            ),
             Role.WORKER: Container(
                 command,
                 worker_args_all,
@@ -221,6 +236,7 @@ def node_rank_launch(
                 False,
                 exports_metrics=worker_health is not None,
                 secret_env=refs,
+                key_guard=key_guard if worker_health else None,
             ),
         }
     )

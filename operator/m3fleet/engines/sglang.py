@@ -14,14 +14,18 @@ otherwise, and each difference is listed in `catalog.ENGINES[sglang].deviations`
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from importlib import resources
+
 from m3fleet.api.models import Accelerator, Strategy, Variant
 from m3fleet.engines import flags
 from m3fleet.engines.base import (
-    BASH,
     LWS_GROUP_SIZE,
     LWS_LEADER_ADDRESS,
     Context,
     EngineLaunch,
+    KeyGuard,
     compact_json,
     http_probes,
     literal,
@@ -72,32 +76,43 @@ OWNED = (
     OwnedFlag("--config", CONFIG_FILE),
 )
 
-# SGLang 0.5.23 takes its keys only as flags (--api-key, --admin-api-key; srt/arg_groups/fields/serving.py), so this
-# launcher adds them at exec time from the environment the kubelet fills from the Secrets: they are never in the
-# pod spec, a ConfigMap or the rendered command. Without an admin key SGLang leaves its admin endpoints
-# (AuthLevel.ADMIN_OPTIONAL: flush_cache, update_weights_*, profiling, ...) open to anyone who may reach the port
-# (srt/utils/auth.py); so unless spec.engine.adminApiKeySecretRef is set, each pod makes a random admin key that
-# never leaves it ($HOME/.sglang-admin-key, for `kubectl exec`). /health*, /ready* and /metrics stay open (probes,
-# Prometheus). The script is fixed text: every rendered value reaches SGLang through "$@", never through the shell.
-API_KEY_VAR = "M3FLEET_API_KEY"
+# SGLang 0.5.23 serves its whole configuration on /server_info, `admin_api_key` and `launch_command` (with --api-key)
+# included, to any holder of the API key (to anyone when there is none), and logs both keys at start
+# (srt/entrypoints/http_server.py, srt/utils/common.py build_server_info). Redacting that means patching SGLang at
+# every place it prints its arguments, now and in every later version; so SGLang gets no key at all and listens on
+# 127.0.0.1 only, and the key guard (m3fleet.keyguard, a container of its own holding the keys from their Secrets)
+# is the only listener on the engine port: the API key for the routes SGLang serves at its normal auth level, the
+# admin key for everything else (without one the admin routes answer no one), /health*, /ready*, /metrics open.
+# What SGLang prints can then hold no key, whatever it prints. `kubectl exec` into the engine container reaches SGLang
+# unauthenticated on 127.0.0.1 (an exec'ing user can read the Secrets' mounts anyway).
+COMMAND = ["python3", "-m", "sglang.launch_server"]
+API_KEY_VAR = "M3FLEET_API_KEY"  # in the key guard's container only
 ADMIN_API_KEY_VAR = "M3FLEET_ADMIN_API_KEY"
-ADMIN_KEY_FILE = ".sglang-admin-key"
-LAUNCHER = f"""set -euo pipefail
-umask 077
-if [ -n "${{{ADMIN_API_KEY_VAR}:-}}" ]; then
-  admin_key="${{{ADMIN_API_KEY_VAR}}}"
-else
-  admin_key="$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
-  printf '%s\\n' "${{admin_key}}" > "${{HOME}}/{ADMIN_KEY_FILE}"
-fi
-keys=(--admin-api-key "${{admin_key}}")
-if [ -n "${{{API_KEY_VAR}:-}}" ]; then
-  keys+=(--api-key "${{{API_KEY_VAR}}}")
-fi
-unset {API_KEY_VAR} {ADMIN_API_KEY_VAR} admin_key
-exec python3 -m sglang.launch_server "$@" "${{keys[@]}}"
-"""
-COMMAND = [*BASH, "-c", LAUNCHER, "m3fleet-sglang"]  # "$0", then the rendered args are "$@"
+LOCAL_PORT_OFFSET = 1000  # SGLang on 127.0.0.1:<port + this>: clear of its own port + 233.. (DP attention's ZMQ)
+ROUTES_FILE = "sglang-routes.json"  # SGLang's API-key routes, from its own route table (tests/engine_parsers)
+
+
+@cache
+def api_key_routes() -> tuple[tuple[str, str], ...]:
+    """(method, path template) of every route SGLang serves at its normal auth level (`NORMAL`, the API key)."""
+    raw = json.loads(resources.files("m3fleet.engines").joinpath(ROUTES_FILE).read_text(encoding="utf-8"))
+    return tuple((str(method), str(path)) for method, path in raw["normalRoutes"])
+
+
+def key_guard(ctx: Context) -> KeyGuard:
+    config = {
+        "listen": ctx.engine.port,
+        "upstream": local_port(ctx),
+        "apiKeyEnv": API_KEY_VAR,
+        "adminKeyEnv": ADMIN_API_KEY_VAR,
+        "normalRoutes": api_key_routes(),
+    }
+    return KeyGuard(compact_json(config), secret_env(ctx, API_KEY_VAR, ADMIN_API_KEY_VAR))
+
+
+def local_port(ctx: Context) -> int:
+    return ctx.engine.port + LOCAL_PORT_OFFSET
+
 
 DIST_INIT_PORT = 20000  # the LWS SGLang example's rendezvous port
 LONG_CONTEXT = 32_768  # above it the cookbook raises the chunked-prefill size (SGL-CB)
@@ -124,9 +139,9 @@ def serve_args(ctx: Context) -> list[str]:
         "--served-model-name",
         literal(ctx.served_model_name),
         "--host",
-        "0.0.0.0",
+        "127.0.0.1",  # only the key guard, in the same pod, reaches SGLang
         "--port",
-        str(ctx.engine.port),
+        str(local_port(ctx)),
         "--tp-size",
         str(tp),
     ]
@@ -179,7 +194,6 @@ def launch(ctx: Context) -> EngineLaunch:
     # /health_generate runs a real forward pass: probe it less often than a plain liveness check.
     probes = http_probes(port, ctx.engine.live_path, ctx.engine.ready_path, ready_period=30, ready_timeout=60)
     group = ["--dist-init-addr", f"{LWS_LEADER_ADDRESS}:{DIST_INIT_PORT}", "--nnodes", LWS_GROUP_SIZE]
-    keys = secret_env(ctx, API_KEY_VAR, ADMIN_API_KEY_VAR)
     # A worker node's schedulers (with DP attention, its DP ranks: their queues and KV pools) export on that node
     # only, through the health server SGLang starts on non-zero node ranks once their schedulers have loaded the
     # weights (srt/entrypoints/engine.py, launch_dummy_health_check_server: /health, and /metrics under
@@ -187,5 +201,5 @@ def launch(ctx: Context) -> EngineLaunch:
     # Its /health_generate answers 200 without a forward pass, so /health serves for readiness too.
     worker_health = http_probes(port, ctx.engine.live_path, ctx.engine.live_path)
     return node_rank_launch(
-        ctx, COMMAND, serve_args(ctx), env(ctx), probes, group, secrets=keys, worker_health=worker_health
+        ctx, COMMAND, serve_args(ctx), env(ctx), probes, group, worker_health=worker_health, key_guard=key_guard(ctx)
     )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from m3fleet.api.models import Accelerator
@@ -20,6 +22,7 @@ from m3fleet.engines.base import (
     TERMINATION_GRACE_SECONDS,
     Container,
     Context,
+    KeyGuard,
     Probe,
     Role,
     literal,
@@ -213,8 +216,10 @@ def _resources(ctx: Context) -> dict[str, Any]:
     never BestEffort. Memory limit = request: the engine never runs above its request, so under node memory
     pressure the kubelet evicts other pods first (it ranks pods by usage above request); the limit also bounds the
     memory-backed /dev/shm. No CPU limit: a CFS quota would throttle the tokenizer and scheduler threads."""
-    devices: dict[str, Any] = {ctx.accelerator.resource_name: ctx.plan.gpus_per_node}
-    devices.update(ctx.spec.node_pool.extra_resources)
+    # Quantities as strings, the form the API server stores: a LeaderWorkerSet (a custom resource) keeps what it is
+    # sent, so a number here read back as "8" and every restart saw drift and re-applied the group.
+    devices = {ctx.accelerator.resource_name: str(ctx.plan.gpus_per_node)}
+    devices.update({name: str(count) for name, count in ctx.spec.node_pool.extra_resources.items()})
     memory = f"{ctx.plan.memory_gib_per_pod}Gi"
     requests = {"cpu": str(ctx.plan.cpu_per_pod), "memory": memory, **devices}
     limits = {"memory": memory, **devices}
@@ -339,6 +344,45 @@ def _same_nvlink_domain(ctx: Context, domain_label: str) -> dict[str, Any]:
     return {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
 
 
+KEY_GUARD_SOURCE = "keyguard.py"
+
+
+@cache
+def key_guard_command() -> list[str]:
+    """`python3 -c <m3fleet/keyguard.py>`: the engine image's Python runs it (it needs aiohttp only)."""
+    source = resources.files("m3fleet").joinpath(KEY_GUARD_SOURCE).read_text(encoding="utf-8")
+    return ["python3", "-c", literal(source)]
+
+
+def key_guard_container(ctx: Context, guard: KeyGuard, engine: dict[str, Any]) -> dict[str, Any]:
+    """The key guard beside the engine: the engine's image and port, the keys, and restricted's security context
+    whatever the engine needs (it only proxies HTTP)."""
+    env = [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        for name, (secret, key) in sorted(guard.secret_env.items())
+    ]
+    return {
+        "name": "key-guard",
+        "image": ctx.plan.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": key_guard_command(),
+        "args": [guard.config],
+        **({"env": env} if env else {}),
+        "ports": engine["ports"],
+        "resources": {"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+            "runAsNonRoot": True,
+            "runAsUser": NON_ROOT_UID,
+            "runAsGroup": NON_ROOT_UID,
+            "readOnlyRootFilesystem": True,
+        },
+    }
+
+
 def pod_template(
     ctx: Context, role: Role, container: Container, config: str | None, ssh_secret: str | None
 ) -> dict[str, Any]:
@@ -362,9 +406,13 @@ def pod_template(
         if probe is not None:
             spec_container[f"{kind}Probe"] = probe
     init = model_link_init(ctx, mounts, spec_container["securityContext"])
+    containers = [spec_container]
+    if container.key_guard is not None:
+        containers.append(key_guard_container(ctx, container.key_guard, spec_container))
+        spec_container["ports"] = []  # the engine listens on 127.0.0.1 only: the port is the guard's
     pod_spec: dict[str, Any] = {
         **({"initContainers": init} if init else {}),
-        "containers": [spec_container],
+        "containers": containers,
         "volumes": volumes,
         **_placement(ctx),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
