@@ -68,6 +68,7 @@ DAEMON_SET = Kind("apps/v1", "DaemonSet", "daemonsets")
 NODE = Kind("v1", "Node", "nodes", namespaced=False)
 PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
 CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False)
+LEASE = Kind("coordination.k8s.io/v1", "Lease", "leases")  # the active peer's write lease (peering.py)
 
 # Children found by listing with the owned-label selector (a child missing from that listing is looked up by
 # name before it is applied: an object of that name we do not control is never applied over), and watched
@@ -82,7 +83,7 @@ CHILD_KINDS = (
     POD_DISRUPTION_BUDGET,
     SERVICE,
 )
-BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET)}
+BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET, LEASE)}
 
 # Every (group, resource, verbs) the operator uses: this module's calls plus kopf's own watches, event
 # posting and peering. The chart renders its ClusterRole/Role from this list (hack/generate.py writes it out);
@@ -125,6 +126,10 @@ RBAC: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("", "namespaces", ("list", "watch")),
     ("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch")),
     ("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch")),
+    # With peering, only the holder of the Lease "m3fleet-leader" (in the operator's namespace) writes: kopf's
+    # peering cannot fence a peer cut off from the apiserver (see peering.py). update: renewal with the read
+    # resourceVersion, so two peers never both win.
+    ("coordination.k8s.io", "leases", ("get", "create", "update")),
 )
 # The configuration a grant is needed in (the chart's m3fleet.rbacRules helper reads these names); every grant not
 # listed is needed always.
@@ -133,6 +138,7 @@ RBAC_WHEN: dict[tuple[str, str], str] = {
     ("", "namespaces"): "namespaceScanning",  # kopf lists namespaces only when not cluster-wide
     ("kopf.dev", "clusterkopfpeerings"): "clusterPeering",
     ("kopf.dev", "kopfpeerings"): "namespacedPeering",
+    ("coordination.k8s.io", "leases"): "peering",
 }
 # Grants on cluster-scoped resources: a ClusterRole even when the operator watches one namespace.
 CLUSTER_SCOPED: frozenset[tuple[str, str]] = frozenset(
@@ -280,6 +286,14 @@ class KubeApi:
             item.setdefault("apiVersion", kind.api_version)
             item.setdefault("kind", kind.kind)
         return items
+
+    async def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT of the whole object; its metadata.resourceVersion makes it conditional (409 if it changed)."""
+        kind = BY_KIND[(obj["apiVersion"], obj["kind"])]
+        path = f"{kind.collection(obj['metadata']['namespace'])}/{obj['metadata']['name']}"
+        query = [("fieldManager", FIELD_MANAGER)]
+        result: dict[str, Any] = await self._call("PUT", path, obj, query, "application/json")
+        return result
 
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
         try:
