@@ -5,7 +5,7 @@ One proxy per operator process: its kubeconfig names the proxy as the server (a 
 from the control plane's CA), and the proxy forwards every request to the apiserver with the client's own
 credentials (the audit log still says who made it). A test scripts faults per request:
 
-* `fail(verb, resource, status)`: answer 409 / 429 (with Retry-After) / 500 / 503 instead of the apiserver,
+* `fail(verb, resource, status)`: answer 409 / 422 / 429 (with Retry-After) / 500 / 503 instead of the apiserver,
   before anything changes (the write is rejected, not lost); with `forward=True` the request reaches the
   apiserver and only its answer is replaced (the write happened, the client is told it failed).
 * `expire(resource)`: the next watch of a resource ends with the apiserver's own "410 Gone" event (its
@@ -25,6 +25,7 @@ import contextlib
 import json
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,14 @@ from aiohttp import web
 from tests.cluster.controlplane import ControlPlane
 from tests.ports import free_port
 
-REASONS = {409: "Conflict", 410: "Expired", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
+REASONS = {
+    409: "Conflict",
+    410: "Expired",
+    422: "Invalid",
+    429: "TooManyRequests",
+    500: "InternalError",
+    503: "ServiceUnavailable",
+}
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 METHOD_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 
@@ -50,6 +58,7 @@ class Call:
     namespace: str
     name: str
     status: int  # 0: dropped (cut off) or cut mid-stream
+    at: float = field(default_factory=time.monotonic)  # when it was answered (a Retry-After is honoured or not)
 
     def __str__(self) -> str:
         target = "/".join(x for x in (self.resource, self.subresource, self.namespace, self.name) if x)
