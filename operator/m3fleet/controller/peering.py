@@ -187,6 +187,9 @@ class LeaseGate:
         finally:
             if self._deadline is not None:
                 self._deadline.cancel()
+            if self._renewed is not None:  # a clean stop (kopf withdraws its record too): the standby need not wait
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._release(), RETRY_SECONDS)
 
     async def _try(self) -> None:
         """Take the Lease if it is free, expired or ours; renew it if ours. Conditional on the resourceVersion
