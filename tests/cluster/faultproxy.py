@@ -246,7 +246,9 @@ class FaultProxy:
             return self._answer(call, fault)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         url = f"{self.control_plane.server}{request.path_qs}"
-        async with session.request(request.method, url, headers=headers, data=body, ssl=upstream_tls) as upstream:
+        async with session.request(
+            request.method, url, headers=headers, data=body or None, ssl=upstream_tls
+        ) as upstream:
             if fault is not None and fault.status:  # forwarded: the apiserver acted, the client hears otherwise
                 await upstream.read()
                 return self._answer(call, fault)

@@ -28,12 +28,12 @@ REVISION = "0123456789abcdef0123456789abcdef01234567"
 CONTROL = ("kopfpeerings", "clusterkopfpeerings", "leases")  # who may run and write, not what the operator does
 
 
-@pytest.fixture(scope="module")
-def cluster(chart: Cluster) -> Cluster:
+@pytest.fixture(scope="module", autouse=True)
+def faults_namespace(chart: Cluster) -> None:
+    """The chart installed (`cluster` is then the same Cluster), and this file's namespace with its volumes."""
     chart.namespace(NAMESPACE)
     weight_volumes(chart, NAMESPACE)
     chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x")
-    return chart
 
 
 @pytest.fixture()
@@ -229,14 +229,14 @@ def test_a_cut_off_peer_is_fenced_and_the_standby_takes_over(cluster: Cluster, t
         FaultProxy(cluster.control_plane, cluster.workdir).running() as to_high,
         FaultProxy(cluster.control_plane, cluster.workdir).running() as to_low,
         cluster.operator(
-            "--all-namespaces", name="operator-high", env={PRIORITY: "200"}, server=to_high.server, allow_forbidden=True
+            "--all-namespaces", name="operator-high", env={PRIORITY: "200"}, server=to_high.server
         ) as high,
         cluster.operator("--all-namespaces", name="operator-low", env={PRIORITY: "100"}, server=to_low.server) as low,
     ):
         try:
+            cluster.apply(document)  # the gates start with the first event
             eventually("the high-priority peer leads", lambda: "Leading" in high.log(), 60)
             eventually("the low-priority peer pauses", lambda: "Pausing" in low.log(), 60)
-            cluster.apply(document)
             wait_ready(cluster, name, NAMESPACE)
 
             to_high.cut_off()
@@ -299,5 +299,7 @@ def test_deleting_a_namespace_with_a_fleet_and_a_cache_leaves_no_finalizer_and_n
             eventually("the namespace gone", lambda: cluster.get("namespace", team) is None, 180)
             assert labelled(cluster, POOL[0], label) is None
             no_tracebacks(op)
+            # The apiserver refuses new objects in a namespace being deleted (Forbidden): nothing else may be.
+            assert [f for f in op.forbidden() if f"/{team}/" not in f] == []
         finally:
             cluster.kubectl("label", "node", POOL[0], f"{POOL_LABEL}-", check=False)
