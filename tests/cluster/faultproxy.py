@@ -189,7 +189,11 @@ class FaultProxy:
             timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=None)
             async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as session:
                 app = web.Application(client_max_size=64 * 1024**2)
-                app.router.add_route("*", "/{tail:.*}", lambda request: self._handle(request, session, upstream_tls))
+
+                async def handle(request: web.Request) -> web.StreamResponse:
+                    return await self._handle(request, session, upstream_tls)
+
+                app.router.add_route("*", "/{tail:.*}", handle)
                 runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
                 await runner.setup()
                 await web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=server_tls).start()
