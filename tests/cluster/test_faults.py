@@ -298,6 +298,7 @@ def test_deleting_a_namespace_with_a_fleet_and_a_cache_leaves_no_finalizer_and_n
             cluster.kubectl("delete", "namespace", team, "--wait=false")
             eventually("the namespace gone", lambda: cluster.get("namespace", team) is None, 180)
             assert labelled(cluster, POOL[0], label) is None
+            assert f"the files in /mnt/nvme/m3fleet/faults stay on {POOL[0]}" in op.log()
             no_tracebacks(op)
             # The apiserver refuses new objects in a namespace being deleted (Forbidden): nothing else may be.
             assert [f for f in op.forbidden() if f"/{team}/" not in f] == []

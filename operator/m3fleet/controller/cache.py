@@ -174,6 +174,12 @@ def images_for(cache: MiniMaxM3ModelCache, deployments: list[dict[str, Any]]) ->
     return sorted(set(images))
 
 
+def namespace_terminating(exc: ApiError) -> bool:
+    """The apiserver's NamespaceLifecycle refusal of a create in a namespace being deleted (403, cause
+    NamespaceTerminating; its message is the part our error keeps)."""
+    return exc.status == 403 and "because it is being terminated" in exc.message
+
+
 @dataclass
 class CacheOutcome:
     status: dict[str, Any] | None = None
@@ -270,7 +276,20 @@ class CacheReconciler:
                 mounts=mounts_of(running),
             )
         )
-        await self._apply(cache, work, namespace, daemonsets)
+        try:
+            await self._apply(cache, work, namespace, daemonsets)
+        except ApiError as exc:
+            if not (deleting and namespace_terminating(exc)):
+                raise
+            # The namespace is being deleted: the apiserver admits no new object in it, so no cleanup Job can run,
+            # and waiting for one would hold the namespace's deletion forever on our finalizer. Unlabel, release,
+            # and say where the files stay (in the log: no Event can be posted there either).
+            left = await self._unlabel_all(namespace, name)
+            log.warning(
+                "%s/%s: namespace being deleted, no cleanup Job can run in it: the files in %s stay on %s",
+                namespace, name, cache.spec.path, ", ".join(left) or "no labelled node",
+            )  # fmt: skip
+            return await self._release(body)
         if deleting and work.release:
             released = await self._release(body)
             for message in work.left_behind:  # the resource goes with its status: the Event is what stays
@@ -316,11 +335,14 @@ class CacheReconciler:
                 await self.api.delete(kube.DAEMON_SET, namespace, ds["metadata"]["name"], ds["metadata"]["uid"])
                 self._applied.pop((namespace, ds["metadata"]["name"]), None)
 
-    async def _unlabel_all(self, namespace: str, name: str) -> None:
+    async def _unlabel_all(self, namespace: str, name: str) -> list[str]:
+        """Takes the cache's label off every node; returns those nodes."""
         label = node_label_key(namespace, name)
         unlabel = {"metadata": {"labels": {label: None}}}
-        for node in await self.api.list(kube.NODE, None, label):  # a bare key selects the nodes that carry it
-            await self.api.merge_patch(kube.NODE, None, node["metadata"]["name"], unlabel)
+        nodes = [n["metadata"]["name"] for n in await self.api.list(kube.NODE, None, label)]  # a bare key: has it
+        for node in nodes:
+            await self.api.merge_patch(kube.NODE, None, node, unlabel)
+        return nodes
 
     async def _release(self, body: Mapping[str, Any]) -> CacheOutcome:
         meta = body["metadata"]
