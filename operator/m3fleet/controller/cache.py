@@ -284,10 +284,11 @@ class CacheReconciler:
             # The namespace is being deleted: the apiserver admits no new object in it, so no cleanup Job can run,
             # and waiting for one would hold the namespace's deletion forever on our finalizer. Unlabel, release,
             # and say where the files stay (in the log: no Event can be posted there either).
-            left = await self._unlabel_all(namespace, name)
+            await self._unlabel_all(namespace, name)
+            left = sorted({job["metadata"]["annotations"][NODE_ANNOTATION] for job in work.create})
             log.warning(
                 "%s/%s: namespace being deleted, no cleanup Job can run in it: the files in %s stay on %s",
-                namespace, name, cache.spec.path, ", ".join(left) or "no labelled node",
+                namespace, name, cache.spec.path, ", ".join(left),
             )  # fmt: skip
             return await self._release(body)
         if deleting and work.release:
@@ -335,14 +336,11 @@ class CacheReconciler:
                 await self.api.delete(kube.DAEMON_SET, namespace, ds["metadata"]["name"], ds["metadata"]["uid"])
                 self._applied.pop((namespace, ds["metadata"]["name"]), None)
 
-    async def _unlabel_all(self, namespace: str, name: str) -> list[str]:
-        """Takes the cache's label off every node; returns those nodes."""
+    async def _unlabel_all(self, namespace: str, name: str) -> None:
         label = node_label_key(namespace, name)
         unlabel = {"metadata": {"labels": {label: None}}}
-        nodes = [n["metadata"]["name"] for n in await self.api.list(kube.NODE, None, label)]  # a bare key: has it
-        for node in nodes:
-            await self.api.merge_patch(kube.NODE, None, node, unlabel)
-        return nodes
+        for node in await self.api.list(kube.NODE, None, label):  # a bare key selects the nodes that carry it
+            await self.api.merge_patch(kube.NODE, None, node["metadata"]["name"], unlabel)
 
     async def _release(self, body: Mapping[str, Any]) -> CacheOutcome:
         meta = body["metadata"]
