@@ -104,6 +104,7 @@ WHERE = {
     "namespaceScanning": "ClusterRole, with `rbac.scanning` and scope=namespace",
     "clusterPeering": "ClusterRole, with `peering.enabled` and scope=cluster",
     "namespacedPeering": "Role, with `peering.enabled` and scope=namespace",
+    "peering": "with `peering.enabled`: ClusterRole; scope=namespace: Role",
 }
 
 

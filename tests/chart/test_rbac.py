@@ -3,6 +3,7 @@
 kube.RBAC is every (group, resource, verbs) the operator calls, kopf's own calls included. Which of
 them a configuration needs is kopf's business and is stated here independently of the chart:
 
+* leases only with peering (the write Lease);
 * clusterkopfpeerings only with peering in cluster scope, kopfpeerings only with peering in namespace
   scope (kopf/_core/engines/peering.py guess_selectors);
 * namespaces list/watch only in namespace scope: kopf's namespace observer lists namespaces only when
@@ -36,6 +37,8 @@ def expected(scope: str, peering: bool, scanning: bool) -> set[Grant]:
         unused.add("clusterkopfpeerings")
     if not (peering and scope == "namespace"):
         unused.add("kopfpeerings")
+    if not peering:
+        unused.add("leases")  # the write Lease of peers (controller/peering.py)
     if not (scanning and scope == "namespace"):
         unused.add("namespaces")
     if not scanning:

@@ -249,14 +249,17 @@ class Cluster:
 
     # -- the operator, as users run it -----------------------------------------------------------------
 
-    def service_account_kubeconfig(self, namespace: str, service_account: str) -> tuple[Path, str, str]:
-        """A kubeconfig with a fresh TokenRequest token; returns it, the user and the token's credential id."""
+    def service_account_kubeconfig(
+        self, namespace: str, service_account: str, server: str | None = None
+    ) -> tuple[Path, str, str]:
+        """A kubeconfig with a fresh TokenRequest token (for the apiserver, or `server`: a fault proxy in front of
+        it); returns it, the user and the token's credential id."""
         token = self.kubectl("create", "token", service_account, "-n", namespace, "--duration=6h").stdout.strip()
         claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=" * (-len(token.split(".")[1]) % 4)))
-        path = self.workdir / f"{namespace}-{service_account}.kubeconfig"
+        path = self.workdir / f"{namespace}-{service_account}-{claims['jti']}.kubeconfig"
         kubeconfig(
             path,
-            self.control_plane.server,
+            server or self.control_plane.server,
             self.control_plane.ca.cert,
             user=service_account,
             token=token,
@@ -273,10 +276,11 @@ class Cluster:
         env: dict[str, str] | None = None,
         name: str = "operator",
         allow_forbidden: bool = False,
+        server: str | None = None,
     ) -> Iterator[OperatorProcess]:
-        """Run `m3fleet run RUN_ARGS` as the chart's ServiceAccount until the block ends; then check that
-        the apiserver answered none of its requests with 403."""
-        path, user, credential = self.service_account_kubeconfig(namespace, service_account)
+        """Run `m3fleet run RUN_ARGS` as the chart's ServiceAccount until the block ends (talking to `server`,
+        a fault proxy, if given); then check that the apiserver answered none of its requests with 403."""
+        path, user, credential = self.service_account_kubeconfig(namespace, service_account, server)
         liveness = free_port()
         args = [str(BIN / "m3fleet"), "run", *run_args, "--liveness-port", str(liveness)]
         if "--metrics-port" not in run_args:

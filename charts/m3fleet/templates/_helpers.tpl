@@ -135,13 +135,14 @@ Each entry's `when` says in which configuration the operator makes that call:
   namespaceScanning rbac.scanning and scope=namespace (kopf lists namespaces only when not cluster-wide)
   clusterPeering    peering.enabled and scope=cluster (ClusterKopfPeering)
   namespacedPeering peering.enabled and scope=namespace (KopfPeering)
+  peering           peering.enabled (the write Lease)
 */}}
 {{- define "m3fleet.rbacRules" -}}
 {{- $ctx := .ctx -}}
 {{- $cluster := eq $ctx.Values.scope "cluster" -}}
 {{- $peering := $ctx.Values.peering.enabled -}}
 {{- $scanning := $ctx.Values.rbac.scanning -}}
-{{- $wanted := dict "always" true "perNamespace" (not $cluster) "scanning" $scanning "namespaceScanning" (and $scanning (not $cluster)) "clusterPeering" (and $peering $cluster) "namespacedPeering" (and $peering (not $cluster)) -}}
+{{- $wanted := dict "always" true "perNamespace" (not $cluster) "scanning" $scanning "namespaceScanning" (and $scanning (not $cluster)) "clusterPeering" (and $peering $cluster) "namespacedPeering" (and $peering (not $cluster)) "peering" $peering -}}
 {{- range (($ctx.Files.Get "files/rbac.yaml") | fromYaml).rules -}}
 {{- $scope := ternary "cluster" "namespaced" .clusterScoped -}}
 {{- $take := and (get $wanted .when) (or (eq $.only "all") (eq $.only $scope)) -}}

@@ -201,6 +201,12 @@ def images_for(cache: MiniMaxM3ModelCache, deployments: list[dict[str, Any]]) ->
     return sorted(set(images))
 
 
+def namespace_terminating(exc: ApiError) -> bool:
+    """The apiserver's NamespaceLifecycle refusal of a create in a namespace being deleted (403, cause
+    NamespaceTerminating; its message is the part our error keeps)."""
+    return exc.status == 403 and "because it is being terminated" in exc.message
+
+
 @dataclass
 class CacheOutcome:
     status: dict[str, Any] | None = None
@@ -314,7 +320,21 @@ class CacheReconciler:
                 work.daemonset["metadata"]["name"],
             )
             work.daemonset = None
-        await self._apply(cache, work, namespace, daemonsets)
+        try:
+            await self._apply(cache, work, namespace, daemonsets)
+        except ApiError as exc:
+            if not (deleting and namespace_terminating(exc)):
+                raise
+            # The namespace is being deleted: the apiserver admits no new object in it, so no cleanup Job can run,
+            # and waiting for one would hold the namespace's deletion forever on our finalizer. Unlabel, release,
+            # and say where the files stay (in the log: no Event can be posted there either).
+            await self._unlabel_all(namespace, name)
+            left = sorted({job["metadata"]["annotations"][NODE_ANNOTATION] for job in work.create})
+            log.warning(
+                "%s/%s: namespace being deleted, no cleanup Job can run in it: the files in %s stay on %s",
+                namespace, name, cache.spec.path, ", ".join(left),
+            )  # fmt: skip
+            return await self._release(body)
         if deleting and work.release:
             released = await self._release(body)
             for message in work.left_behind:  # the resource goes with its status: the Event is what stays

@@ -71,6 +71,7 @@ DAEMON_SET = Kind("apps/v1", "DaemonSet", "daemonsets")
 NODE = Kind("v1", "Node", "nodes", namespaced=False)
 PEERING = Kind("kopf.dev/v1", "KopfPeering", "kopfpeerings")
 CLUSTER_PEERING = Kind("kopf.dev/v1", "ClusterKopfPeering", "clusterkopfpeerings", namespaced=False)
+LEASE = Kind("coordination.k8s.io/v1", "Lease", "leases")  # the active peer's write lease (peering.py)
 
 # Children found by listing with the owned-label selector (a child missing from that listing is looked up by
 # name before it is applied: an object of that name we do not control is never applied over), and watched
@@ -86,7 +87,7 @@ CHILD_KINDS = (
     SERVICE,
 )
 CHILD_VERBS = ("get", "list", "watch", "create", "patch", "delete")  # applied, drift-corrected, pruned
-BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET)}
+BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET, LEASE)}
 
 
 class Grant(NamedTuple):
@@ -158,6 +159,13 @@ RBAC: tuple[Grant, ...] = (
     Grant("", "namespaces", ("list", "watch"), "kopf's scanning with scope=namespace (`rbac.scanning`)"),
     Grant("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch"), "peering with scope=namespace"),
     Grant("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch"), "peering with scope=cluster"),
+    Grant(
+        "coordination.k8s.io",
+        "leases",
+        ("get", "create", "update"),
+        "with peering, only the holder of the Lease `m3fleet-leader` (in the operator's namespace) writes: kopf's "
+        "peering cannot fence a peer cut off from the apiserver (update: renewal at the read resourceVersion)",
+    ),
 )
 # The configuration a grant is needed in (the chart's m3fleet.rbacRules helper reads these names); every grant not
 # listed is needed always. perNamespace: a Role in each namespace it is granted in, never a ClusterRole.
@@ -167,6 +175,7 @@ RBAC_WHEN: dict[tuple[str, str], str] = {
     ("kopf.dev", "clusterkopfpeerings"): "clusterPeering",
     ("kopf.dev", "kopfpeerings"): "namespacedPeering",
     ("", "secrets"): "perNamespace",  # a Secret read anywhere would be every tenant's credentials
+    ("coordination.k8s.io", "leases"): "peering",
 }
 # Grants on cluster-scoped resources: a ClusterRole even when the operator watches one namespace.
 CLUSTER_SCOPED: frozenset[tuple[str, str]] = frozenset(
@@ -335,6 +344,14 @@ class KubeApi:
             item.setdefault("apiVersion", kind.api_version)
             item.setdefault("kind", kind.kind)
         return items
+
+    async def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT of the whole object; its metadata.resourceVersion makes it conditional (409 if it changed)."""
+        kind = BY_KIND[(obj["apiVersion"], obj["kind"])]
+        path = f"{kind.collection(obj['metadata']['namespace'])}/{obj['metadata']['name']}"
+        query = [("fieldManager", FIELD_MANAGER)]
+        result: dict[str, Any] = await self._call("PUT", path, obj, query, "application/json")
+        return result
 
     async def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
         try:

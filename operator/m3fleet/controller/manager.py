@@ -16,7 +16,8 @@ one resource at a time:
   looked at between events. There is no periodic resync: drift shows up as a child event.
 * A time-to-ready measurement (startup.py) is due when a watched engine pod is ready and not yet counted
   in the resource's `status.timeToReady`, also for the pods kopf lists at start; at rest nothing is due.
-* With peering, the queue stands still whenever kopf's peering would pause kopf (see peering.py).
+* With peering, the queue stands still whenever kopf's peering would pause kopf, and whenever this peer does not
+  hold the write Lease (see peering.py).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 from m3fleet.controller import kube, metrics
 from m3fleet.controller.autoscaler import Autoscaler, interval_of
 from m3fleet.controller.kube import ApiError
-from m3fleet.controller.peering import PeeringGate
+from m3fleet.controller.peering import LeaseGate, PeeringGate
 from m3fleet.controller.queue import WorkQueue
 from m3fleet.controller.reconcile import Reconciler
 from m3fleet.controller.startup import StartupTimer, counted
@@ -97,7 +98,7 @@ class Manager:
         self.startup = startup
         self._unmeasured: set[Key] = set()  # a ready pod not yet counted was seen before its resource
         self.queue: WorkQueue[Key] = WorkQueue(self._process, workers)
-        self.gate: PeeringGate | None = None
+        self.gates: tuple[PeeringGate, LeaseGate] | None = None  # peering: who may run, and who may write
         self._bodies: dict[Key, dict[str, Any]] = {}
         self._seen: dict[str, str] = {}  # uid of a child or engine pod: the resourceVersion last delivered
         self._work: dict[Key, Work] = {}
@@ -106,13 +107,14 @@ class Manager:
     # -- what kopf hands over -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the queue (and the peering gate). Called from a kopf handler, so that the tasks inherit
+        """Start the queue (and the peering gates). Called from a kopf handler, so that the tasks inherit
         kopf's context, which posting Events (kopf.info) needs. Idempotent."""
         if self._tasks:
             return
-        if self.gate is not None:
-            self.queue.pause()  # until the gate has looked at the peering object
-            self._tasks.append(asyncio.create_task(self.gate.run(), name="m3fleet peering gate"))
+        if self.gates is not None:
+            self.queue.pause()  # until the gates have looked at the peering object and the Lease
+            for gate in self.gates:
+                self._tasks.append(asyncio.create_task(gate.run(), name=f"m3fleet {type(gate).__name__}"))
         self._tasks.append(asyncio.create_task(self.queue.run(), name="m3fleet work queue"))
 
     async def stop(self) -> None:

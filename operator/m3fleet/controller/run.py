@@ -35,7 +35,7 @@ from m3fleet.controller.cache import (
 from m3fleet.controller.handlers import PEERING_NAME, register
 from m3fleet.controller.kube import KubeApi
 from m3fleet.controller.manager import Manager
-from m3fleet.controller.peering import PeeringGate
+from m3fleet.controller.peering import LeaseGate, PeeringGate
 from m3fleet.controller.reconcile import Reconciler
 from m3fleet.controller.startup import StartupTimer
 from m3fleet.controller.webhook import Webhook, WebhookError
@@ -134,17 +134,26 @@ def run(
         api, stager_image, reconciler.events, scope=scope, allowed_prefixes=prefixes, allowed_images=images
     )
     caches = CacheManager(cache_reconciler, on_change=manager.cache_changed)
-    if not standalone:  # one gate for both queues: a paused peer stages nothing either
-        caches.queue.pause()  # until the gate has looked at the peering object (as the manager's queue)
-        manager.gate = PeeringGate(
+    if not standalone:  # one pair of gates for both queues: a paused peer stages nothing either
+        caches.queue.pause()  # until the gates have looked (as the manager's queue)
+        # kopf's rule says who may run; the Lease (in the operator's own namespace) who may write.
+        lease = LeaseGate(
+            api,
+            namespace=scope or current_namespace(),
+            identity=identity,
+            pause=_both(manager.queue.pause, caches.queue.pause),
+            resume=_both(manager.queue.resume, caches.queue.resume),
+        )
+        peering = PeeringGate(
             api,
             name=PEERING_NAME,
             namespace=scope,
             identity=identity,
             priority=priority,
-            pause=_both(manager.queue.pause, caches.queue.pause),
-            resume=_both(manager.queue.resume, caches.queue.resume),
+            pause=lease.stand_down,
+            resume=lease.contend,
         )
+        manager.gates = (peering, lease)
     # kopf's default registry is its SmartOperatorRegistry, the one that carries kopf's default login handlers
     # (a plain OperatorRegistry has none and ends in "LoginError: Ran out of valid credentials").
     registry = kopf.get_default_registry()
