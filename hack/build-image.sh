@@ -5,7 +5,6 @@
 #   hack/build-image.sh --base registry      # the Dockerfile's own base (python:3.11-slim), where a registry is reachable
 #   hack/build-image.sh --platform linux/amd64,linux/arm64   # multi-arch manifest list (needs qemu-user binfmt
 #                                                             # for the foreign architecture's RUN steps)
-#   hack/build-image.sh --tag ghcr.io/m3fleet/operator:0.1.0  # also tag it so (push: buildah manifest push --all)
 #
 # Cached under $M3FLEET_IMAGE_CACHE (default ~/.cache/m3fleet/image), keyed by every input (the build context
 # .dockerignore admits, the Dockerfile, this script, base and platforms): a second run with nothing changed takes
@@ -20,13 +19,11 @@ exec 3>&1 1>&2
 
 BASE=debian
 PLATFORMS=""
-TAGS=()
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 while (($#)); do
   case $1 in
     --base) BASE=${2:?--base needs debian or registry}; shift 2 ;;
     --platform) PLATFORMS=${2:?--platform needs a list like linux/amd64,linux/arm64}; shift 2 ;;
-    --tag) TAGS+=("${2:?--tag needs an image reference}"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)"; exit 2 ;;
   esac
@@ -48,8 +45,13 @@ BUILDAH=(buildah --root "$CACHE/storage" --runroot "$CACHE/run" --storage-driver
 export BUILDAH_ISOLATION=chroot   # RUN steps in a chroot: no runc namespaces needed (works in CI containers)
 
 VERSION=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
-REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-[[ -z $(git status --porcelain -- operator pyproject.toml README.md .dockerignore 2>/dev/null) ]] || REVISION+="+dirty"
+# The revision the image's sources are from: the last commit that changed them (so a commit elsewhere in the
+# repository reuses the cached image), "+dirty" with local edits.
+INPUTS=(operator pyproject.toml README.md .dockerignore)
+REVISION=$(git log -1 --format=%H -- "${INPUTS[@]}" 2>/dev/null || true)
+REVISION=${REVISION:-unknown}
+[[ -z $(git status --porcelain -- "${INPUTS[@]}" 2>/dev/null) ]] || REVISION+="+dirty"
+SOURCE_EPOCH=$(git log -1 --format=%ct -- "${INPUTS[@]}" 2>/dev/null || true)
 SOURCE=${M3FLEET_IMAGE_SOURCE:-https://github.com/m3fleet/m3fleet}
 ARCHES=${PLATFORMS:-linux/$(buildah info --format '{{.host.arch}}' 2>/dev/null || dpkg --print-architecture)}
 
@@ -81,22 +83,25 @@ base_ref() {  # $1: linux/<arch>; the base image for it, built once per key
   echo "$ref"
 }
 
+# Named as the chart pulls it (values.yaml image.repository, tag = appVersion = this version): an archive imported
+# into a node's containerd is what the chart's default values run, with no registry.
+IMAGE="${M3FLEET_IMAGE_REPOSITORY:-ghcr.io/m3fleet/operator}:$VERSION"
+
 # --- the cache key: every input of the build -----------------------------------------------------------------
 context_files() {  # what .dockerignore admits: the Dockerfile copies pyproject.toml, README.md and operator/
-  git ls-files --cached --others --exclude-standard -- pyproject.toml README.md operator \
+  git ls-files --cached --others --exclude-standard -- "${INPUTS[@]}" \
     | grep -v -e '__pycache__' -e '\.pyc$' -e '\.egg-info/' -e '^operator/Dockerfile$' | sort
 }
 KEY=$(
   {
-    for path in $(context_files) operator/Dockerfile .dockerignore hack/build-image.sh; do
+    for path in $(context_files) operator/Dockerfile hack/build-image.sh; do
       [[ -f $path ]] && printf '%s %s\n' "$path" "$(sha256sum < "$path" | cut -c1-64)"
     done
-    echo "base=$BASE platforms=$ARCHES revision=$REVISION"
+    echo "base=$BASE platforms=$ARCHES revision=$REVISION image=$IMAGE"
   } | sha256sum | cut -c1-16
 )
 NAME="m3fleet-operator-$VERSION-$KEY"
 ARCHIVE="$CACHE/$NAME.oci.tar"
-IMAGE="localhost/m3fleet/operator:$VERSION"
 
 if [[ -s $ARCHIVE ]]; then
   log "reusing $ARCHIVE (inputs unchanged, key $KEY)"
@@ -122,7 +127,7 @@ else
     [[ $BASE == debian ]] && base_args=(--build-arg "PYTHON_IMAGE=$(base_ref "$platform")")
     log "building $IMAGE for $platform (base: $BASE)"
     "${BUILDAH[@]}" build --quiet --isolation chroot --platform "$platform" --manifest "$IMAGE" \
-      --layers=false --timestamp "$(git log -1 --format=%ct 2>/dev/null || date +%s)" \
+      --layers=false --timestamp "${SOURCE_EPOCH:-$(date +%s)}" \
       "${base_args[@]}" "${build_mounts[@]}" "${labels[@]}" -f operator/Dockerfile . >/dev/null
   done
   # One archive per key: older ones of this version go (they are what an earlier checkout built).
@@ -132,10 +137,6 @@ else
   "${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true   # the build stage's leftovers (vfs keeps full copies)
   log "built in $(( $(date +%s) - start ))s"
 fi
-for tag in "${TAGS[@]}"; do
-  "${BUILDAH[@]}" manifest inspect "$tag" >/dev/null 2>&1 && "${BUILDAH[@]}" manifest rm "$tag" >/dev/null
-  "${BUILDAH[@]}" tag "$IMAGE" "$tag" && log "tagged $tag"
-done
 log "image $IMAGE ($ARCHES), version $VERSION, revision $REVISION"
 log "size: $(du -h "$ARCHIVE" | cut -f1) compressed ($ARCHIVE)"
 echo "$ARCHIVE" >&3
