@@ -55,9 +55,10 @@ def test_the_dry_run_builds_every_artifact_of_the_one_version() -> None:
         assert index_file is not None
         index = json.load(index_file)
     names = [m.get("annotations", {}).get("org.opencontainers.image.ref.name") for m in index["manifests"]]
-    assert names == [f"localhost/m3fleet/operator:{VERSION}"], index
+    values = yaml.safe_load((ROOT / "charts" / "m3fleet" / "values.yaml").read_text())
+    assert names == [f"{values['image']['repository']}:{VERSION}"], index  # what the chart pulls
 
-    for push in ("buildah manifest push --all", "cosign sign --yes", "helm push", "gh-action-pypi-publish"):
+    for push in ("buildah manifest push --all", "cosign sign --yes", "helm push", "pypa/gh-action-pypi-publish"):
         assert f"dry run, would run: {push}" in result.stderr, push
 
 
