@@ -100,7 +100,8 @@ KEY=$(
     echo "base=$BASE platforms=$ARCHES revision=$REVISION image=$IMAGE"
   } | sha256sum | cut -c1-16
 )
-NAME="m3fleet-operator-$VERSION-$KEY"
+ARCH_SET=$(sed 's|linux/||g; s|,|+|g' <<<"$ARCHES")
+NAME="m3fleet-operator-$VERSION-$ARCH_SET-$KEY"
 ARCHIVE="$CACHE/$NAME.oci.tar"
 
 if [[ -s $ARCHIVE ]]; then
@@ -131,7 +132,7 @@ else
       "${base_args[@]}" "${build_mounts[@]}" "${labels[@]}" -f operator/Dockerfile . >/dev/null
   done
   # One archive per key: older ones of this version go (they are what an earlier checkout built).
-  rm -f "$CACHE"/m3fleet-operator-"$VERSION"-*.oci.tar
+  rm -f "$CACHE"/m3fleet-operator-"$VERSION"-"$ARCH_SET"-*.oci.tar
   "${BUILDAH[@]}" manifest push --quiet --all "$IMAGE" "oci-archive:$ARCHIVE.part:$IMAGE" >/dev/null
   mv "$ARCHIVE.part" "$ARCHIVE"
   "${BUILDAH[@]}" rmi --prune >/dev/null 2>&1 || true   # the build stage's leftovers (vfs keeps full copies)
