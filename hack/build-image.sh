@@ -14,6 +14,7 @@
 #
 # stdout carries exactly one line, the OCI archive's path; progress, size and build time go to stderr.
 set -euo pipefail
+shopt -s inherit_errexit   # a failure inside $(...) (the base's mmdebstrap) fails the build
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 exec 3>&1 1>&2
 
@@ -36,6 +37,8 @@ for tool in buildah git python3; do
   command -v $tool >/dev/null || die "$tool is not installed (apt-get install buildah)"
 done
 [[ $BASE == registry ]] || command -v mmdebstrap >/dev/null || die "mmdebstrap is not installed (apt-get install mmdebstrap)"
+[[ $BASE == registry || ${PLATFORMS:-} != *,* ]] || command -v arch-test >/dev/null \
+  || die "a foreign architecture's Debian base needs arch-test and qemu-user-static (apt-get install arch-test qemu-user-static)"
 
 CACHE=$(realpath -m "${M3FLEET_IMAGE_CACHE:-$HOME/.cache/m3fleet/image}")
 mkdir -p "$CACHE"
@@ -124,12 +127,16 @@ else
   [[ -n ${PIP_CERT:-} && -f ${PIP_CERT:-} ]] && build_mounts+=(--volume "$PIP_CERT:$PIP_CERT:ro")
   IFS=, read -r -a platform_list <<<"$ARCHES"
   for platform in "${platform_list[@]}"; do
-    base_args=()
-    [[ $BASE == debian ]] && base_args=(--build-arg "PYTHON_IMAGE=$(base_ref "$platform")")
+    if [[ $BASE == debian ]]; then
+      base=$(base_ref "$platform")
+    else  # the Dockerfile's default, fully qualified (buildah refuses short names where none is configured)
+      base=$(sed -n 's/^ARG PYTHON_IMAGE=//p' operator/Dockerfile)
+      [[ $base == */* ]] || base="docker.io/library/$base"
+    fi
     log "building $IMAGE for $platform (base: $BASE)"
     "${BUILDAH[@]}" build --quiet --isolation chroot --platform "$platform" --manifest "$IMAGE" \
       --layers=false --timestamp "${SOURCE_EPOCH:-$(date +%s)}" \
-      "${base_args[@]}" "${build_mounts[@]}" "${labels[@]}" -f operator/Dockerfile . >/dev/null
+      --build-arg "PYTHON_IMAGE=$base" "${build_mounts[@]}" "${labels[@]}" -f operator/Dockerfile . >/dev/null
   done
   # One archive per key: older ones of this version go (they are what an earlier checkout built).
   rm -f "$CACHE"/m3fleet-operator-"$VERSION"-"$ARCH_SET"-*.oci.tar
