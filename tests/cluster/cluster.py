@@ -235,6 +235,12 @@ class Cluster:
     def webhook_args(self, release: str = RELEASE) -> list[str]:
         """`m3fleet run` flags that serve the release's webhook as its pod would: the serving certificate from
         the Secret the chart made (what the pod mounts at /etc/m3fleet/webhook), on the release's port."""
+        directory = self.webhook_cert_dir(release)
+        port = str(self.webhook_ports[release])
+        return ["--webhook-port", port, "--webhook-address", "127.0.0.1", "--webhook-cert-dir", str(directory)]
+
+    def webhook_cert_dir(self, release: str = RELEASE) -> Path:
+        """A directory with the release's webhook Secret (tls.crt, tls.key), as the pod's volume holds it."""
         namespace = self.installed[release]
         fullname = release if "m3fleet" in release else f"{release}-m3fleet"  # the chart's m3fleet.fullname
         secret = self.get("secret", f"{fullname}-webhook-tls", namespace)
@@ -244,19 +250,23 @@ class Cluster:
         for key in ("tls.crt", "tls.key"):
             (directory / key).write_bytes(base64.b64decode(secret["data"][key]))
         (directory / "tls.key").chmod(0o600)
-        port = str(self.webhook_ports[release])
-        return ["--webhook-port", port, "--webhook-address", "127.0.0.1", "--webhook-cert-dir", str(directory)]
+        return directory
 
     # -- the operator, as users run it -----------------------------------------------------------------
+
+    def service_account_token(self, namespace: str, service_account: str) -> tuple[str, str, str]:
+        """A fresh TokenRequest token; returns it, the user and the token's credential id."""
+        token = self.kubectl("create", "token", service_account, "-n", namespace, "--duration=6h").stdout.strip()
+        claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=" * (-len(token.split(".")[1]) % 4)))
+        return token, f"system:serviceaccount:{namespace}:{service_account}", f"JTI={claims['jti']}"
 
     def service_account_kubeconfig(
         self, namespace: str, service_account: str, server: str | None = None
     ) -> tuple[Path, str, str]:
         """A kubeconfig with a fresh TokenRequest token (for the apiserver, or `server`: a fault proxy in front of
         it); returns it, the user and the token's credential id."""
-        token = self.kubectl("create", "token", service_account, "-n", namespace, "--duration=6h").stdout.strip()
-        claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=" * (-len(token.split(".")[1]) % 4)))
-        path = self.workdir / f"{namespace}-{service_account}-{claims['jti']}.kubeconfig"
+        token, user, credential = self.service_account_token(namespace, service_account)
+        path = self.workdir / f"{namespace}-{service_account}-{credential.removeprefix('JTI=')}.kubeconfig"
         kubeconfig(
             path,
             server or self.control_plane.server,
@@ -265,7 +275,7 @@ class Cluster:
             token=token,
             namespace=namespace,
         )
-        return path, f"system:serviceaccount:{namespace}:{service_account}", f"JTI={claims['jti']}"
+        return path, user, credential
 
     @contextlib.contextmanager
     def operator(
@@ -285,10 +295,27 @@ class Cluster:
         args = [str(BIN / "m3fleet"), "run", *run_args, "--liveness-port", str(liveness)]
         if "--metrics-port" not in run_args:
             args += ["--metrics-port", str(free_port())]
+        env = {"KUBECONFIG": str(path), "PYTHONUNBUFFERED": "1", **(env or {})}
+        with self.operator_process(name, args, env, liveness, user, credential, allow_forbidden) as handle:
+            yield handle
+
+    @contextlib.contextmanager
+    def operator_process(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        liveness: int,
+        user: str,
+        credential: str,
+        allow_forbidden: bool = False,
+    ) -> Iterator[OperatorProcess]:
+        """Run the operator command `args` (logged in as `user` with the token `credential`) until the block ends,
+        once /healthz answers on `liveness`; then check that the apiserver answered none of its requests with 403."""
         log = self.workdir / f"{name}-{int(time.time() * 1000)}.log"
         process = Process(name, args, log)
         handle = OperatorProcess(process, user, credential, self.control_plane, self.control_plane.audit_offset())
-        process.start(env={"KUBECONFIG": str(path), "PYTHONUNBUFFERED": "1", **(env or {})})
+        process.start(env=env)
         try:
             eventually(f"{name} serving /healthz", lambda: _healthy(liveness) or process.check_alive(), 60)
             yield handle

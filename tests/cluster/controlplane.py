@@ -47,9 +47,14 @@ class ControlPlaneError(RuntimeError):
 
 def build() -> Path:
     """Build (or reuse) the binaries; returns the bin directory. Progress goes to stderr."""
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False)
+    return built_by(BUILD_SCRIPT, ControlPlaneError)
+
+
+def built_by(script: Path, error: type[Exception]) -> Path:
+    """Run a cached build script whose stdout's last line is what it built; fail loudly with `error`."""
+    result = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True, check=False)
     if result.returncode != 0:
-        raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit status {result.returncode} (its log is above)")
+        raise error(f"{script} failed with exit status {result.returncode} (its log is above)")
     return Path(result.stdout.strip().splitlines()[-1])
 
 

@@ -91,7 +91,16 @@ def peering_identity() -> str:
     pod = os.environ.get("POD_ID")
     if pod:
         return pod
-    return f"{getpass.getuser()}@{socket.gethostname()}/{os.getpid()}/{random.randrange(16**4):04x}"
+    return f"{user_name()}@{socket.gethostname()}/{os.getpid()}/{random.randrange(16**4):04x}"
+
+
+def user_name() -> str:
+    """The login name, else the numeric uid: the image runs as uid 65532, which has no passwd entry (getpass
+    raises KeyError then, as it does for any uid a container runtime picks)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
