@@ -21,6 +21,7 @@ import yaml
 
 from m3fleet.bench.results import RESULT_KEY, BenchResult
 from m3fleet.cli import main
+from m3fleet.exitcodes import EXIT_BENCH_FAILED
 from m3fleet.render import service_name
 from tests.conftest import SAMPLES_DIR
 from tests.kube.emulator import ApiServerEmulator
@@ -165,7 +166,7 @@ async def test_a_pod_that_cannot_start_stops_the_benchmark(
     assert {"name": "OPENAI_API_KEY", "valueFrom": {"secretKeyRef": {"name": "m3-api-key", "key": "token"}}} in env
     start_pod(emulator, job, {"reason": "CreateContainerConfigError", "message": 'secret "m3-api-key" not found'})
     code, out, err = await task
-    assert (code, out) == (1, "")
+    assert (code, out) == (EXIT_BENCH_FAILED, "")
     assert 'the benchmark pod cannot start: CreateContainerConfigError: secret "m3-api-key" not found' in err
     gone = emulator.get_object(JOBS, NS, job["metadata"]["name"])
     assert gone is None or gone["metadata"].get("deletionTimestamp")

@@ -24,6 +24,7 @@ def cluster() -> Iterator[Cluster]:
 SECRET_NAMESPACES = (
     "cache",
     "contract",
+    "failing",  # test_failure_status.py: a multi-node TensorRT-LLM fleet's SSH key
     "groups",
     "lifecycle",
     "ownership",
