@@ -143,6 +143,8 @@ def test_the_uninstall_hook_releases_the_caches_the_operator_watches_as_its_serv
             NAMESPACE,
         ]
         build_parser().parse_args(container["args"])  # the CLI takes them
+        selector = one(objects, "Deployment")["spec"]["selector"]["matchLabels"].items()
+        assert not selector <= job["spec"]["template"]["metadata"]["labels"].items()  # it waits for those pods to go
         role = one(hooks, "Role")
         assert role["metadata"]["namespace"] == NAMESPACE
         assert role["rules"] == [  # only to stop the operator: its own Deployment, and see its pods go

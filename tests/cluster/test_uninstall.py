@@ -12,6 +12,7 @@ the operator's pod: when the hook has scaled the Deployment to 0, the operator p
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -22,22 +23,25 @@ import yaml
 from tests.cluster.cluster import BIN, OPERATOR_NAMESPACE, OPERATOR_SA, RELEASE, Cluster, eventually, fresh_cluster
 from tests.cluster.fleet import renamed, sample, wait_ready, weight_volumes
 
-from m3fleet.api.cache import NODE_LABEL_PREFIX
+from m3fleet.api.cache import node_label_key
 from m3fleet.cache.plan import FINALIZER
 
-NAMESPACE = "leaving"
 POOL = ("h200-4", "h200-5")
 POOL_LABEL = "m3fleet.test/uninstall-pool"
-CACHE_LABEL = f"{NODE_LABEL_PREFIX}{NAMESPACE}.m3"
+KUBELET = "m3fleet.test/kubelet"  # the test plays the kubelet of the operator's pod (module docstring)
 CRDS = ("minimaxm3deployments.m3fleet.dev", "minimaxm3modelcaches.m3fleet.dev")
+# The chart's two scopes: a cluster-wide operator, and one watching a single namespace other than its own (its
+# grants there do not cover its own Deployment: the hook's Role does).
+SCOPES = {
+    "cluster": ("uninstall-cluster", (), ("--all-namespaces",)),
+    "namespace": ("uninstall-ns", ("--set", "scope=namespace", "--set", "watchNamespace=uninstall-ns"), ()),
+}
 
 
 @pytest.fixture(scope="module")
-def installed() -> Iterator[Cluster]:
+def bare() -> Iterator[Cluster]:
+    """A control plane of its own: the chart is installed and uninstalled by each test."""
     with fresh_cluster("m3fleet-uninstall-") as cluster:
-        cluster.install_chart()
-        cluster.namespace(NAMESPACE)
-        weight_volumes(cluster, NAMESPACE)
         for node in POOL:
             cluster.kubectl("label", "node", node, f"{POOL_LABEL}=a", "--overwrite")
         yield cluster
@@ -51,20 +55,24 @@ def chart_env(cluster: Cluster) -> dict[str, str]:
     return {e["name"]: e["value"] for e in container["env"] if "value" in e}
 
 
-def hook_command(cluster: Cluster) -> list[str]:
-    """The pre-delete hook's container command line, as `helm get hooks` shows the installed release's."""
+def pre_delete_hook(cluster: Cluster) -> tuple[list[str], list[dict[str, Any]]]:
+    """The pre-delete hook of the installed release, as `helm get hooks` shows it: its Job's command line, and the
+    objects Helm creates before that Job (lower hook weight: the Role and RoleBinding it runs with)."""
     hooks = [d for d in yaml.safe_load_all(cluster.helm("get", "hooks", RELEASE, "-n", OPERATOR_NAMESPACE).stdout) if d]
-    [job] = [d for d in hooks if d["kind"] == "Job" and d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"]
+    pre_delete = [d for d in hooks if d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"]
+    [job] = [d for d in pre_delete if d["kind"] == "Job"]
     [container] = job["spec"]["template"]["spec"]["containers"]
     assert job["spec"]["template"]["spec"]["serviceAccountName"] == OPERATOR_SA
-    return [str(BIN / "m3fleet"), *container["args"]]
+    weight = int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    before = [d for d in pre_delete if int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) < weight]
+    return [str(BIN / "m3fleet"), *container["args"]], before
 
 
-def cache() -> dict[str, Any]:
+def cache(namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "m3fleet.dev/v1alpha1",
         "kind": "MiniMaxM3ModelCache",
-        "metadata": {"name": "m3", "namespace": NAMESPACE},
+        "metadata": {"name": "m3", "namespace": namespace},
         "spec": {
             "source": {
                 "huggingFace": {"repo": "MiniMaxAI/MiniMax-M3", "revision": "0123456789abcdef0123456789abcdef01234567"}
@@ -75,14 +83,23 @@ def cache() -> dict[str, Any]:
     }
 
 
-def labelled(cluster: Cluster) -> set[str]:
-    return {n["metadata"]["name"] for n in cluster.list("nodes", selector=CACHE_LABEL)}
+def labelled(cluster: Cluster, namespace: str) -> set[str]:
+    return {n["metadata"]["name"] for n in cluster.list("nodes", selector=node_label_key(namespace, "m3"))}
 
 
-def finalizers(cluster: Cluster) -> list[str]:
-    body = cluster.get("m3cache", "m3", NAMESPACE)
+def finalizers(cluster: Cluster, namespace: str) -> list[str]:
+    body = cluster.get("m3cache", "m3", namespace)
     assert body is not None, "the cache object is gone"
     return list(body["metadata"].get("finalizers") or [])
+
+
+def operator_pods(cluster: Cluster) -> list[str]:
+    return [p["metadata"]["name"] for p in cluster.list("pods", OPERATOR_NAMESPACE, "app.kubernetes.io/name=m3fleet")]
+
+
+def terminating(cluster: Cluster, pod: str) -> bool:
+    body = cluster.get("pod", pod, OPERATOR_NAMESPACE)
+    return body is not None and bool(body["metadata"].get("deletionTimestamp"))
 
 
 def replicas(cluster: Cluster) -> int:
@@ -91,38 +108,57 @@ def replicas(cluster: Cluster) -> int:
     return int(body["spec"]["replicas"])
 
 
-def test_uninstall_leaves_no_finalizer_no_node_label_and_keeps_crds_caches_and_claims(installed: Cluster) -> None:
-    cluster, env = installed, chart_env(installed)
-    with cluster.operator("--all-namespaces", "--standalone", name="operator-before-restart", env=env) as running:
-        cluster.apply(renamed(sample("vllm-h200-tp8"), "leaving", NAMESPACE))
-        cluster.apply(cache())
-        wait_ready(cluster, "leaving", NAMESPACE)
-        eventually("the pool's nodes labelled", lambda: labelled(cluster) == set(POOL), 120)
-        assert FINALIZER in finalizers(cluster)
+@pytest.mark.parametrize("scope", SCOPES)
+def test_uninstall_leaves_no_finalizer_no_node_label_and_keeps_crds_caches_and_claims(
+    bare: Cluster, scope: str
+) -> None:
+    cluster, (namespace, values, watch) = bare, SCOPES[scope]
+    cluster.namespace(namespace)
+    weight_volumes(cluster, namespace)
+    cluster.install_chart(RELEASE, OPERATOR_NAMESPACE, *values)
+    env, run = chart_env(cluster), (*(watch or ("--namespace", namespace)), "--standalone")
+    with cluster.operator(*run, name=f"operator-{scope}-before-restart", env=env) as running:
+        cluster.apply(renamed(sample("vllm-h200-tp8"), "leaving", namespace))
+        cluster.apply(cache(namespace))
+        wait_ready(cluster, "leaving", namespace)
+        eventually("the pool's nodes labelled", lambda: labelled(cluster, namespace) == set(POOL), 120)
+        assert FINALIZER in finalizers(cluster, namespace)
         running.process.stop()  # SIGTERM, as on a rolling restart: the Deployment is still there
     assert replicas(cluster) == 1
-    assert FINALIZER in finalizers(cluster), "a restart released the cache"
-    assert labelled(cluster) == set(POOL), "a restart took the cache's labels off"
+    assert FINALIZER in finalizers(cluster, namespace), "a restart released the cache"
+    assert labelled(cluster, namespace) == set(POOL), "a restart took the cache's labels off"
 
-    command = hook_command(cluster)
-    with cluster.operator("--all-namespaces", "--standalone", name="operator-after-restart", env=env) as running:
+    command, made_first = pre_delete_hook(cluster)
+    assert sorted(d["kind"] for d in made_first) == ["Role", "RoleBinding"]
+    for document in made_first:  # as Helm does at uninstall, before the hook's Job
+        cluster.apply(document)
+    with cluster.operator(*run, name=f"operator-{scope}-after-restart", env=env) as running:
+        [pod] = operator_pods(cluster)
+        # kwok would drop the operator's pod at once; a kubelet keeps it until its container has exited
+        held = {"metadata": {"finalizers": [KUBELET]}}
+        cluster.kubectl("patch", "pod", pod, "-n", OPERATOR_NAMESPACE, "--type", "merge", "-p", json.dumps(held))
         kubeconfig, _, _ = cluster.service_account_kubeconfig(OPERATOR_NAMESPACE, OPERATOR_SA)
-        log = cluster.workdir / "release-caches.log"
+        log = cluster.workdir / f"release-caches-{scope}.log"
         with log.open("wb") as out:
             hook = subprocess.Popen(
                 command, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, stdout=out, stderr=subprocess.STDOUT
             )
         try:
-            eventually("the hook scales the operator's Deployment to 0", lambda: replicas(cluster) == 0, 60)
-            running.process.stop()  # the kubelet stops the operator's pod
+            eventually("the hook has the operator's pod deleted", lambda: terminating(cluster, pod), 60)
+            assert replicas(cluster) == 0
+            running.process.stop()  # SIGTERM, as the kubelet does to a pod being deleted; then the pod may go
+            released = {"metadata": {"finalizers": None}}
+            cluster.kubectl(
+                "patch", "pod", pod, "-n", OPERATOR_NAMESPACE, "--type", "merge", "-p", json.dumps(released)
+            )
             assert hook.wait(180) == 0, log.read_text()
         finally:
             if hook.poll() is None:
                 hook.kill()
     said = log.read_text()
-    assert f"Released MiniMaxM3ModelCache {NAMESPACE}/m3" in said, said
-    assert FINALIZER not in finalizers(cluster)
-    assert labelled(cluster) == set()
+    assert f"Released MiniMaxM3ModelCache {namespace}/m3" in said, said
+    assert FINALIZER not in finalizers(cluster, namespace)
+    assert labelled(cluster, namespace) == set()
     again = subprocess.run(
         command, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True, check=False
     )
@@ -132,12 +168,12 @@ def test_uninstall_leaves_no_finalizer_no_node_label_and_keeps_crds_caches_and_c
     assert cluster.get("deployment", RELEASE, OPERATOR_NAMESPACE) is None
     for crd in CRDS:
         assert cluster.get("crd", crd) is not None, f"helm uninstall removed the CRD {crd}"
-    assert cluster.get("m3cache", "m3", NAMESPACE) is not None, "the cache object went with the release"
-    assert cluster.get("m3d", "leaving", NAMESPACE) is not None, "the fleet went with the release"
-    assert cluster.get("pvc", "m3-weights", NAMESPACE) is not None, "a weight PVC went with the release"
+    assert cluster.get("m3cache", "m3", namespace) is not None, "the cache object went with the release"
+    assert cluster.get("m3d", "leaving", namespace) is not None, "the fleet went with the release"
+    assert cluster.get("pvc", "m3-weights", namespace) is not None, "a weight PVC went with the release"
 
-    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
-    eventually("the namespace is gone", lambda: cluster.get("namespace", NAMESPACE) is None, 120)
-    assert labelled(cluster) == set()
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    eventually("the namespace is gone", lambda: cluster.get("namespace", namespace) is None, 120)
+    assert labelled(cluster, namespace) == set()
     for crd in CRDS:
         assert cluster.get("crd", crd) is not None
