@@ -158,6 +158,9 @@ def test_uninstall_leaves_no_finalizer_no_node_label_and_keeps_crds_caches_and_c
     said = log.read_text()
     assert f"Released MiniMaxM3ModelCache {namespace}/m3" in said, said
     assert FINALIZER not in finalizers(cluster, namespace)
+    events = cluster.list("events", namespace)
+    said_on_cache = [e["message"] for e in events if e["involvedObject"]["name"] == "m3" and e["reason"] == "Released"]
+    assert said_on_cache and "kept" in said_on_cache[0], [e["reason"] for e in events]
     assert labelled(cluster, namespace) == set()
     again = subprocess.run(
         command, env={**os.environ, "KUBECONFIG": str(kubeconfig)}, capture_output=True, text=True, check=False

@@ -21,8 +21,10 @@ from m3fleet.cache.plan import let_go
 from m3fleet.controller import kube
 from m3fleet.controller.cache import node_view
 from m3fleet.controller.kube import ApiError, KubeApi
+from m3fleet.controller.reconcile import utc_now
 
 STOP_SECONDS = 120.0  # the operator's pods are gone within their grace period (30 s by default)
+RELEASED = "Released"  # the Event's reason
 CONFLICT_TRIES = 5  # a cache changed between read and write (its status): read it again
 
 log = logging.getLogger("m3fleet.uninstall")
@@ -94,8 +96,35 @@ async def _let_go(api: KubeApi, cache: dict[str, Any], nodes: list[Any]) -> str 
             "cache object are kept"
         )
         log.info(line)
+        await _event(api, cache, line)
         return line
     raise ReleaseError(f"MiniMaxM3ModelCache {namespace}/{name} kept changing; run helm uninstall again")
+
+
+async def _event(api: KubeApi, cache: dict[str, Any], message: str) -> None:
+    """An Event on the cache (`kubectl describe m3cache`): what `helm uninstall` did to it and what it kept."""
+    meta, now = cache["metadata"], utc_now()
+    await api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": kube.CACHE.api_version,
+                "kind": kube.CACHE.kind,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": "Normal",
+            "reason": RELEASED,
+            "message": message,
+            "source": {"component": "m3fleet"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+    )
 
 
 async def release(api: KubeApi, scope: str | None, namespace: str, deployment: str) -> list[str]:
