@@ -183,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_release_caches(args: argparse.Namespace) -> int:
     import asyncio
 
-    from m3fleet.controller.kube import KubeApi
+    from m3fleet.controller.kube import ApiError, KubeApi, NoAnswer
     from m3fleet.controller.run import api_client, current_namespace
     from m3fleet.controller.uninstall import ReleaseError, release
 
@@ -194,6 +194,13 @@ def cmd_release_caches(args: argparse.Namespace) -> int:
         said = asyncio.run(release(KubeApi(api_client()), scope, where, args.operator_deployment))
     except ReleaseError as exc:
         raise InputError(str(exc)) from None
+    except NoAnswer as exc:
+        raise ClusterUnreachable(f"the API server does not answer ({exc}); check the kube context") from None
+    except ApiError as exc:
+        raise InputError(
+            f"the API server refused ({exc}); release-caches needs what the chart grants the operator plus get/patch "
+            "on its Deployment and list on pods in its namespace (docs/uninstall.md)"
+        ) from None
     print(f"released {len(said)} model cache(s); their files, the cache objects and the CRDs are kept")
     return EXIT_OK
 
