@@ -1,8 +1,9 @@
 """`helm uninstall` with a fleet and a model cache present, on a control plane of its own: the chart's pre-delete hook
 (`m3fleet release-caches`, as the operator's ServiceAccount) stops the operator and lets every cache go, so deleting
 the cache's namespace afterwards is not held by a finalizer no one would release, no node keeps the cache's label,
-and the CRDs, the cache object and the PVCs stay until the user deletes them. A restart of the operator (SIGTERM
-while its Deployment exists) releases nothing.
+and the CRDs, the cache object and the PVCs stay until the user deletes them; for a cluster-wide and for a
+namespace-scoped install (whose operator's grants do not cover its own Deployment: the hook's Role does). A restart
+of the operator (SIGTERM while its Deployment exists) releases nothing; running the hook twice changes nothing.
 
 What kwok leaves unproven: kwok runs no containers, so the hook Job `helm uninstall` creates is completed by kwok's
 stages without running. The test therefore runs the hook's own command line (read from `helm get hooks`) as the
