@@ -272,8 +272,10 @@ STATIC_VALUES = {"webhook": {"enabled": False}}  # no serving key in a checked-i
 
 
 def static_objects() -> list[dict[str, Any]]:
-    """The chart at its defaults (the webhook off), minus the labels that claim a Helm release."""
-    objects = render_chart(STATIC_VALUES)
+    """The chart at its defaults (the webhook off), minus the labels that claim a Helm release and minus Helm's hooks
+    (applied by kubectl, the pre-delete hook would run at once and stop the operator; docs/uninstall.md says what
+    to run instead before `kubectl delete -f`)."""
+    objects = [o for o in render_chart(STATIC_VALUES) if "helm.sh/hook" not in (o["metadata"].get("annotations") or {})]
     for obj in objects:
         labels = obj["metadata"].get("labels") or {}
         for key in HELM_ONLY_LABELS:

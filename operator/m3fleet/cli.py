@@ -8,6 +8,7 @@ Never a traceback (set M3FLEET_DEBUG=1 to see one).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -179,6 +180,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         ) from None
 
 
+def cmd_release_caches(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from m3fleet.controller.kube import ApiError, KubeApi, NoAnswer
+    from m3fleet.controller.run import api_client, current_namespace
+    from m3fleet.controller.uninstall import ReleaseError, release
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    scope = None if args.all_namespaces else (args.namespace or current_namespace())
+    where = args.operator_namespace or current_namespace()
+    try:
+        said = asyncio.run(release(KubeApi(api_client()), scope, where, args.operator_deployment))
+    except ReleaseError as exc:
+        raise InputError(str(exc)) from None
+    except NoAnswer as exc:
+        raise ClusterUnreachable(f"the API server does not answer ({exc}); check the kube context") from None
+    except ApiError as exc:
+        raise InputError(
+            f"the API server refused ({exc}); release-caches needs what the chart grants the operator plus get/patch "
+            "on its Deployment and list on pods in its namespace (docs/uninstall.md)"
+        ) from None
+    print(f"released {len(said)} model cache(s); their files, the cache objects and the CRDs are kept")
+    return EXIT_OK
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     sys.stdout.write(crd_yaml(args.kind))
     return EXIT_OK
@@ -259,6 +285,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--webhook-cert-dir", help="directory with the webhook's serving certificate: tls.crt and tls.key"
     )
     p_run.set_defaults(func=cmd_run)
+
+    p_release = sub.add_parser(
+        "release-caches",
+        help="before an uninstall: stop the operator, then drop model caches' finalizers and node labels",
+        description="What helm uninstall runs first (docs/uninstall.md): scale the operator's Deployment to 0 and "
+        "wait for its pods to go, then take every model cache's label off the nodes and drop its finalizer. "
+        "Files, cache objects and CRDs are kept.",
+    )
+    released = p_release.add_mutually_exclusive_group()
+    released.add_argument("-n", "--namespace", help="the caches of one namespace (default: the current context's)")
+    released.add_argument("-A", "--all-namespaces", action="store_true", help="the caches of every namespace")
+    p_release.add_argument("--operator-deployment", required=True, help="the operator's Deployment, stopped first")
+    p_release.add_argument("--operator-namespace", help="its namespace (default: the current context's)")
+    p_release.set_defaults(func=cmd_release_caches)
 
     p_completion = sub.add_parser(
         "completion",

@@ -107,7 +107,10 @@ def test_default_objects() -> None:
         ("ClusterRole", "m3fleet-view"),
         ("ClusterRoleBinding", "m3fleet"),
         ("Deployment", "m3fleet"),
+        ("Job", "m3fleet-release-caches"),  # helm uninstall's pre-delete hook (and its Role, RoleBinding)
         ("NetworkPolicy", "m3fleet"),
+        ("Role", "m3fleet-release-caches"),
+        ("RoleBinding", "m3fleet-release-caches"),
         ("Secret", "m3fleet-webhook-tls"),
         ("Service", "m3fleet-metrics"),
         ("Service", "m3fleet-webhook"),
@@ -119,6 +122,40 @@ def test_default_objects() -> None:
         ("ValidatingWebhookConfiguration", "m3fleet-m3fleet-system"),
     ]
     assert all(o["metadata"].get("namespace") in (None, NAMESPACE) for o in render())
+
+
+def test_the_uninstall_hook_releases_the_caches_the_operator_watches_as_its_service_account() -> None:
+    for values, scope in (({}, ["--all-namespaces"]), (CASES["namespace-scoped"], ["--namespace", "llm"])):
+        objects = render(values)
+        hooks = [o for o in objects if (o["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-delete"]
+        assert sorted(o["kind"] for o in hooks) == ["Job", "Role", "RoleBinding"]
+        job = one(hooks, "Job")
+        pod = job["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == one(objects, "ServiceAccount")["metadata"]["name"]
+        [container] = pod["containers"]
+        assert container["image"] == one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert container["args"] == [
+            "release-caches",
+            *scope,
+            "--operator-deployment",
+            "m3fleet",
+            "--operator-namespace",
+            NAMESPACE,
+        ]
+        build_parser().parse_args(container["args"])  # the CLI takes them
+        selector = one(objects, "Deployment")["spec"]["selector"]["matchLabels"].items()
+        assert not selector <= job["spec"]["template"]["metadata"]["labels"].items()  # it waits for those pods to go
+        role = one(hooks, "Role")
+        assert role["metadata"]["namespace"] == NAMESPACE
+        assert role["rules"] == [  # only to stop the operator: its own Deployment, and see its pods go
+            {
+                "apiGroups": ["apps"],
+                "resources": ["deployments"],
+                "resourceNames": ["m3fleet"],
+                "verbs": ["get", "patch"],
+            },
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        ]
 
 
 def _ports(rules: list[dict[str, Any]]) -> list[set[tuple[str, int]]]:

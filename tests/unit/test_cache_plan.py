@@ -23,12 +23,15 @@ from m3fleet.api.cache import (
 from m3fleet.cache.plan import (
     BAD_SOURCE_EXIT_CODE,
     CLEAN,
+    FINALIZER,
     STAGE,
     UNREACHABLE_SECONDS,
     Inputs,
     JobView,
+    Letting,
     NodeView,
     OtherCache,
+    let_go,
     plan_cache,
     retry_delay,
 )
@@ -796,3 +799,18 @@ def test_every_sample_cache_is_inside_the_charts_default_prefixes() -> None:
     assert caches
     for body in caches:
         assert path_not_allowed(body["spec"]["path"], DEFAULT_PATH_PREFIXES) is None, body["spec"]["path"]
+
+
+def test_an_uninstall_lets_go_of_only_its_own_label_and_finalizer_and_twice_changes_nothing() -> None:
+    other_label = node_label_key("llm", "m3-other")
+    nodes = [
+        NodeView("h200-0", {**H200, LABEL: "ready", other_label: "ready"}),
+        NodeView("h200-1", {**H200, LABEL: ""}),  # a copy being rewritten: its label is still the cache's
+        NodeView("h200-2", {**H200, other_label: "ready"}),
+    ]
+    letting = let_go("llm", "m3", ["example.com/keep", FINALIZER], nodes)
+    assert letting.unlabel == ("h200-0", "h200-1")
+    assert letting.finalizers == ["example.com/keep"]  # someone else's finalizer stays
+    assert let_go("llm", "m3", [FINALIZER], nodes).finalizers == []
+    after = [NodeView(n.name, {k: v for k, v in n.labels.items() if k != LABEL}) for n in nodes]
+    assert let_go("llm", "m3", ["example.com/keep"], after) == Letting((), None)  # nothing left to write

@@ -923,3 +923,20 @@ def _removal(
     work.release = not pending and not labelled
     work.requeue_after = None if work.release else 10.0
     return work
+
+
+@dataclass(frozen=True)
+class Letting:
+    """What an uninstall lets go of for one cache (`m3fleet release-caches`, the chart's pre-delete hook): with no
+    operator left, a finalizer would hold the cache's namespace deletion for ever, and its node label would tell
+    the scheduler of a copy no one keeps. The files, the cache object and its Jobs stay."""
+
+    unlabel: tuple[str, ...]  # the nodes that carry its label
+    finalizers: list[str] | None  # the finalizers it keeps (None: ours is not among them: nothing to write)
+
+
+def let_go(namespace: str, name: str, finalizers: Sequence[str], nodes: Sequence[NodeView]) -> Letting:
+    label = node_label_key(namespace, name)
+    unlabel = tuple(sorted(n.name for n in nodes if label in n.labels))
+    kept = [f for f in finalizers if f != FINALIZER] if FINALIZER in finalizers else None
+    return Letting(unlabel, kept)

@@ -87,7 +87,7 @@ CHILD_KINDS = (
     SERVICE,
 )
 CHILD_VERBS = ("get", "list", "watch", "create", "patch", "delete")  # applied, drift-corrected, pruned
-BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET, LEASE)}
+BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET, LEASE, EVENT)}
 
 
 class Grant(NamedTuple):
