@@ -177,6 +177,28 @@ EXERCISED_BY_CLI_TESTS = {
     "m3fleet render -f manifests/samples/vllm-h200-tp8.yaml -o json"
     """ | jq -r '.items[] | .kind + "/" + .metadata.name'""",
 }
+# docs/install.md's image commands: the default build is what tests/cluster/test_image.py builds and runs, and
+# the archive it prints is what tests/chart/test_release.py packages.
+EXERCISED_BY_IMAGE_TESTS = {
+    "hack/build-image.sh                    # base made from Debian bookworm packages (mmdebstrap): no registry needed",
+    "archive=$(hack/build-image.sh)                               # or download it, or `skopeo copy` it",
+}
+# Not run here: they need a container registry (none is reachable from these machines), a node's containerd or a
+# kind cluster, or the release workflow's signing identity. The multi-arch build was run by hand once (its time and
+# size are in docs/install.md).
+NEEDS_REGISTRY_OR_NODE = {
+    "hack/build-image.sh --base registry    # the Dockerfile's own base, python:3.11-slim, from a registry",
+    "hack/build-image.sh --platform linux/amd64,linux/arm64     # one manifest list, one archive",
+    "cosign verify ghcr.io/m3fleet/operator:<version> \\",
+    "--certificate-identity-regexp 'https://github.com/m3fleet/m3fleet/.github/workflows/release.yml@refs/tags/v.*' \\",
+    "--certificate-oidc-issuer https://token.actions.githubusercontent.com",
+    'ctr -n k8s.io images import --all-platforms "$archive"',
+    'kind load image-archive "$archive" --name <cluster>',
+    'skopeo copy --all "oci-archive:$archive" docker://registry.internal/m3fleet/operator:<version>',
+    "helm install m3fleet charts/m3fleet -n m3fleet-system --create-namespace   # or the OCI chart, copied likewise",
+    "helm install m3fleet charts/m3fleet -n m3fleet-system --create-namespace \\",
+    "--set image.repository=registry.internal/m3fleet/operator",
+}
 NEEDS_CLUSTER = {
     "helm upgrade m3fleet charts/m3fleet -n m3fleet-system --reuse-values --set 'rbac.secretNamespaces={llm,team-a}'",
     "m3fleet bench -f manifests/samples/vllm-h200-tp8.yaml --dry-run -o json | kubectl apply --dry-run=server -f -",
@@ -203,7 +225,7 @@ NEEDS_CLUSTER = {
 
 def test_every_readme_command_is_classified() -> None:
     commands, _ = commands_and_heredocs()
-    classified = EXERCISED | EXERCISED_BY_CLI_TESTS | NEEDS_CLUSTER
+    classified = EXERCISED | EXERCISED_BY_CLI_TESTS | EXERCISED_BY_IMAGE_TESTS | NEEDS_REGISTRY_OR_NODE | NEEDS_CLUSTER
     assert set(commands) == classified, {
         "unclassified": set(commands) - classified,
         "gone from the README": classified - set(commands),
