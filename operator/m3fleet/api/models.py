@@ -437,13 +437,15 @@ class PodResourcesSpec(CamelModel):
 
 class NodePoolSpec(CamelModel):
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Extra node labels, merged with the accelerator's own."
+        default_factory=dict,
+        description="Extra node labels, merged with the accelerator's own.",
+        json_schema_extra=children.label_map_rules("nodeSelector"),
     )
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list,
         max_length=32,
         description="corev1 Tolerations for the engine pods.",
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra={"items": children.toleration_schema()},
     )
     extra_resources: dict[str, int] = Field(
         default_factory=dict,
