@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 import yaml
 from tests.cluster.cluster import REPO, SAMPLES, Cluster, eventually
-from tests.unit.test_crd import CEL_CASES, CEL_IDS, with_spec
+from tests.unit.test_crd import (
+    CEL_CASES,
+    CEL_IDS,
+    NODE_SELECTORS_ADMITTED,
+    NODE_SELECTORS_REFUSED,
+    TOLERATIONS_ADMITTED,
+    TOLERATIONS_REFUSED,
+    with_spec,
+)
 
 CRD_NAME = "minimaxm3deployments.m3fleet.dev"
 NAMESPACE = "admission"
@@ -78,3 +86,28 @@ def test_schema_violations_are_rejected_with_the_field_path(crd: Cluster, change
 def test_unknown_fields_are_rejected_by_kubectl(crd: Cluster) -> None:
     code, stderr = _dry_run(crd, with_spec(contxt={}))
     assert code != 0 and "contxt" in stderr, stderr
+
+
+NODE_POOLS = [
+    *[({"nodeSelector": labels}, False) for labels, _ in NODE_SELECTORS_REFUSED],
+    *[({"tolerations": [toleration]}, False) for toleration, _, _ in TOLERATIONS_REFUSED],
+    *[({"nodeSelector": labels}, True) for labels in NODE_SELECTORS_ADMITTED],
+    *[({"tolerations": [toleration]}, True) for toleration in TOLERATIONS_ADMITTED],
+]
+
+
+@pytest.mark.parametrize(("node_pool", "admitted"), NODE_POOLS)
+def test_node_pool_values_get_the_verdict_the_pod_that_carries_them_gets(
+    crd: Cluster, node_pool: dict[str, Any], admitted: bool
+) -> None:
+    # The CRD's rules are a copy of the apiserver's Pod validation: the Pod they reach is the reference.
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "carrier"},
+        "spec": {**node_pool, "containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.33.0"}]},
+    }
+    pod_code, pod_err = _dry_run(crd, pod)
+    code, err = _dry_run(crd, with_spec(nodePool=node_pool))
+    assert (pod_code == 0) == admitted, pod_err
+    assert (code == 0) == admitted, err

@@ -106,7 +106,7 @@ def node_pool_values() -> dict[str, str]:
     return {
         "ok-node-pool-labels.yaml": good(
             extra=pool.format("nodeSelector: {example.com/pool: gpu-a, tier: '', zone_1.b: A-z}")
-            + "    tolerations: [{operator: Exists}, {key: example.com/x, value: y, effect: NoExecute, "
+            + "    tolerations: [{operator: Exists}, {key: example.com/x, value: gpu-a, effect: NoExecute, "
             "tolerationSeconds: 30}]\n"
         ),
         "bad-node-selector-key-space.yaml": good(extra=pool.format('nodeSelector: {"pool name": a}')),
