@@ -15,6 +15,8 @@ from tests.unit.test_crd import (
     CEL_IDS,
     NODE_SELECTORS_ADMITTED,
     NODE_SELECTORS_REFUSED,
+    PEERS_ADMITTED,
+    PEERS_REFUSED,
     TOLERATIONS_ADMITTED,
     TOLERATIONS_REFUSED,
     with_spec,
@@ -88,26 +90,50 @@ def test_unknown_fields_are_rejected_by_kubectl(crd: Cluster) -> None:
     assert code != 0 and "contxt" in stderr, stderr
 
 
-NODE_POOLS = [
-    *[({"nodeSelector": labels}, False) for labels, _ in NODE_SELECTORS_REFUSED],
-    *[({"tolerations": [toleration]}, False) for toleration, _, _ in TOLERATIONS_REFUSED],
-    *[({"nodeSelector": labels}, True) for labels in NODE_SELECTORS_ADMITTED],
-    *[({"tolerations": [toleration]}, True) for toleration in TOLERATIONS_ADMITTED],
+def _carrier(kind: str, api_version: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": "carrier"}, "spec": spec}
+
+
+# The CRD's rules are a copy of the apiserver's validation of the child: the child that carries a value is the
+# reference, and the deployment must get its verdict.
+CARRIED = [
+    *[
+        ({"nodePool": {"nodeSelector": labels}}, admitted)
+        for labels, admitted in [
+            *[(labels, False) for labels, _ in NODE_SELECTORS_REFUSED],
+            *[(labels, True) for labels in NODE_SELECTORS_ADMITTED],
+        ]
+    ],
+    *[
+        ({"nodePool": {"tolerations": [toleration]}}, admitted)
+        for toleration, admitted in [
+            *[(toleration, False) for toleration, _, _ in TOLERATIONS_REFUSED],
+            *[(toleration, True) for toleration in TOLERATIONS_ADMITTED],
+        ]
+    ],
+    *[
+        ({"network": {"allowFrom": [peer]}}, admitted)
+        for peer, admitted in [
+            *[(peer, False) for peer, _, _ in PEERS_REFUSED],
+            *[(peer, True) for peer in PEERS_ADMITTED],
+        ]
+    ],
 ]
 
 
-@pytest.mark.parametrize(("node_pool", "admitted"), NODE_POOLS)
-def test_node_pool_values_get_the_verdict_the_pod_that_carries_them_gets(
-    crd: Cluster, node_pool: dict[str, Any], admitted: bool
+def _child_carrying(spec: dict[str, Any]) -> dict[str, Any]:
+    if "network" in spec:
+        peer_spec = {"podSelector": {}, "ingress": [{"from": spec["network"]["allowFrom"]}]}
+        return _carrier("NetworkPolicy", "networking.k8s.io/v1", peer_spec)
+    container = {"name": "engine", "image": "vllm/vllm-openai:v0.33.0"}
+    return _carrier("Pod", "v1", {**spec["nodePool"], "containers": [container]})
+
+
+@pytest.mark.parametrize(("spec", "admitted"), CARRIED)
+def test_values_get_the_verdict_the_child_that_carries_them_gets(
+    crd: Cluster, spec: dict[str, Any], admitted: bool
 ) -> None:
-    # The CRD's rules are a copy of the apiserver's Pod validation: the Pod they reach is the reference.
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "carrier"},
-        "spec": {**node_pool, "containers": [{"name": "engine", "image": "vllm/vllm-openai:v0.33.0"}]},
-    }
-    pod_code, pod_err = _dry_run(crd, pod)
-    code, err = _dry_run(crd, with_spec(nodePool=node_pool))
-    assert (pod_code == 0) == admitted, pod_err
+    child_code, child_err = _dry_run(crd, _child_carrying(spec))
+    code, err = _dry_run(crd, with_spec(**spec))
+    assert (child_code == 0) == admitted, child_err
     assert (code == 0) == admitted, err

@@ -144,6 +144,39 @@ def node_pool_values() -> dict[str, str]:
         "bad-cache-toleration-empty-key.yaml": cache().replace(
             "accelerator: h200", "accelerator: h200\n    tolerations: [{value: x}]"
         ),
+        **network_peers(),
+    }
+
+
+def network_peers() -> dict[str, str]:
+    """NetworkPolicyPeers (network.allowFrom, metricsFrom) the apiserver refuses in the NetworkPolicy."""
+    network = "  network:\n    {}: [{}]\n"
+    return {
+        "ok-network-peers.yaml": good(
+            extra=network.format("allowFrom", "{namespaceSelector: {matchLabels: {team: gateway}}, podSelector: {}}")
+            + "    metricsFrom: [{podSelector: {matchExpressions: [{key: app, operator: In, values: [prom]}]}}]\n"
+        ),
+        "bad-peer-empty.yaml": good(extra=network.format("allowFrom", "{}")),
+        "bad-peer-ip-block-and-selector.yaml": good(
+            extra=network.format("allowFrom", "{ipBlock: {cidr: 10.0.0.0/8}, podSelector: {}}")
+        ),
+        "bad-peer-match-labels-key.yaml": good(
+            extra=network.format("metricsFrom", '{namespaceSelector: {matchLabels: {"a b": c}}}')
+        ),
+        "bad-peer-match-labels-value.yaml": good(
+            extra=network.format("allowFrom", "{podSelector: {matchLabels: {app: a/b}}}")
+        ),
+        "bad-peer-expression-operator.yaml": good(
+            extra=network.format("allowFrom", "{podSelector: {matchExpressions: [{key: app, operator: Has}]}}")
+        ),
+        "bad-peer-expression-no-values.yaml": good(
+            extra=network.format("allowFrom", "{podSelector: {matchExpressions: [{key: app, operator: NotIn}]}}")
+        ),
+        "bad-peer-expression-value.yaml": good(
+            extra=network.format(
+                "allowFrom", "{podSelector: {matchExpressions: [{key: app, operator: In, values: ['a b']}]}}"
+            )
+        ),
     }
 
 

@@ -161,6 +161,46 @@ TOLERATIONS_ADMITTED: list[dict[str, Any]] = [
     {"key": "example.com/x", "value": "gpu-a", "effect": "NoExecute", "tolerationSeconds": 30},
     {"key": "a", "operator": "", "value": "", "effect": ""},
 ]
+# NetworkPolicyPeers (network.allowFrom): (peer, fragment of the CRD's message, the field under the peer), and
+# peers the apiserver admits in a NetworkPolicy.
+PEERS_REFUSED: list[tuple[dict[str, Any], str, str]] = [
+    ({"namespaceSelector": {"matchLabels": {"bad key": "x"}}}, "not a label key", ".namespaceSelector.matchLabels"),
+    ({"podSelector": {"matchLabels": {"app": "a b"}}}, "not a label value", ".podSelector.matchLabels"),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "a b", "operator": "Exists"}]}},
+        "not a label key",
+        ".podSelector.matchExpressions[0].key",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "Has"}]}},
+        "must be In, NotIn",
+        ".podSelector.matchExpressions[0].operator",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]}},
+        "must be given with In",
+        ".podSelector.matchExpressions[0].values",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["a"]}]}},
+        "must be given with In",
+        ".podSelector.matchExpressions[0].values",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["a b"]}]}},
+        "not a label value",
+        ".podSelector.matchExpressions[0].values",
+    ),
+    ({}, "a peer needs", ""),
+    ({"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}, "a peer needs", ""),
+]
+PEERS_ADMITTED: list[dict[str, Any]] = [
+    {"podSelector": {}},
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}, "podSelector": {}},
+    {"podSelector": {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["a", ""]}]}},
+    {"namespaceSelector": {"matchExpressions": [{"key": "example.com/team", "operator": "DoesNotExist"}]}},
+    {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}},
+]
 CHILD_VALUE_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(model__source={"pvc": {"claimName": "other/k"}}), "DNS-1123", "spec.model.source.pvc.claimName"),
     (
@@ -207,6 +247,10 @@ CHILD_VALUE_CASES: list[tuple[dict[str, Any], str, str]] = [
     *[
         (with_spec(nodePool__tolerations=[toleration]), fragment, f"{TOLERATION}.{field}")
         for toleration, fragment, field in TOLERATIONS_REFUSED
+    ],
+    *[
+        (with_spec(network__allowFrom=[peer]), fragment, f"spec.network.allowFrom[0]{field}")
+        for peer, fragment, field in PEERS_REFUSED
     ],
 ]
 
@@ -331,6 +375,7 @@ VALID_CASES = [
     with_spec(autoscaling__prometheus={"url": "https://10.0.0.1:9090", "insecureSkipVerify": True}),
     *[with_spec(nodePool__nodeSelector=labels) for labels in NODE_SELECTORS_ADMITTED],
     with_spec(nodePool__tolerations=TOLERATIONS_ADMITTED),
+    with_spec(network__allowFrom=PEERS_ADMITTED),
     with_name("a"),
     with_name("m3-chat-2"),
     with_name(LONGEST_NAME),

@@ -77,9 +77,11 @@ LABEL_KEY_PROBLEM = (
     "is not a label key ([prefix/]name: the prefix a DNS subdomain of at most 253 characters, the name "
     f"{_LABEL_WORDS}), so the apiserver refuses the pod that carries it"
 )
-LABEL_KEY_FIX = "give the node label's key as `kubectl get nodes --show-labels` lists it, e.g. example.com/pool"
+LABEL_KEY_FIX = (
+    "give the key as `kubectl get nodes --show-labels` (or pods, namespaces) lists it, e.g. example.com/pool"
+)
 LABEL_VALUE_PROBLEM = f"is not a label value (empty, or {_LABEL_WORDS}), so the apiserver refuses the pod"
-LABEL_VALUE_FIX = "give the node label's value as `kubectl get nodes --show-labels` lists it, e.g. gpu-a"
+LABEL_VALUE_FIX = "give the value as `kubectl get nodes --show-labels` (or pods, namespaces) lists it, e.g. gpu-a"
 
 
 def _matches(pattern: str) -> str:
@@ -230,5 +232,94 @@ def toleration_schema() -> dict[str, Any]:
                 "tolerationSeconds",
                 ".tolerationSeconds",
             ),
+        ],
+    }
+
+
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+# Marks an object m3fleet.api.crd must not default to `{}`: an empty label selector selects everything.
+KEEP_ABSENT = "x-m3fleet-keep-absent"
+SELECTOR_EXPRESSIONS_MAX = 16  # expressions per selector and values per expression: the CEL cost budget's bound
+
+
+def label_selector_schema(description: str) -> dict[str, Any]:
+    """A metav1.LabelSelector as a NetworkPolicy carries it (ValidateLabelSelector: keys qualified names, values
+    label values, In/NotIn with values, Exists/DoesNotExist without)."""
+    with_values = "self.operator in ['In', 'NotIn']"
+    return {
+        "type": "object",
+        KEEP_ABSENT: True,
+        "description": description,
+        "properties": {
+            "matchLabels": {
+                "type": "object",
+                "description": "Labels that must all match.",
+                **label_map_rules("matchLabels"),
+            },
+            "matchExpressions": {
+                "type": "array",
+                "maxItems": SELECTOR_EXPRESSIONS_MAX,
+                "description": "Requirements that must all hold.",
+                "items": {
+                    "type": "object",
+                    "required": ["key", "operator"],
+                    "properties": {
+                        "key": {"type": "string", "maxLength": LABEL_KEY_MAX, "description": "Label key."},
+                        "operator": {
+                            "type": "string",
+                            "maxLength": 16,
+                            "description": "In, NotIn, Exists or DoesNotExist.",
+                        },
+                        "values": {
+                            "type": "array",
+                            "maxItems": SELECTOR_EXPRESSIONS_MAX,
+                            "description": "Label values (In, NotIn).",
+                            "items": {"type": "string", "maxLength": LABEL_VALUE_MAX},
+                        },
+                    },
+                    "x-kubernetes-validations": [
+                        cel(_label_key("self.key"), f"key {LABEL_KEY_PROBLEM}; fix: {LABEL_KEY_FIX}", ".key"),
+                        cel(
+                            f"self.operator in {list(SELECTOR_OPERATORS)}",
+                            "operator must be In, NotIn, Exists or DoesNotExist; fix: use one of those",
+                            ".operator",
+                        ),
+                        cel(
+                            f"({with_values}) == (has(self.values) && size(self.values) > 0)",
+                            "values must be given with In and NotIn, and only with them; fix: list values for In or "
+                            "NotIn, remove them for Exists and DoesNotExist",
+                            ".values",
+                        ),
+                        cel(
+                            f"!has(self.values) || self.values.all(v, {_label_value('v')})",
+                            f"values has one that {LABEL_VALUE_PROBLEM}; fix: {LABEL_VALUE_FIX}",
+                            ".values",
+                        ),
+                    ],
+                },
+            },
+        },
+    }
+
+
+def network_peer_schema() -> dict[str, Any]:
+    """A NetworkPolicyPeer: its selectors checked as the apiserver checks them; ipBlock (CIDRs) kept as written."""
+    selectors = "(has(self.podSelector) || has(self.namespaceSelector))"
+    return {
+        "type": "object",
+        "properties": {
+            "podSelector": label_selector_schema("Pods admitted (in namespaceSelector's namespaces, else this one)."),
+            "namespaceSelector": label_selector_schema("Namespaces whose pods are admitted."),
+            "ipBlock": {
+                "type": "object",
+                "description": "CIDR admitted (and exceptions), checked by the apiserver in the NetworkPolicy.",
+                "x-kubernetes-preserve-unknown-fields": True,
+            },
+        },
+        "x-kubernetes-validations": [
+            cel(
+                f"{selectors} != has(self.ipBlock)",
+                "a peer needs podSelector and/or namespaceSelector, or ipBlock alone; fix: give one of them",
+            )
         ],
     }

@@ -525,14 +525,14 @@ class NetworkSpec(CamelModel):
         max_length=32,
         description="Extra NetworkPolicyPeers (podSelector, namespaceSelector, ipBlock) admitted to the API port, "
         "e.g. an ingress gateway's namespace.",
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra={"items": children.network_peer_schema()},
     )
     metrics_from: list[dict[str, Any]] = Field(
         default_factory=lambda: [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
         max_length=32,
         description="NetworkPolicyPeers admitted to the metrics port (the engine serves metrics on its API port): "
         "Prometheus. Default: every pod of the namespace named monitoring.",
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra={"items": children.network_peer_schema()},
     )
 
 
