@@ -32,11 +32,13 @@ def openapi_schema(crd: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def schema_at(schema: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any] | None:
-    """The sub-schema at `path` (property names only), or None when a step is not a declared property
-    (what the apiserver's ValidFieldPath checks for a rule's fieldPath)."""
+    """The sub-schema at `path` (property names; `name[]` steps into a list's items), or None when a step is not
+    a declared property (what the apiserver's ValidFieldPath checks for a rule's fieldPath)."""
     node: dict[str, Any] | None = schema
     for part in path:
-        node = (node or {}).get("properties", {}).get(part)
+        node = (node or {}).get("properties", {}).get(part.removesuffix("[]"))
+        if node is not None and part.endswith("[]"):
+            node = node.get("items")
         if node is None:
             return None
     return node

@@ -10,7 +10,17 @@ from typing import Any
 import pytest
 import yaml
 from tests.cluster.cluster import REPO, SAMPLES, Cluster, eventually
-from tests.unit.test_crd import CEL_CASES, CEL_IDS, with_spec
+from tests.unit.test_crd import (
+    CEL_CASES,
+    CEL_IDS,
+    NODE_SELECTORS_ADMITTED,
+    NODE_SELECTORS_REFUSED,
+    PEERS_ADMITTED,
+    PEERS_REFUSED,
+    TOLERATIONS_ADMITTED,
+    TOLERATIONS_REFUSED,
+    with_spec,
+)
 
 CRD_NAME = "minimaxm3deployments.m3fleet.dev"
 NAMESPACE = "admission"
@@ -78,3 +88,52 @@ def test_schema_violations_are_rejected_with_the_field_path(crd: Cluster, change
 def test_unknown_fields_are_rejected_by_kubectl(crd: Cluster) -> None:
     code, stderr = _dry_run(crd, with_spec(contxt={}))
     assert code != 0 and "contxt" in stderr, stderr
+
+
+def _carrier(kind: str, api_version: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": "carrier"}, "spec": spec}
+
+
+# The CRD's rules are a copy of the apiserver's validation of the child: the child that carries a value is the
+# reference, and the deployment must get its verdict.
+CARRIED = [
+    *[
+        ({"nodePool": {"nodeSelector": labels}}, admitted)
+        for labels, admitted in [
+            *[(labels, False) for labels, _ in NODE_SELECTORS_REFUSED],
+            *[(labels, True) for labels in NODE_SELECTORS_ADMITTED],
+        ]
+    ],
+    *[
+        ({"nodePool": {"tolerations": [toleration]}}, admitted)
+        for toleration, admitted in [
+            *[(toleration, False) for toleration, _, _ in TOLERATIONS_REFUSED],
+            *[(toleration, True) for toleration in TOLERATIONS_ADMITTED],
+        ]
+    ],
+    *[
+        ({"network": {"allowFrom": [peer]}}, admitted)
+        for peer, admitted in [
+            *[(peer, False) for peer, _, _ in PEERS_REFUSED],
+            *[(peer, True) for peer in PEERS_ADMITTED],
+        ]
+    ],
+]
+
+
+def _child_carrying(spec: dict[str, Any]) -> dict[str, Any]:
+    if "network" in spec:
+        peer_spec = {"podSelector": {}, "ingress": [{"from": spec["network"]["allowFrom"]}]}
+        return _carrier("NetworkPolicy", "networking.k8s.io/v1", peer_spec)
+    container = {"name": "engine", "image": "vllm/vllm-openai:v0.33.0"}
+    return _carrier("Pod", "v1", {**spec["nodePool"], "containers": [container]})
+
+
+@pytest.mark.parametrize(("spec", "admitted"), CARRIED)
+def test_values_get_the_verdict_the_child_that_carries_them_gets(
+    crd: Cluster, spec: dict[str, Any], admitted: bool
+) -> None:
+    child_code, child_err = _dry_run(crd, _child_carrying(spec))
+    code, err = _dry_run(crd, with_spec(**spec))
+    assert (child_code == 0) == admitted, child_err
+    assert (code == 0) == admitted, err

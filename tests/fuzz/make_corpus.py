@@ -95,6 +95,88 @@ def child_values() -> dict[str, str]:
         "bad-image-space.yaml": engine('image: "vllm/vllm-openai: v0.33.0"'),
         "bad-image-uppercase.yaml": engine("image: Team/Vllm-Openai"),
         "bad-image-unicode.yaml": engine('image: "ünïcödé→"'),
+        **node_pool_values(),
+    }
+
+
+def node_pool_values() -> dict[str, str]:
+    """Node selector labels and tolerations the apiserver refuses in the pod spec (issue 42): refused by the CRD."""
+    pool = "  nodePool:\n    {}\n"
+    toleration = pool.format("tolerations: [{}]")
+    return {
+        "ok-node-pool-labels.yaml": good(
+            extra=pool.format("nodeSelector: {example.com/pool: gpu-a, tier: '', zone_1.b: A-z}")
+            + "    tolerations: [{operator: Exists}, {key: example.com/x, value: gpu-a, effect: NoExecute, "
+            "tolerationSeconds: 30}]\n"
+        ),
+        "bad-node-selector-key-space.yaml": good(extra=pool.format('nodeSelector: {"pool name": a}')),
+        "bad-node-selector-key-two-slashes.yaml": good(extra=pool.format("nodeSelector: {a.io/b/c: a}")),
+        "bad-node-selector-key-prefix-upper.yaml": good(extra=pool.format("nodeSelector: {Example.com/pool: a}")),
+        "bad-node-selector-key-long-name.yaml": good(extra=pool.format("nodeSelector: {" + "k" * 64 + ": a}")),
+        "bad-node-selector-key-long-prefix.yaml": good(
+            extra=pool.format("nodeSelector: {" + ".".join(["p" * 63] * 4) + "/k: a}")
+        ),
+        "bad-node-selector-value-slash.yaml": good(extra=pool.format("nodeSelector: {pool: a/b}")),
+        "bad-node-selector-value-long.yaml": good(extra=pool.format("nodeSelector: {pool: " + "v" * 64 + "}")),
+        "bad-node-selector-value-dash-end.yaml": good(extra=pool.format("nodeSelector: {pool: gpu-}")),
+        "bad-node-selector-too-many.yaml": good(
+            extra=pool.format("nodeSelector: {" + ", ".join(f"k{i}: v" for i in range(33)) + "}")
+        ),
+        "bad-toleration-key-space.yaml": good(extra=toleration.format('{key: "a b", operator: Exists}')),
+        "bad-toleration-empty-key-equal.yaml": good(extra=toleration.format("{operator: Equal, value: x}")),
+        "bad-toleration-operator.yaml": good(extra=toleration.format("{key: a, operator: Gt, value: '1'}")),
+        "bad-toleration-effect.yaml": good(extra=toleration.format("{key: a, effect: NoRun}")),
+        "bad-toleration-value-with-exists.yaml": good(extra=toleration.format("{key: a, operator: Exists, value: b}")),
+        "bad-toleration-value-charset.yaml": good(extra=toleration.format("{key: a, value: 'b c'}")),
+        "bad-toleration-seconds-no-execute.yaml": good(
+            extra=toleration.format("{key: a, effect: NoSchedule, tolerationSeconds: 10}")
+        ),
+        "bad-toleration-unknown-field.yaml": good(extra=toleration.format("{key: a, operater: Exists}")),
+        "bad-cache-node-selector-value.yaml": cache().replace(
+            "accelerator: h200", "accelerator: h200\n    nodeSelector: {pool: 'a b'}"
+        ),
+        "bad-cache-node-selector-key.yaml": cache().replace(
+            "accelerator: h200", "accelerator: h200\n    nodeSelector: {'/pool': a}"
+        ),
+        "bad-cache-toleration-effect.yaml": cache().replace(
+            "accelerator: h200", "accelerator: h200\n    tolerations: [{key: a, effect: Never}]"
+        ),
+        "bad-cache-toleration-empty-key.yaml": cache().replace(
+            "accelerator: h200", "accelerator: h200\n    tolerations: [{value: x}]"
+        ),
+        **network_peers(),
+    }
+
+
+def network_peers() -> dict[str, str]:
+    """NetworkPolicyPeers (network.allowFrom, metricsFrom) the apiserver refuses in the NetworkPolicy."""
+    network = "  network:\n    {}: [{}]\n"
+    return {
+        "ok-network-peers.yaml": good(
+            extra=network.format("allowFrom", "{namespaceSelector: {matchLabels: {team: gateway}}, podSelector: {}}")
+            + "    metricsFrom: [{podSelector: {matchExpressions: [{key: app, operator: In, values: [prom]}]}}]\n"
+        ),
+        "bad-peer-empty.yaml": good(extra=network.format("allowFrom", "{}")),
+        "bad-peer-ip-block-and-selector.yaml": good(
+            extra=network.format("allowFrom", "{ipBlock: {cidr: 10.0.0.0/8}, podSelector: {}}")
+        ),
+        "bad-peer-match-labels-key.yaml": good(
+            extra=network.format("metricsFrom", '{namespaceSelector: {matchLabels: {"a b": c}}}')
+        ),
+        "bad-peer-match-labels-value.yaml": good(
+            extra=network.format("allowFrom", "{podSelector: {matchLabels: {app: a/b}}}")
+        ),
+        "bad-peer-expression-operator.yaml": good(
+            extra=network.format("allowFrom", "{podSelector: {matchExpressions: [{key: app, operator: Has}]}}")
+        ),
+        "bad-peer-expression-no-values.yaml": good(
+            extra=network.format("allowFrom", "{podSelector: {matchExpressions: [{key: app, operator: NotIn}]}}")
+        ),
+        "bad-peer-expression-value.yaml": good(
+            extra=network.format(
+                "allowFrom", "{podSelector: {matchExpressions: [{key: app, operator: In, values: ['a b']}]}}"
+            )
+        ),
     }
 
 

@@ -129,6 +129,78 @@ PROM_URL = "spec.autoscaling.prometheus.url"
 
 ENV = "spec.engine.env[0]"
 FIELD_REF = {"fieldRef": {"fieldPath": "spec.nodeName"}}
+TOLERATION = "spec.nodePool.tolerations[0]"
+# Node pool values the apiserver refuses in a Pod (tests/cluster/test_admission.py shows it does): (value, fragment
+# of the CRD's message[, the toleration's field]); and values it admits there, which the CRD must admit too.
+NODE_SELECTORS_REFUSED: list[tuple[dict[str, str], str]] = [
+    ({"pool name": "a"}, "not a label key"),
+    ({"a.io/b/c": "a"}, "not a label key"),
+    ({"Example.com/pool": "a"}, "not a label key"),
+    ({"/pool": "a"}, "not a label key"),
+    ({"k" * 64: "a"}, "not a label key"),
+    ({".".join(["p" * 63] * 4) + "/k": "a"}, "not a label key"),  # a 255-character prefix
+    ({"pool": "a/b"}, "not a label value"),
+    ({"pool": "gpu-"}, "not a label value"),
+]
+TOLERATIONS_REFUSED: list[tuple[dict[str, Any], str, str]] = [
+    ({"key": "a b", "operator": "Exists"}, "not a label key", "key"),
+    ({"operator": "Equal", "value": "x"}, "only operator Exists", "key"),
+    ({"key": "a", "operator": "Gt", "value": "1"}, "Equal or Exists", "operator"),
+    ({"key": "a", "effect": "NoRun"}, "not a taint effect", "effect"),
+    ({"key": "a", "operator": "Exists", "value": "b"}, "must be empty", "value"),
+    ({"key": "a", "value": "b c"}, "not a label value", "value"),
+    ({"key": "a", "effect": "NoSchedule", "tolerationSeconds": 10}, "only to effect NoExecute", "tolerationSeconds"),
+]
+NODE_SELECTORS_ADMITTED: list[dict[str, str]] = [
+    {"example.com/pool": "gpu-a", "tier": "", "zone_1.b": "A-z", "k" * 63: "v" * 63},
+    {".".join(["p" * 63] * 3) + "." + "p" * 61 + "/k": "a"},  # a 253-character prefix
+]
+TOLERATIONS_ADMITTED: list[dict[str, Any]] = [
+    {"operator": "Exists"},
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "example.com/x", "value": "gpu-a", "effect": "NoExecute", "tolerationSeconds": 30},
+    {"key": "a", "operator": "", "value": "", "effect": ""},
+]
+# NetworkPolicyPeers (network.allowFrom): (peer, fragment of the CRD's message, the field under the peer), and
+# peers the apiserver admits in a NetworkPolicy.
+PEERS_REFUSED: list[tuple[dict[str, Any], str, str]] = [
+    ({"namespaceSelector": {"matchLabels": {"bad key": "x"}}}, "not a label key", ".namespaceSelector.matchLabels"),
+    ({"podSelector": {"matchLabels": {"app": "a b"}}}, "not a label value", ".podSelector.matchLabels"),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "a b", "operator": "Exists"}]}},
+        "not a label key",
+        ".podSelector.matchExpressions[0].key",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "Has"}]}},
+        "must be In, NotIn",
+        ".podSelector.matchExpressions[0].operator",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "In"}]}},
+        "must be given with In",
+        ".podSelector.matchExpressions[0].values",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "Exists", "values": ["a"]}]}},
+        "must be given with In",
+        ".podSelector.matchExpressions[0].values",
+    ),
+    (
+        {"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["a b"]}]}},
+        "not a label value",
+        ".podSelector.matchExpressions[0].values",
+    ),
+    ({}, "a peer needs", ""),
+    ({"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}, "a peer needs", ""),
+]
+PEERS_ADMITTED: list[dict[str, Any]] = [
+    {"podSelector": {}},
+    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}, "podSelector": {}},
+    {"podSelector": {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["a", ""]}]}},
+    {"namespaceSelector": {"matchExpressions": [{"key": "example.com/team", "operator": "DoesNotExist"}]}},
+    {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}},
+]
 CHILD_VALUE_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(model__source={"pvc": {"claimName": "other/k"}}), "DNS-1123", "spec.model.source.pvc.claimName"),
     (
@@ -168,6 +240,18 @@ CHILD_VALUE_CASES: list[tuple[dict[str, Any], str, str]] = [
         "DNS-1123",
         f"{ENV}.valueFrom.configMapKeyRef.name",
     ),
+    *[
+        (with_spec(nodePool__nodeSelector=labels), fragment, "spec.nodePool.nodeSelector")
+        for labels, fragment in NODE_SELECTORS_REFUSED
+    ],
+    *[
+        (with_spec(nodePool__tolerations=[toleration]), fragment, f"{TOLERATION}.{field}")
+        for toleration, fragment, field in TOLERATIONS_REFUSED
+    ],
+    *[
+        (with_spec(network__allowFrom=[peer]), fragment, f"spec.network.allowFrom[0]{field}")
+        for peer, fragment, field in PEERS_REFUSED
+    ],
 ]
 
 # (resource, a fragment of the message, the field the apiserver's rejection names)
@@ -289,6 +373,9 @@ VALID_CASES = [
     with_spec(autoscaling__prometheus={"url": "http://prometheus-operated.monitoring:9090"}),
     with_spec(autoscaling__prometheus={"url": "https://prom.example/prometheus/", "caSecretRef": {"name": "ca"}}),
     with_spec(autoscaling__prometheus={"url": "https://10.0.0.1:9090", "insecureSkipVerify": True}),
+    *[with_spec(nodePool__nodeSelector=labels) for labels in NODE_SELECTORS_ADMITTED],
+    with_spec(nodePool__tolerations=TOLERATIONS_ADMITTED),
+    with_spec(network__allowFrom=PEERS_ADMITTED),
     with_name("a"),
     with_name("m3-chat-2"),
     with_name(LONGEST_NAME),

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from m3fleet.api.children import image_rules
+from m3fleet.api.children import image_rules, label_map_rules, toleration_schema
 from m3fleet.api.models import (
     API_VERSION,
     GROUP,
@@ -237,14 +237,16 @@ class CacheSource(CamelModel):
 class CacheNodes(CamelModel):
     accelerator: Accelerator = Field(description="The pool: every node with this accelerator's labels.")
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Extra node labels that narrow the pool (all must match)."
+        default_factory=dict,
+        description="Extra node labels that narrow the pool (all must match).",
+        json_schema_extra=label_map_rules("nodeSelector"),
     )
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list,
         max_length=32,
         description="corev1 Tolerations for the staging Jobs and the image pre-pull pods (the accelerator's own "
         "GPU taint is always tolerated).",
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra={"items": toleration_schema()},
     )
 
 

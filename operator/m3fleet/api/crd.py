@@ -23,6 +23,7 @@ from m3fleet.api.cache import (
     MiniMaxM3ModelCacheSpec,
     MiniMaxM3ModelCacheStatus,
 )
+from m3fleet.api.children import KEEP_ABSENT
 from m3fleet.api.models import (
     CATEGORIES,
     GROUP,
@@ -105,8 +106,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         required = set(out.get("required", []))
         for name, prop in out["properties"].items():
             optional_object = prop.get("type") == "object" and "properties" in prop and not prop.get("required")
-            # an object that must hold a field (minProperties) has no empty default: absent stays absent
-            if name not in required and optional_object and "default" not in prop and "minProperties" not in prop:
+            # an object that must hold a field (minProperties), or whose `{}` means something (a label selector's
+            # "every pod"), has no empty default: absent stays absent
+            keeps_absent = prop.pop(KEEP_ABSENT, False) or "minProperties" in prop
+            if name not in required and optional_object and "default" not in prop and not keeps_absent:
                 prop["default"] = _filled_default(prop)
     return out
 

@@ -437,13 +437,15 @@ class PodResourcesSpec(CamelModel):
 
 class NodePoolSpec(CamelModel):
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Extra node labels, merged with the accelerator's own."
+        default_factory=dict,
+        description="Extra node labels, merged with the accelerator's own.",
+        json_schema_extra=children.label_map_rules("nodeSelector"),
     )
     tolerations: list[dict[str, Any]] = Field(
         default_factory=list,
         max_length=32,
         description="corev1 Tolerations for the engine pods.",
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra={"items": children.toleration_schema()},
     )
     extra_resources: dict[str, int] = Field(
         default_factory=dict,
@@ -523,14 +525,14 @@ class NetworkSpec(CamelModel):
         max_length=32,
         description="Extra NetworkPolicyPeers (podSelector, namespaceSelector, ipBlock) admitted to the API port, "
         "e.g. an ingress gateway's namespace.",
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra={"items": children.network_peer_schema()},
     )
     metrics_from: list[dict[str, Any]] = Field(
         default_factory=lambda: [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
         max_length=32,
         description="NetworkPolicyPeers admitted to the metrics port (the engine serves metrics on its API port): "
         "Prometheus. Default: every pod of the namespace named monitoring.",
-        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+        json_schema_extra={"items": children.network_peer_schema()},
     )
 
 
