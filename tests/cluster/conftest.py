@@ -25,6 +25,7 @@ SECRET_NAMESPACES = (
     "cache",
     "contract",
     "failing",  # test_failure_status.py: a multi-node TensorRT-LLM fleet's SSH key
+    "faults",  # test_faults.py: the model cache's token Secret is checked
     "groups",
     "lifecycle",
     "ownership",
