@@ -109,6 +109,9 @@ def _scalar(draw: st.DrawFn, schema: dict[str, Any], valid: bool) -> Any:
     return draw(TEXT)
 
 
+LABEL_VALUES = st.sampled_from(["", "true", "h200", "nvidia-h200-141gb"])
+
+
 @st.composite
 def value_for(draw: st.DrawFn, schema: dict[str, Any], path: str, depth: int = 0) -> Any:
     """A value for `schema`: mostly valid, sometimes one mutation (wrong type, out of range, unknown key,
@@ -139,7 +142,10 @@ def value_for(draw: st.DrawFn, schema: dict[str, Any], path: str, depth: int = 0
         return out
     if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
         keys = st.sampled_from(["a", "rdma/ib", "kubernetes.io/arch", "x y"])
-        return draw(st.dictionaries(keys, value_for(schema["additionalProperties"], path, depth + 1), max_size=2))
+        values = value_for(schema["additionalProperties"], path, depth + 1)
+        if schema["additionalProperties"].get("type") == "string":  # label maps: mostly label values, as users write
+            values = st.one_of(LABEL_VALUES, LABEL_VALUES, values)
+        return draw(st.dictionaries(keys, values, max_size=2))
     if kind == "array":
         items = schema.get("items") or {}
         limit = schema.get("maxItems", 4)

@@ -20,6 +20,9 @@ from m3fleet.api.cache import CACHE_KIND
 from m3fleet.api.models import KIND
 
 EXAMPLES = int(os.environ.get("M3FLEET_CONTRACT_EXAMPLES", "2500"))
+# Only a guard that admitted documents are drawn at all (what the tests prove is agreement): since the CRDs check
+# every child value (selectors, tolerations, names, images), 5-11% of the random drafts are admitted, not 10-12%.
+MIN_ADMITTED = 0.05
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def test_the_cli_and_the_apiserver_give_the_same_verdict(apiserver: Apiserver) -
         Path(os.environ["M3FLEET_CONTRACT_REPORT"]).write_text("\n".join(disagreements))
     assert not disagreements, f"{len(disagreements)} disagreements, e.g.:\n" + "\n".join(disagreements[:5])
     # the draw reaches both verdicts, CEL rules and the decoding stage, not only one kind of document
-    assert total >= EXAMPLES * 0.9 and seen["admitted"] > total * 0.1 and seen["rejected"] > total * 0.3, seen
+    assert total >= EXAMPLES * 0.9 and seen["admitted"] > total * MIN_ADMITTED and seen["rejected"] > total * 0.3, seen
     for field in (
         "metadata.name",
         "spec.parallelism.tensorParallelSize",
@@ -77,6 +80,6 @@ def test_a_model_cache_gets_the_same_verdict_from_the_cli_and_the_apiserver(apis
     seen, disagreements = agreement(apiserver, CACHE_KIND, examples)
     assert not disagreements, f"{len(disagreements)} disagreements, e.g.:\n" + "\n".join(disagreements[:5])
     total = seen["admitted"] + seen["rejected"]
-    assert seen["admitted"] > total * 0.1 and seen["rejected"] > total * 0.3, seen
+    assert seen["admitted"] > total * MIN_ADMITTED and seen["rejected"] > total * 0.3, seen
     for field in ("metadata.name", "spec.path", "spec.source"):
         assert any(f.startswith(f"field {field}") for f in seen), (field, seen.most_common(30))
