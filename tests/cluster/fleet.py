@@ -34,6 +34,25 @@ def renamed(document: dict[str, Any], name: str, namespace: str) -> dict[str, An
     return copied
 
 
+HUB_REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_cache(namespace: str, path: str, pool_label: str, **spec: Any) -> dict[str, Any]:
+    """A MiniMaxM3ModelCache `m3` of the Hub's MiniMax-M3 at a pinned revision, on the H200 nodes labelled
+    `pool_label=a`, staged under `path` (`spec` adds or overrides fields)."""
+    return {
+        "apiVersion": "m3fleet.dev/v1alpha1",
+        "kind": "MiniMaxM3ModelCache",
+        "metadata": {"name": "m3", "namespace": namespace},
+        "spec": {
+            "source": {"huggingFace": {"repo": "MiniMaxAI/MiniMax-M3", "revision": HUB_REVISION}},
+            "nodes": {"accelerator": "h200", "nodeSelector": {pool_label: "a"}},
+            "path": path,
+            **spec,
+        },
+    }
+
+
 def advisory_fleet(name: str, namespace: str, prometheus: dict[str, Any], **autoscaling: Any) -> dict[str, Any]:
     """The vLLM H200 sample with advisory autoscaling (1-2 replicas, a 5 s tick) reading `prometheus`."""
     document = renamed(sample("vllm-h200-tp8"), name, namespace)

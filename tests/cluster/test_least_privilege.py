@@ -21,7 +21,7 @@ import kubernetes
 import pytest
 from tests.cluster import dra
 from tests.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, Cluster, eventually, fresh_cluster
-from tests.cluster.fleet import condition, delete, pods, renamed, sample, wait_ready, weight_volumes
+from tests.cluster.fleet import condition, delete, hub_cache, pods, renamed, sample, wait_ready, weight_volumes
 
 from m3fleet.api.cache import NODE_LABEL_PREFIX
 from m3fleet.autoscaling.policy import POD_DELETION_COST
@@ -127,19 +127,7 @@ def test_fleet_and_model_cache_run_on_the_defaults_and_pods_take_only_the_deleti
     for node in POOL:
         defaults.kubectl("label", "node", node, f"{POOL_LABEL}=a", "--overwrite")
     fleet = renamed(sample("vllm-h200-tp8"), "least", NAMESPACE)
-    cache = {
-        "apiVersion": "m3fleet.dev/v1alpha1",
-        "kind": "MiniMaxM3ModelCache",
-        "metadata": {"name": "m3", "namespace": NAMESPACE},
-        "spec": {
-            "source": {
-                "huggingFace": {"repo": "MiniMaxAI/MiniMax-M3", "revision": "0123456789abcdef0123456789abcdef01234567"}
-            },
-            "nodes": {"accelerator": "h200", "nodeSelector": {POOL_LABEL: "a"}},
-            "path": "/mnt/nvme/m3fleet/least",
-            "deleteFilesOnRemoval": True,
-        },
-    }
+    cache = hub_cache(NAMESPACE, "/mnt/nvme/m3fleet/least", POOL_LABEL, deleteFilesOnRemoval=True)
     try:
         with defaults.operator("--all-namespaces", "--standalone", name="operator-least-privilege") as running:
             defaults.apply(fleet)

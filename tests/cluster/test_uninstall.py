@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from tests.cluster.cluster import BIN, OPERATOR_NAMESPACE, OPERATOR_SA, RELEASE, Cluster, eventually, fresh_cluster
-from tests.cluster.fleet import renamed, sample, wait_ready, weight_volumes
+from tests.cluster.fleet import hub_cache, renamed, sample, wait_ready, weight_volumes
 
 from m3fleet.api.cache import node_label_key
 from m3fleet.cache.plan import FINALIZER
@@ -70,18 +70,7 @@ def pre_delete_hook(cluster: Cluster) -> tuple[list[str], list[dict[str, Any]]]:
 
 
 def cache(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "m3fleet.dev/v1alpha1",
-        "kind": "MiniMaxM3ModelCache",
-        "metadata": {"name": "m3", "namespace": namespace},
-        "spec": {
-            "source": {
-                "huggingFace": {"repo": "MiniMaxAI/MiniMax-M3", "revision": "0123456789abcdef0123456789abcdef01234567"}
-            },
-            "nodes": {"accelerator": "h200", "nodeSelector": {POOL_LABEL: "a"}},
-            "path": "/var/lib/m3fleet/uninstall",
-        },
-    }
+    return hub_cache(namespace, "/var/lib/m3fleet/uninstall", POOL_LABEL)
 
 
 def labelled(cluster: Cluster, namespace: str) -> set[str]:
