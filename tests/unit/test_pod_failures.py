@@ -154,3 +154,27 @@ def test_every_failure_reason_is_catalogued() -> None:
         create_failure([event("ReplicaSet", "m3-1", NOW, "forbidden")], "m3", NOW),
     ):
         assert found is not None and found.reason in POD_FAILURE_REASONS
+
+
+def ready_pod(name: str) -> dict[str, Any]:
+    return {**pod(name, running()), "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_a_crash_is_kept_between_restarts_and_group_recreates_until_its_pod_is_ready() -> None:
+    """A crash loop runs between crashes and LWS recreates a group whose pod restarted: Degraded must not flip."""
+    starting = Workload(desired=1, replicas=1, ready=0, updated=1, observed_current=True, pods_per_replica=2)
+    failed = conditions([], 3, NOW, starting.with_pods([pod("m3-0", crashed("Error", 1)), pod("m3-0-1")]), None)
+    for between in ([pod("m3-0-1")], [pod("m3-0", running()), pod("m3-0-1")], [pod("m3-0"), pod("m3-0-1")]):
+        kept = {c["type"]: c for c in conditions(failed, 3, NOW, starting.with_pods(between), None)}
+        assert (kept["Degraded"]["status"], kept["Degraded"]["reason"]) == ("True", "CrashLoopBackOff")
+        assert kept["Degraded"]["message"] == {c["type"]: c for c in failed}["Degraded"]["message"]  # no write
+        assert kept["Ready"]["reason"] == "CrashLoopBackOff" and kept["Progressing"]["status"] == "False"
+    healed = starting.with_pods([ready_pod("m3-0"), pod("m3-0-1")])
+    assert {c["type"]: c for c in conditions(failed, 3, NOW, healed, None)}["Degraded"]["status"] == "False"
+    gone = starting.with_pods([pod("m3-0-1")])
+    assert {c["type"]: c for c in conditions(failed, 4, NOW, gone, None)}["Degraded"]["status"] == "False"  # new spec
+    ready = Workload(desired=1, replicas=1, ready=1, updated=1, observed_current=True)
+    assert {c["type"]: c for c in conditions(failed, 3, NOW, ready, None)}["Degraded"]["status"] == "False"
+    pulling = conditions([], 3, NOW, starting.with_pods([pod("m3-0", waiting("ImagePullBackOff"))]), None)
+    pulled = {c["type"]: c for c in conditions(pulling, 3, NOW, starting.with_pods([pod("m3-0", running())]), None)}
+    assert pulled["Degraded"]["status"] == "False"  # an image pull that got through is over

@@ -15,7 +15,8 @@ Condition types (metav1.Condition, a map list keyed by `type`):
 * `Degraded` — negative polarity: True when the operator cannot do what the spec asks, or engine pods fail.
   Reasons: AsExpected, InvalidSpec, LeaderWorkerSetNotInstalled, ComputeDomainNotInstalled, ApplyFailed,
   NameConflict (an object the resource does not control holds a child's name; see m3fleet.render.ownership),
-  and the pod failure reasons. Argo CD's and Flux's health checks read it (manifests/gitops).
+  and the pod failure reasons. Argo CD's and Flux's health checks read it (manifests/gitops). A crash is kept
+  between restarts (see `crash_seen_last`), so a crash-looping fleet does not flap between Degraded and healthy.
 
 `lastTransitionTime` changes only when a condition's status flips, so a re-computed identical status
 compares equal and the operator writes nothing.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +61,7 @@ class Workload:
     failure: PodFailure | None = None  # why engine pods fail, when some do
     pods_per_replica: int = 1  # a LeaderWorkerSet group's size
     pods_missing: bool = False  # fewer engine pods exist than the replicas need (looked at during a rollout)
+    ready_pods: frozenset[str] | None = None  # engine pods whose Ready is True (None: pods not looked at)
 
     @classmethod
     def from_live(cls, desired: int, live: dict[str, Any] | None, pods_per_replica: int = 1) -> Workload:
@@ -94,6 +97,7 @@ class Workload:
             unschedulable=f"{waiting}; {hint}" if waiting and hint else waiting,
             failure=pod_failure(pods) or create_failure,
             pods_missing=self.missing_pods(pods),
+            ready_pods=frozenset(p["metadata"]["name"] for p in pods if pod_ready(p)),
         )
 
     @property
@@ -188,6 +192,36 @@ def container_failure(container: Mapping[str, Any]) -> PodFailure | None:
     if reason in CONTAINER_CONFIG_REASONS:
         return PodFailure(reason, _detail(waiting.get("message")) or reason)
     return None
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """Whether a pod (not being deleted) reports Ready=True."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def crash_seen_last(previous: list[dict[str, Any]], generation: int, workload: Workload) -> PodFailure | None:
+    """The crash reported last, kept until the pod it names is Ready, every replica is, or the spec changes.
+
+    A crashing container shows its failure only part of the time: between crashes it runs (state `running`,
+    not Ready), and a LeaderWorkerSet recreates the whole group as soon as one of its pods restarts, so new
+    pods show nothing until they crash again. Without this, Degraded would flip to AsExpected on every restart
+    (and Argo CD's and Flux's health with it). Image pull and configuration errors hold still: not kept."""
+    if workload.ready_pods is None or workload.all_ready:
+        return None
+    old = next((c for c in previous if c.get("type") == DEGRADED), None)
+    if not old or old.get("status") != "True" or old.get("observedGeneration") != generation:
+        return None
+    reason, message = str(old.get("reason")), str(old.get("message") or "")
+    named = _FAILING_POD.search(message)
+    if reason not in (CRASH_LOOP, OOM_KILLED) or named is None or named.group(1) in workload.ready_pods:
+        return None
+    return PodFailure(reason, message.split("; ", 1)[-1])  # without the old "N of M replicas ready"
+
+
+_FAILING_POD = re.compile(r"pods failing: pod (\S+), container ")
 
 
 def create_failure(events: list[dict[str, Any]], workload: str, now: str) -> PodFailure | None:
@@ -295,8 +329,7 @@ def conditions(
         ready = c(READY, True, "ScaledToZero", "0 replicas requested")
     elif workload.all_ready:
         ready = c(READY, True, "AllReplicasReady", f"all {workload.desired} replicas ready")
-    elif workload.failure:
-        failure = workload.failure
+    elif failure := workload.failure or crash_seen_last(previous, generation, workload):
         message = f"{workload.ready} of {workload.desired} replicas ready; {failure.message}"
         return [
             c(READY, False, failure.reason, message),
