@@ -35,12 +35,17 @@ def test_generate_check_mode_reports_drift(tmp_path: Any) -> None:
     assert subprocess.run(script, capture_output=True, text=True).returncode == 0
     (tmp_path / "manifests" / "install.yaml").write_text("stale\n")
     (tmp_path / "crds" / "m3fleet.dev_minimaxm3deployments.yaml").write_text("stale\n")
+    (tmp_path / "docs" / "reference" / "minimaxm3modelcache.md").unlink()
+    (tmp_path / "charts" / "m3fleet" / "README.md").write_text("stale\n")
     checked = subprocess.run(script, capture_output=True, text=True)
     assert checked.returncode == 1, checked.stderr
-    assert (
-        "stale: manifests/install.yaml" in checked.stderr
-        and "stale: crds/m3fleet.dev_minimaxm3deployments.yaml" in checked.stderr
-    )
+    for path in (
+        "manifests/install.yaml",
+        "crds/m3fleet.dev_minimaxm3deployments.yaml",
+        "docs/reference/minimaxm3modelcache.md",
+        "charts/m3fleet/README.md",
+    ):
+        assert f"stale: {path}\n" in checked.stderr, path
     assert "fix: python3 hack/generate.py" in checked.stderr
     assert (tmp_path / "manifests" / "install.yaml").read_text() == "stale\n"
 
