@@ -1,5 +1,5 @@
 """Benchmark: the operator as users run it (`m3fleet run`, a process of its own), N resources at once,
-against the apiserver emulator and against a real control plane (tests/cluster/bench.py), side by side.
+against the apiserver emulator and against a real control plane (tests/support/cluster/bench.py), side by side.
 
     python3 tests/bench/bench_operator.py [--resources 1000] [--real-resources 300] [--quiet 30]
                                           [--per-namespace 20] [--sample vllm-h200-tp8] [--tier both]
@@ -261,9 +261,9 @@ async def run_benchmark(
 
 def real_tier(resources: int, quiet: float) -> tuple[str, bool]:
     """The same measurement on a real control plane (built by .ci/control-plane.sh), chart installed."""
-    from tests.cluster import bench as real
-    from tests.cluster.cluster import Cluster
-    from tests.cluster.controlplane import ControlPlane, build
+    from tests.support.cluster import bench as real
+    from tests.support.cluster.cluster import Cluster
+    from tests.support.cluster.controlplane import ControlPlane, build
 
     workdir = Path(tempfile.mkdtemp(prefix="m3fleet-bench-"))
     control_plane = ControlPlane(build(), workdir).start()

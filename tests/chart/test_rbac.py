@@ -24,7 +24,7 @@ import pytest
 
 from m3fleet.controller.kube import NODE_LABEL_PREFIXES, POD_ANNOTATIONS, RBAC
 from m3fleet.render.labels import MANAGED_BY
-from tests.chart.support import NAMESPACE, render
+from tests.support.chart import NAMESPACE, render
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "clusterkopfpeerings"}

@@ -19,9 +19,9 @@ from typing import Any
 
 import kubernetes
 import pytest
-from tests.cluster import dra
-from tests.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, Cluster, eventually, fresh_cluster
-from tests.cluster.fleet import condition, delete, hub_cache, pods, renamed, sample, wait_ready, weight_volumes
+from tests.support.cluster import dra
+from tests.support.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, Cluster, eventually, fresh_cluster
+from tests.support.cluster.fleet import condition, delete, hub_cache, pods, renamed, sample, wait_ready, weight_volumes
 
 from m3fleet.api.cache import NODE_LABEL_PREFIX
 from m3fleet.autoscaling.policy import POD_DELETION_COST

@@ -29,10 +29,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from m3fleet.controller import kube
 from m3fleet.render.labels import NAME
-from tests.conftest import SAMPLES_DIR
 from tests.kube.emulator import ApiServerEmulator
 from tests.kube.waiting import eventually
-from tests.ports import free_port
+from tests.support.ports import free_port
+from tests.support.samples import SAMPLES_DIR
 
 NS = "llm"
 M3D = "m3fleet.dev/v1alpha1/minimaxm3deployments"
