@@ -28,6 +28,7 @@ from typing import Any
 from m3fleet import __version__
 from m3fleet.api import parse_resource
 from m3fleet.api.cache import CACHE_KIND, DEFAULT_PATH_PREFIXES, MiniMaxM3ModelCache, node_label_key
+from m3fleet.api.conditions import CacheReason
 from m3fleet.api.parse import parse_cache
 from m3fleet.cache.plan import (
     ACTION_LABEL,
@@ -44,8 +45,10 @@ from m3fleet.cache.plan import (
     JobView,
     NodeView,
     OtherCache,
+    Verdict,
     Work,
     plan_cache,
+    refusal,
     written_path,
 )
 from m3fleet.controller import kube
@@ -246,8 +249,7 @@ class CacheReconciler:
             if deleting:  # its label names no node directory any more: off every node (files: the spec is unreadable)
                 await self._unlabel_all(namespace, name)
                 return await self._release(body)
-            verdicts = [("Ready", "False", "InvalidSpec", str(exc)), ("Degraded", "True", "InvalidSpec", str(exc))]
-            return CacheOutcome(await self._write_status(body, {}, verdicts))
+            return CacheOutcome(await self._write_status(body, {}, refusal(CacheReason.INVALID_SPEC, str(exc))))
         if not deleting and FINALIZER not in (meta.get("finalizers") or []):
             patch = {
                 "metadata": {
@@ -342,8 +344,7 @@ class CacheReconciler:
                 log.warning("%s/%s: %s", namespace, name, message)
             return released
         status = {**work.status, "nodes": work.nodes}
-        verdicts = [(v.type, v.status, v.reason, v.message) for v in work.conditions]
-        return CacheOutcome(await self._write_status(body, status, verdicts), work.requeue_after)
+        return CacheOutcome(await self._write_status(body, status, work.conditions), work.requeue_after)
 
     async def _apply(
         self, cache: MiniMaxM3ModelCache, work: Work, namespace: str, daemonsets: list[dict[str, Any]]
@@ -410,7 +411,7 @@ class CacheReconciler:
         return CacheOutcome(gone=True)
 
     async def _write_status(
-        self, body: Mapping[str, Any], fields: dict[str, Any], verdicts: list[tuple[str, str, str, str]]
+        self, body: Mapping[str, Any], fields: dict[str, Any], verdicts: list[Verdict]
     ) -> dict[str, Any] | None:
         meta = body["metadata"]
         current = dict(body.get("status") or {})
@@ -420,7 +421,9 @@ class CacheReconciler:
         new = {
             "observedGeneration": generation,
             **fields,
-            "conditions": [condition(previous, t, s, r, m, generation, now) for t, s, r, m in verdicts],
+            "conditions": [
+                condition(previous, v.type, v.status, v.reason, v.message, generation, now) for v in verdicts
+            ],
         }
         if all(current.get(k) == v for k, v in new.items()):
             return None

@@ -22,6 +22,7 @@ import kubernetes
 import urllib3
 
 from m3fleet.api.cache import NODE_LABEL_PREFIX
+from m3fleet.api.conditions import DeploymentReason
 from m3fleet.autoscaling.policy import POD_DELETION_COST
 
 FIELD_MANAGER = "m3fleet-operator"
@@ -186,7 +187,8 @@ CLUSTER_SCOPED: frozenset[tuple[str, str]] = frozenset(
         ("", "nodes"),
     }
 )
-SECRETS_REFUSED = "SecretsForbidden"  # the condition reason when a feature needs Secrets where none are granted
+# The condition's and the Event's reason when a feature needs Secrets where none are granted.
+SECRETS_REFUSED = DeploymentReason.SECRETS_FORBIDDEN
 SECRETS_RETRY_SECONDS = 30.0  # a Role granted later sends no event: look again this often
 
 

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from m3fleet.api import parse_resource
+from m3fleet.api.conditions import READY, DeploymentReason
 from m3fleet.api.models import MiniMaxM3Deployment, Plan
 from m3fleet.api.parse import parse_cache
 from m3fleet.autoscaling.policy import replicas_to_apply
@@ -34,7 +35,6 @@ from m3fleet.controller.events import Events, KopfEvents
 from m3fleet.controller.kube import ApiError, Kind, KubeApi
 from m3fleet.controller.secrets import ssh_key_secret
 from m3fleet.controller.status import (
-    READY,
     Blocked,
     Workload,
     cache_not_ready,
@@ -46,7 +46,7 @@ from m3fleet.controller.status import (
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import cache_mount, labels, render, replacement_notice, required_secrets, set_owner
-from m3fleet.render.ownership import CONFLICT_REASON, NameConflict, conflict, conflict_message, controlled_by
+from m3fleet.render.ownership import NameConflict, conflict, conflict_message, controlled_by
 
 Key = tuple[str, str, str]  # apiVersion, kind, name
 REJECTED = (400, 403, 404, 422)  # the API server refuses our intent (not a transient failure)
@@ -54,7 +54,7 @@ SERVED_TTL_SECONDS = 30.0
 WORKLOAD_KINDS = frozenset({kube.DEPLOYMENT.kind, kube.LEADER_WORKER_SET.kind})
 CONFLICT_RETRY_SECONDS = 10.0  # a name held by a foreign object is looked at again this often (it sends no event)
 PODS_MISSING_RETRY_SECONDS = 30.0  # while a rollout lacks pods: a refusal to create them is only an Event
-FAILED_CREATE_EVENTS = "reason=FailedCreate"
+FAILED_CREATE_EVENTS = f"reason={DeploymentReason.FAILED_CREATE}"
 
 log = logging.getLogger("m3fleet.reconcile")
 
@@ -107,12 +107,12 @@ class Outcome:
 
 MISSING_API = {
     kube.LEADER_WORKER_SET.kind: (
-        "LeaderWorkerSetNotInstalled",
+        DeploymentReason.LEADER_WORKER_SET_NOT_INSTALLED,
         "a replica spans {nodes} nodes and needs the LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1), which this "
         "cluster does not serve: install LeaderWorkerSet v0.9 or newer, or plan a replica that fits one node",
     ),
     kube.COMPUTE_DOMAIN.kind: (
-        "ComputeDomainNotInstalled",
+        DeploymentReason.COMPUTE_DOMAIN_NOT_INSTALLED,
         "multi-node GB200 replicas need the NVIDIA DRA driver's ComputeDomain API (resource.nvidia.com/v1beta1), "
         "which this cluster does not serve: install the NVIDIA DRA driver for GPUs with ComputeDomain support",
     ),
@@ -173,9 +173,8 @@ class Reconciler:
             objects = render(resource, plan, replicas_to_apply(resource.spec, status), mount)
         except (SpecError, SpecErrors) as exc:
             no_cache = isinstance(exc, SpecError) and exc.field == "spec.model.cacheRef.name"
-            return await self._blocked(
-                body, outcome, Blocked("ModelCacheNotFound" if no_cache else "InvalidSpec", str(exc)), None
-            )
+            why = DeploymentReason.MODEL_CACHE_NOT_FOUND if no_cache else DeploymentReason.INVALID_SPEC
+            return await self._blocked(body, outcome, Blocked(why, str(exc)), None)
         served = await self._served_kinds()
         unserved = missing_api(objects, served, plan.nodes_per_replica)
         if unserved is not None:  # installing the API sends us no event: look again once discovery is asked again
@@ -199,10 +198,12 @@ class Reconciler:
         except SecretsForbidden:  # not granted in this namespace (the chart's default): say how, look again later
             outcome.retry_after = kube.SECRETS_RETRY_SECONDS
             message = kube.secrets_refused(namespace, "the TensorRT-LLM multi-node SSH key")
-            return await self._blocked(body, outcome, Blocked(kube.SECRETS_REFUSED, message), plan)
+            return await self._blocked(body, outcome, Blocked(DeploymentReason.SECRETS_FORBIDDEN, message), plan)
         if conflicts:  # a name we would take is held by an object we do not control: touch nothing
             outcome.retry_after = CONFLICT_RETRY_SECONDS
-            return await self._blocked(body, outcome, Blocked(CONFLICT_REASON, conflict_message(conflicts)), plan)
+            return await self._blocked(
+                body, outcome, Blocked(DeploymentReason.NAME_CONFLICT, conflict_message(conflicts)), plan
+            )
         try:
             secrets = await self._generated_secrets(resource, plan, owner, outcome, present)
             await self._apply_and_prune([owned(obj, owner) for obj in objects], live, agreed, outcome, (namespace, uid))
@@ -211,7 +212,7 @@ class Reconciler:
             await self._prune_secrets(namespace, uid, secrets, status, outcome)
         except ApiError as exc:
             if exc.status in REJECTED:  # the cluster refuses our intent: say so, then retry like any failure
-                blocked = Blocked("ApplyFailed", f"the API server rejected a child: {exc}")
+                blocked = Blocked(DeploymentReason.APPLY_FAILED, f"the API server rejected a child: {exc}")
                 await self._blocked(body, outcome, blocked, plan)
             raise
         finally:  # what was done is said, also when a later step failed
