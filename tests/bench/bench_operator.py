@@ -123,7 +123,7 @@ class BenchResult:
     quiet_seconds: float
     quiet_traffic: collections.Counter[str]
     operator_peak_rss_mib: float
-    rbac_violations: list[str] = dataclasses.field(default_factory=list)  # requests outside kube.RBAC
+    rbac_violations: list[str] = dataclasses.field(default_factory=list)  # requests outside permissions.RBAC
 
     @property
     def operator_writes(self) -> int:
@@ -163,7 +163,7 @@ class BenchResult:
             (f"requests in {self.quiet_seconds:.0f} s at rest (writes and reads)", f"{self.quiet_requests}"),
             *((f"  quiet {k}", f"{v}") for k, v in sorted(self.quiet_traffic.items())),
             ("operator peak RSS", f"{self.operator_peak_rss_mib:.0f} MiB"),
-            ("requests outside kube.RBAC", f"{len(self.rbac_violations)}"),
+            ("requests outside permissions.RBAC", f"{len(self.rbac_violations)}"),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v:>10}" for k, v in rows)
