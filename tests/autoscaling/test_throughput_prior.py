@@ -11,13 +11,13 @@ import yaml
 
 from m3fleet.api import parse_resource
 from m3fleet.api.models import EngineName
-from m3fleet.autoscaling.calibration import calibrate
-from m3fleet.autoscaling.simulator import PerfModel
 from m3fleet.bench import job as bench_job
 from m3fleet.bench import results
 from m3fleet.cli import main
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
+from m3fleet_simulator.calibration import calibrate
+from m3fleet_simulator.fleet import PerfModel
 from tests.conftest import SAMPLES_DIR, load_sample
 
 FIXTURES = Path(__file__).resolve().parent.parent / "bench" / "fixtures"
