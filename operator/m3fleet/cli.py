@@ -183,9 +183,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_release_caches(args: argparse.Namespace) -> int:
     import asyncio
 
-    from m3fleet.controller.kube import ApiError, KubeApi, NoAnswer
     from m3fleet.controller.run import api_client, current_namespace
     from m3fleet.controller.uninstall import ReleaseError, release
+    from m3fleet.kubeapi import ApiError, KubeApi, NoAnswer
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     scope = None if args.all_namespaces else (args.namespace or current_namespace())

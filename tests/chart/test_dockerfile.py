@@ -12,7 +12,7 @@ import json
 import shlex
 
 from m3fleet.cli import build_parser
-from tests.chart.support import ROOT
+from tests.support.chart import ROOT
 
 DOCKERFILE = ROOT / "operator" / "Dockerfile"
 

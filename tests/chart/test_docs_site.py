@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.chart.support import ROOT
+from tests.support.chart import ROOT
 
 REPOSITORY_FILES = "https://github.com/m3fleet/m3fleet/blob/main/"
 OUTSIDE_THE_SITE = [ROOT / "README.md", ROOT / "tests" / "README.md", ROOT / "tests/bench/autoscaling/RESULTS.md"]

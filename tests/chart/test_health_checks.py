@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from m3fleet.controller.status import Blocked, PodFailure, Workload, conditions
-from tests.chart.support import KUBECTL, ROOT, generate
+from tests.support.chart import KUBECTL, ROOT, generate
 
 LUA = ROOT / "manifests" / "gitops" / "argocd" / "health.lua"
 FLUX = ROOT / "manifests" / "gitops" / "flux" / "m3fleet.yaml"

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from m3fleet.cli import build_parser, main
-from tests.chart.support import CHART, KUBECTL, ROOT, by_kind, generate, one, render, validate_any
+from tests.support.chart import CHART, KUBECTL, ROOT, by_kind, generate, one, render, validate_any
 
 START = "<!-- m3fleet:install-and-operate:start"
 END = "<!-- m3fleet:install-and-operate:end -->"
@@ -411,7 +411,7 @@ def test_bench_dry_run_prints_the_job() -> None:
 
 
 def test_simulate_with_a_measured_throughput(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.autoscaling.test_throughput_prior import measured_from_fixture
+    from tests.support.bench_results import measured_from_fixture
 
     (tmp_path / "result.json").write_text(json.dumps(measured_from_fixture().to_document()))
     monkeypatch.chdir(tmp_path)

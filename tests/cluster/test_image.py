@@ -1,7 +1,7 @@
 """The operator image (hack/build-image.sh, operator/Dockerfile) runs the chart's container on the real tier.
 
 The container is the one the chart's Deployment declares — its args, env and volume mounts, read back from the
-cluster after `helm install` — run from the image's root filesystem as a kubelet would (tests/cluster/image.py):
+cluster after `helm install` — run from the image's root filesystem as a kubelet would (tests/support/cluster/image.py):
 read-only root, uid 65532 with no passwd entry and no home, the ServiceAccount token and CA at the in-cluster path
 with KUBERNETES_SERVICE_HOST/PORT, no kubeconfig. Only the ports move to free loopback ports (the host's network is
 shared) and POD_ID (a fieldRef, set by a kubelet) stays unset: the image crashed at start without it until the peer
@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, RELEASE, REPO, Cluster, eventually
-from tests.cluster.fleet import delete, renamed, sample, wait_ready, weight_volumes, write_manifest
-from tests.cluster.image import SERVICE_ACCOUNT_DIR, Image, build_image, unpacked
-from tests.ports import free_port
+from tests.support.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, RELEASE, REPO, Cluster, eventually
+from tests.support.cluster.fleet import delete, renamed, sample, wait_ready, weight_volumes, write_manifest
+from tests.support.cluster.image import SERVICE_ACCOUNT_DIR, Image, build_image, unpacked
+from tests.support.ports import free_port
 
 NAMESPACE = "image"
 IMAGE_UID = 65532

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.cluster import dra
-from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import delete, pods, renamed, sample, wait_ready, weight_volumes
-from tests.cluster.nodes import RDMA_RESOURCE
+from tests.support.cluster import dra
+from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import delete, pods, renamed, sample, wait_ready, weight_volumes
+from tests.support.cluster.nodes import RDMA_RESOURCE
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 LEVEL = "m3fleet.dev/pod-security-level"

@@ -1,7 +1,7 @@
 """How close the policy's learned prefill throughput comes to the simulator's truth.
 
 The policy learns each replica's prefill speed online from the engines' counters and histograms
-(`policy._learned_prefill`) and plans the prefill term with it. The policy never sees the truth; the
+(`policy.capacity.learned_prefill`) and plans the prefill term with it. The policy never sees the truth; the
 benchmark does: the time model's unloaded prefill seconds of the long prompts that really arrived. This
 module records the learned value the policy keeps while long prompts arrive and sets it against that truth,
 per seed, so an estimator's bias is a printed figure rather than a guess.

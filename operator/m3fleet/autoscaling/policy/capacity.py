@@ -1,0 +1,128 @@
+"""The supply side: the KV capacity the policy plans with (the plan's, checked against what the engines report) and
+the prefill throughput (the prior, or what the engines' own counters taught)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from m3fleet.autoscaling.policy.config import PolicyConfig
+from m3fleet.autoscaling.policy.estimates import median, positive_ratio
+from m3fleet.autoscaling.policy.state import PolicyState
+from m3fleet.autoscaling.signals import ReplicaSignals
+from m3fleet.text import tokens as format_tokens
+
+LEARNING_SECONDS: Final = 3600.0  # each tick forgets elapsed/this of the learned bound; a longer gap all of it
+LEARNED_AFTER: Final = 3  # saturated observations before the learned throughput replaces the prior
+LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prior x 4]
+# The engines observe a request's prompt length when it finishes, its TTFT at its first token: once a burst of long
+# prompts ends, the prompt histogram still fills with its long requests finishing while the TTFTs are chat's.
+# A finished mean this many times the mean prompt of the requests that reached a first token (the prompt-token
+# and first-token counters) says the two histograms saw different requests: the replica teaches nothing then.
+FINISHED_PROMPT_SKEW: Final = 2.0
+
+
+@dataclass(frozen=True)
+class Capacity:
+    replica: float  # KV tokens per replica the policy plans with
+    rank: float  # KV tokens per KV pool (DP rank, or the TP group)
+    status: dict[str, Any]
+    warning: str | None
+
+
+def checked_capacity(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> Capacity:
+    """The engines' reported capacity where it agrees with the plan within `capacity_margin`; otherwise the
+    smaller of the two, and a warning (a mis-combined per-rank series or an engine configured unlike the
+    plan must not silently size the fleet)."""
+    plan_cap, plan_rank = config.kv_tokens_per_replica, config.kv_tokens_per_rank
+    status: dict[str, Any] = {"planTokensPerReplica": round(plan_cap), "planTokensPerRank": round(plan_rank)}
+    reported = [r.kv_capacity_tokens for r in fresh if r.kv_capacity_tokens]
+    if not reported:
+        return Capacity(plan_cap, plan_rank, {**status, "source": "plan"}, None)
+    seen = median(reported)
+    ranks = [r.kv_capacity_tokens_per_rank for r in fresh if r.kv_capacity_tokens_per_rank]
+    seen_rank = median(ranks) if ranks else plan_rank * seen / plan_cap
+    ratio, rank_ratio = seen / plan_cap, seen_rank / plan_rank
+    status.update(reportedTokensPerReplica=round(seen), reportedTokensPerRank=round(seen_rank), ratio=round(ratio, 3))
+    margin = config.capacity_margin
+    if abs(ratio - 1.0) <= margin and abs(rank_ratio - 1.0) <= margin:
+        return Capacity(seen, seen_rank, {**status, "source": "engines", "mismatch": False}, None)
+    message = (
+        f"engines report {format_tokens(seen)} KV tokens per replica ({format_tokens(seen_rank)} per rank), "
+        f"{ratio:.2f}x the plan's {format_tokens(plan_cap)} ({format_tokens(plan_rank)} per rank), "
+        f"more than {margin:.0%} apart: planning with the smaller; "
+        "check the engine's memory and KV-dtype flags against the plan, and the metrics' labels"
+    )
+    return Capacity(
+        min(seen, plan_cap),
+        min(seen_rank, plan_rank),
+        {**status, "source": "smaller of plan and engines", "mismatch": True, "message": message},
+        message,
+    )
+
+
+def learned_prefill(
+    config: PolicyConfig, state: PolicyState, fresh: Sequence[ReplicaSignals], elapsed: float | None
+) -> tuple[float, float | None, int, dict[str, Any]]:
+    """(throughput to plan with, learned value to keep, samples, status).
+
+    Learned from the engines' own counters and histograms, on replicas serving long prompts (for chat, the first
+    decode step and scheduling dominate TTFT). Two lower bounds of a replica's prefill throughput: the prompt tokens
+    it prefilled per second (it cannot go faster; tight when it is busy), and mean prompt / mean (TTFT - queue time)
+    (a request's prefill alone is at least its prompt over the throughput; the engines prefill one prompt at a time,
+    after its queue time, so only decode steps sharing its iterations slow it; a replica whose finished requests are
+    far longer than those reaching a first token is skipped, FINISHED_PROMPT_SKEW). Their best over replicas is kept
+    and lifts a pessimistic prior. It is forgotten as time passes, whether or not long prompts arrive (a new image
+    or shape may be slower): each tick keeps 1 - elapsed/LEARNING_SECONDS of it, so yesterday's bound, kept in
+    status overnight, is gone at today's first tick and the prior stands again until LEARNED_AFTER new observations.
+    It also caps an optimistic prior: that is used at most up to the busy bound, or `learn_slack` x the idle bound
+    (a loaded replica's TTFT understates its speed). Clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP]; nothing
+    changes before LEARNED_AFTER observations."""
+    prior = config.prefill_tokens_per_second
+    learned, samples = state.prefill_rate, state.prefill_samples
+    cap: float | None = None
+
+    def clamp(value: float) -> float:
+        return min(LEARN_CLAMP * prior, max(prior / LEARN_CLAMP, value))
+
+    if learned is not None and elapsed is not None:
+        learned *= 1.0 - min(1.0, elapsed / LEARNING_SECONDS)
+        if learned <= 0.0:
+            learned, samples = None, 0
+    if config.learn_prefill:
+        floors, caps = [], []
+        for r in fresh:
+            p, t, q = r.prompt_tokens, r.ttft_seconds, r.queue_seconds
+            if p is None or t is None or p.count < 3 or t.count < 3:
+                continue
+            mean_prompt = p.total / p.count
+            if mean_prompt < config.long_prompt_tokens:
+                continue
+            first_token_prompt = positive_ratio(r.prompt_tokens_rate or 0.0, r.first_token_rate or 0.0)
+            if first_token_prompt is not None and mean_prompt > FINISHED_PROMPT_SKEW * first_token_prompt:
+                continue  # long requests finishing after a burst, divided by chat's TTFTs, would overstate the speed
+            if q is None and (r.waiting or 0.0) > 0:
+                continue  # no queue-time histogram and a queue now: the window holds the backlog's waits
+            waited = q.total / q.count if q is not None and q.count > 0 else 0.0
+            prefill = t.total / t.count - waited
+            if prefill <= 0:
+                continue
+            idle, busy = mean_prompt / prefill, r.prompt_tokens_rate or 0.0
+            floors.append(max(idle, busy))
+            caps.append(max(config.learn_slack * idle, busy))
+        if floors:
+            observed = clamp(max(floors))
+            learned = observed if learned is None else max(observed, learned)
+            cap = clamp(max(caps))
+            samples += 1
+    used = prior
+    if learned is not None and samples >= LEARNED_AFTER:
+        used = max(min(prior, cap if cap is not None else prior), learned)
+    status = {
+        "priorTokensPerSecond": round(prior),
+        "learnedTokensPerSecond": None if learned is None else round(learned),
+        "samples": samples,
+        "source": "prior" if used == prior else "learned",
+    }
+    return used, learned, samples, status

@@ -1,0 +1,106 @@
+"""Floors under the recommendation: the forecast from the resource's own history, and the cold-start hold for
+bursts that recur."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from m3fleet.autoscaling.forecast import Bounds, Forecast, forecast_floor
+from m3fleet.autoscaling.policy.config import PolicyConfig
+from m3fleet.autoscaling.policy.demand import Terms
+from m3fleet.autoscaling.policy.hpa import recommend
+from m3fleet.autoscaling.policy.state import BurstRecord, PolicyState
+from m3fleet.autoscaling.signals import MetricsSnapshot
+
+
+@dataclass(frozen=True)
+class Floors:
+    """The recommendation after the floors under it: the forecast from the resource's own history and the
+    cold-start hold for bursts that recur."""
+
+    recommendation: int
+    forecast: Forecast | None
+    bursts: tuple[BurstRecord, ...]
+    burst_floor: int
+    bounds: Bounds
+
+
+def with_floors(
+    config: PolicyConfig,
+    state: PolicyState,
+    snapshot: MetricsSnapshot,
+    terms: Terms,
+    bounds: Bounds,
+    current: int,
+    when: tuple[float, float, float],
+    notes: list[str],
+) -> Floors:
+    """`when`: now, the horizon and the time-to-ready. Says in `notes` which floor raised the recommendation."""
+    now, horizon, time_to_ready = when
+
+    def clamp(n: int) -> int:
+        return max(bounds.min_replicas, min(bounds.max_replicas, n))
+
+    recommendation = clamp(recommend(terms.need, current, config.tolerance))
+    # A burst is recorded with what it needed, not with the forecast floor under it: a chat blip at a floor of 6
+    # paired with the burst that followed would hold 6 replicas a whole hold window after the floor fell.
+    needed = recommendation
+    forecast = forecast_floor(snapshot.demand_history, config.tolerance) if config.forecast else None
+    if forecast is not None:
+        terms.values["forecastReplicas"] = float(forecast.replicas)
+        if forecast.replicas > recommendation:
+            recommendation = clamp(forecast.replicas)
+            notes.append(f"forecast floor {recommendation}: {forecast.reason}")
+    hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
+    # A burst's need is recorded from a rate window after its start (within the horizon, which can be short).
+    lasting = min(snapshot.window_seconds, horizon / 2)
+    chat = terms.prompt_tokens < config.long_prompt_tokens
+    bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, hold_window, lasting, chat)
+    floor, why = _burst_floor(bursts, now, hold_window) if config.burst_hold else (0, "")
+    terms.values["burstHoldReplicas"] = float(floor)
+    if floor > recommendation:
+        recommendation = clamp(floor)
+        notes.append(f"holding {recommendation} replicas: {why} (cold-start hold)")
+    return Floors(recommendation, forecast, bursts, floor, bounds)
+
+
+def _record_burst(
+    bursts: tuple[BurstRecord, ...],
+    now: float,
+    burst: bool,
+    needed: int,
+    horizon: float,
+    window: float,
+    lasting: float,
+    chat: bool,
+) -> tuple[BurstRecord, ...]:
+    """The last two bursts as (start, replicas the need recommended from `lasting` after it until one horizon
+    after it, whether the prompt estimate said chat throughout that horizon); a burst detected within the horizon
+    of the previous one is the same burst. What a burst needs in its first `lasting` seconds is not recorded: a
+    lone long prompt looks like a burst's start for a tick or two, is served within a rate window and leaves
+    nothing to hold, while a burst still needs its replicas then. Dropped once two windows old (too old to pair
+    with a new one)."""
+    kept = [b for b in bursts if now - b[0] <= 2 * window]
+    if kept and now - kept[-1][0] <= horizon:
+        start, most, was_chat = kept[-1]
+        kept[-1] = (start, max(most, needed) if now - start >= lasting else most, was_chat and chat)
+    elif burst:
+        kept.append((now, 0, chat))
+    return tuple(kept[-2:])
+
+
+def _burst_floor(bursts: tuple[BurstRecord, ...], now: float, window: float) -> tuple[int, str]:
+    """(replicas to hold, why) while the last burst is within `window` of now. Of two bursts within `window`
+    of each other, what both needed: demand that recurs faster than it pays to release and cold-start again.
+    Of a chat burst (a jump in requests, not in their length), what it needed even the first time: such bursts
+    last minutes, shorter than a cold start, so the replicas one orders are ready when it has passed, and only
+    replicas kept from it serve the next (`bursty`: the second burst of a seed came ten seconds after the
+    window had released the first one's replica). A long-context burst lasts long enough to be served by the
+    replicas it orders; once its long prompts stop, they leave."""
+    if not bursts or now - bursts[-1][0] > window:
+        return 0, ""
+    _, n1, chat = bursts[-1]
+    recurring = min(bursts[0][1], n1) if len(bursts) == 2 and bursts[1][0] - bursts[0][0] <= window else 0
+    if chat and n1 > recurring:
+        return n1, f"a burst of chat came {now - bursts[-1][0]:.0f}s ago and may recur within {window:.0f}s"
+    return recurring, f"bursts recurred within {window:.0f}s" if recurring else ""

@@ -1,0 +1,83 @@
+"""What the policy keeps between ticks (`PolicyState`): small, JSON-serializable, and tolerant of a malformed
+annotation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# A recorded burst: (start, replicas the need recommended for it, whether its prompts stayed chat-sized).
+BurstRecord = tuple[float, int, bool]
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """Stabilization history, panic deadline, the arrival estimates, recent bursts; small and JSON-serializable."""
+
+    history: tuple[tuple[float, int], ...] = ()  # (time, recommendation), only entries a window can use
+    panic_until: float | None = None
+    last_time: float | None = None
+    in_flight: tuple[tuple[float, float], ...] = ()  # (time, running + waiting) over the last rate window
+    request_rate: float | None = None  # arriving requests/s, smoothed
+    prompt_tokens: float | None = None  # mean prompt length of arriving requests, smoothed
+    bursts: tuple[BurstRecord, ...] = ()  # the last two bursts (see `_record_burst`)
+    prefill_rate: float | None = None  # learned prompt tokens/s one replica prefills (saturated)
+    prefill_samples: int = 0  # saturated observations behind it
+    burst_ended: float | None = None  # when long prompts last stopped arriving (None once a burst came since)
+    bytes_per_token: float | None = None  # measured gateway request bytes per prompt token (spec.autoscaling.gateway)
+    gateway_jump: float | None = None  # when the gateway's arrivals last jumped (a burst's start)
+    gateway_since: float | None = None  # since when the gateway's series have answered (None: they do not)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "history": [[t, n] for t, n in self.history],
+            "panicUntil": self.panic_until,
+            "lastTime": self.last_time,
+            "inFlight": [[t, n] for t, n in self.in_flight],
+            "requestRate": self.request_rate,
+            "promptTokens": self.prompt_tokens,
+            "bursts": [[t, n, chat] for t, n, chat in self.bursts],
+            "prefillRate": self.prefill_rate,
+            "prefillSamples": self.prefill_samples,
+            "burstEnded": self.burst_ended,
+            "bytesPerToken": self.bytes_per_token,
+            "gatewayJump": self.gateway_jump,
+            "gatewaySince": self.gateway_since,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> PolicyState:
+        """Tolerant: anything malformed (a hand-edited annotation, an old format) starts afresh."""
+        if not isinstance(data, Mapping):
+            return cls()
+        try:
+            history = tuple((float(t), int(n)) for t, n in data.get("history") or ())
+            bursts = tuple(_burst_record(b) for b in data.get("bursts") or ())
+            return cls(
+                history=history,
+                panic_until=_opt_float(data.get("panicUntil")),
+                last_time=_opt_float(data.get("lastTime")),
+                in_flight=tuple((float(t), float(n)) for t, n in data.get("inFlight") or ()),
+                request_rate=_opt_float(data.get("requestRate")),
+                prompt_tokens=_opt_float(data.get("promptTokens")),
+                bursts=bursts,
+                prefill_rate=_opt_float(data.get("prefillRate")),
+                prefill_samples=int(data.get("prefillSamples") or 0),
+                burst_ended=_opt_float(data.get("burstEnded")),
+                bytes_per_token=_opt_float(data.get("bytesPerToken")),
+                gateway_jump=_opt_float(data.get("gatewayJump")),
+                gateway_since=_opt_float(data.get("gatewaySince")),
+            )
+        except (TypeError, ValueError):
+            return cls()
+
+
+def _burst_record(data: Sequence[Any]) -> BurstRecord:
+    """[start, replicas, chat]; a record from before the chat flag ([start, replicas]) is no chat burst."""
+    start, replicas, *chat = data
+    return float(start), int(replicas), bool(chat and chat[0] is True)
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
