@@ -173,7 +173,7 @@ def test_flux_health_check_exprs(case: str) -> None:
 
 
 def test_argocd_patch_carries_the_script(tmp_path: Path) -> None:
-    """The README's `kubectl patch configmap argocd-cm --patch-file ...`, offline (--local)."""
+    """docs/install.md's `kubectl patch configmap argocd-cm --patch-file ...`, offline (--local)."""
     argocd_cm = tmp_path / "argocd-cm.yaml"
     argocd_cm.write_text(
         yaml.safe_dump(

@@ -12,6 +12,7 @@ planner refuses through the chart's webhook, and serves /metrics with the fleet'
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 import urllib.parse
 import urllib.request
@@ -44,6 +45,25 @@ def test_the_image_says_what_it_is_and_runs_as_65532(image: Image) -> None:
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", labels["org.opencontainers.image.revision"]), labels
     assert image.config["User"] == f"{IMAGE_UID}:{IMAGE_UID}"
     assert image.config["Entrypoint"] == ["m3fleet"] and image.config["Cmd"] == ["run", "--all-namespaces"]
+
+
+def test_the_image_carries_no_simulator_and_says_how_to_get_one(image: Image) -> None:
+    """The autoscaling simulator is a distribution of its own (simulator/, `m3fleet[simulate]`): the operator's image
+    has neither its package nor the modules it once was, and its `m3fleet simulate` says so in one line, exit 2."""
+    site_packages = sorted(image.rootfs.glob("opt/m3fleet/lib/python3*/site-packages"))
+    assert site_packages, "the image has no /opt/m3fleet venv"
+    assert (site_packages[0] / "m3fleet" / "autoscaling" / "policy.py").is_file()  # the policy ships: it scales
+    carried = [
+        str(path.relative_to(image.rootfs))
+        for pattern in ("m3fleet_simulator*", "m3fleet*simulator*", "m3fleet/autoscaling/simulat*.py")
+        for path in site_packages[0].glob(pattern)
+    ]
+    assert not carried, carried
+    result = subprocess.run(
+        image.command(["simulate", "--scenario", "steady-chat"], {}, {}), capture_output=True, text=True, timeout=120
+    )
+    assert (result.returncode, result.stdout) == (2, ""), (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1 and "pip install 'm3fleet[simulate]'" in result.stderr, result.stderr
 
 
 def chart_container(cluster: Cluster) -> tuple[dict[str, Any], dict[str, Any]]:

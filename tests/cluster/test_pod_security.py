@@ -1,7 +1,7 @@
 """Pod Security admission and the engine NetworkPolicy on the real control plane.
 
-Each engine pod's documented level (the workload's m3fleet.dev/pod-security-level annotation, the README table) is
-proven with the apiserver's own PodSecurity admission: in a namespace labelled
+Each engine pod's documented level (the workload's m3fleet.dev/pod-security-level annotation, the table in
+docs/security.md) is proven with the apiserver's own PodSecurity admission: in a namespace labelled
 `pod-security.kubernetes.io/enforce=<level>` the real ReplicaSet / LeaderWorkerSet controllers create the pods and
 the resource becomes Ready; in a namespace one level stricter the controllers' pod creations are refused (their
 FailedCreate events say `violates PodSecurity`, and so do the resource's Ready and Degraded conditions). NVIDIA

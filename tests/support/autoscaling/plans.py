@@ -8,8 +8,8 @@ from functools import cache
 from m3fleet.api.models import Plan
 from m3fleet.api.parse import parse_resource
 from m3fleet.autoscaling.policy import PolicyConfig
-from m3fleet.autoscaling.simulate import DEFAULT_RESOURCE
 from m3fleet.planner import plan
+from m3fleet_simulator.whatif import DEFAULT_RESOURCE
 
 
 @cache

@@ -16,8 +16,8 @@ from collections.abc import Collection
 from dataclasses import replace
 
 from m3fleet.api.models import Plan
-from m3fleet.autoscaling.scenarios import SCENARIOS, Request
-from m3fleet.autoscaling.simulator import PerfModel, PolicyResult, Scrape, SimSettings, Simulation
+from m3fleet_simulator.fleet import PerfModel, PolicyResult, Scrape, SimSettings, Simulation
+from m3fleet_simulator.scenarios import SCENARIOS, Request
 from tests.support.autoscaling.prom import Reading
 
 BURST = "long-context burst"  # the label of a scenario's long-prompt phase

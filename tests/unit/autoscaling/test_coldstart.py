@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from m3fleet.autoscaling.coldstart import SOURCES, ColdStartModel
-from m3fleet.autoscaling.simulate import parameters, prepare
+from m3fleet_simulator.coldstart import SOURCES, ColdStartModel
+from m3fleet_simulator.whatif import parameters, prepare
 from tests.support.autoscaling.plans import sample_plan
 
 

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 
 from m3fleet.api import parse_resource
-from m3fleet.autoscaling import simulate as sim
-from m3fleet.autoscaling.scenarios import Mixture, Request
 from m3fleet.autoscaling.signals import FleetState, GatewaySignals, MetricsSnapshot
-from m3fleet.autoscaling.simulator import PerfModel, Simulation
+from m3fleet_simulator import whatif as sim
+from m3fleet_simulator.fleet import PerfModel, Simulation
+from m3fleet_simulator.scenarios import Mixture, Request
 from tests.bench.autoscaling import learning as bench_learning
 from tests.bench.autoscaling import oracle as bench_oracle
 from tests.bench.autoscaling import report as bench_report

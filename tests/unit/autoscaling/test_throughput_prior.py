@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from m3fleet.api import parse_resource
-from m3fleet.autoscaling.calibration import calibrate
-from m3fleet.autoscaling.simulator import PerfModel
 from m3fleet.bench import results
 from m3fleet.cli import main
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
+from m3fleet_simulator.calibration import calibrate
+from m3fleet_simulator.fleet import PerfModel
 from tests.support.bench_results import SAMPLE, measured, measured_from_fixture, run
 from tests.support.samples import SAMPLES_DIR, load_sample
 

@@ -21,13 +21,15 @@ from typing import Any, Final
 
 from m3fleet.api.models import MiniMaxM3Deployment, Plan, Variant
 from m3fleet.api.parse import parse_resource
-from m3fleet.autoscaling.calibration import calibrate
-from m3fleet.autoscaling.coldstart import ColdStartModel
 from m3fleet.autoscaling.forecast import DAY, DemandRecord, bucket_seconds, record_demand
 from m3fleet.autoscaling.policy import DEFAULT_SCALE_DOWN_PER_STEP, PolicyConfig, PolicyState, decide
-from m3fleet.autoscaling.scenarios import SCENARIOS, Request, Scenario, describe_phases
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
-from m3fleet.autoscaling.simulator import (
+from m3fleet.bench.results import BenchResult
+from m3fleet.catalog import VARIANTS
+from m3fleet.planner import plan as make_plan
+from m3fleet_simulator.calibration import calibrate
+from m3fleet_simulator.coldstart import ColdStartModel
+from m3fleet_simulator.fleet import (
     SLO_ITL_FACTOR,
     SLO_TTFT_FACTOR,
     SLO_TTFT_SLACK,
@@ -41,9 +43,7 @@ from m3fleet.autoscaling.simulator import (
     cold_start_range,
     scenario_duration,
 )
-from m3fleet.bench.results import BenchResult
-from m3fleet.catalog import VARIANTS
-from m3fleet.planner import plan as make_plan
+from m3fleet_simulator.scenarios import SCENARIOS, Request, Scenario, describe_phases
 
 # manifests/samples/vllm-h200-tp8.yaml, the default resource.
 DEFAULT_RESOURCE: Final[dict[str, Any]] = {

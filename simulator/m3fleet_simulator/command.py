@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from m3fleet.autoscaling.scenarios import SCENARIOS
 from m3fleet.documents import InputError, one_deployment, parse_one
 from m3fleet.exitcodes import EXIT_INVALID, EXIT_OK
+from m3fleet_simulator.scenarios import SCENARIOS
 
 MAX_SEEDS = 1000  # one run takes seconds to minutes: more is a typo, not a study
 
@@ -77,7 +77,7 @@ def _invalid(message: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from m3fleet.api.parse import parse_resource
-    from m3fleet.autoscaling.simulate import prepare, run_report
+    from m3fleet_simulator.whatif import prepare, run_report
 
     if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
         return _invalid(f"--minutes: {args.minutes:g} is not positive; fix: give a duration in minutes, e.g. 20")

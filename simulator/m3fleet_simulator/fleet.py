@@ -44,7 +44,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, TypeVar
 
 from m3fleet.api.models import Plan
-from m3fleet.autoscaling.scenarios import Request, Scenario
 from m3fleet.autoscaling.signals import (
     HISTOGRAM_WINDOW_SECONDS,
     RATE_WINDOW_SECONDS,
@@ -58,6 +57,7 @@ from m3fleet.autoscaling.signals import (
     quantile,
 )
 from m3fleet.engines.base import IN_FLIGHT_DEADLINE_SECONDS
+from m3fleet_simulator.scenarios import Request, Scenario
 
 # Relative speed per accelerator vs H200 (UNVERIFIED assumptions, not calibrated on hardware):
 # prefill scales with dense FLOPs, the decode step with HBM bandwidth.

@@ -8,9 +8,31 @@ runs the same functions through its bash compatibility layer (bashcompinit), as 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
+from typing import Any
+
+from m3fleet.exitcodes import EXIT_OK
 
 SHELLS = ("bash", "zsh")
+
+
+def register(sub: Any, root: argparse.ArgumentParser) -> None:
+    """`completion` completes `root`, the whole CLI's parser (built before the script is asked for)."""
+    parser = sub.add_parser(
+        "completion",
+        help="a shell completion script",
+        description="Print a completion script. bash: source <(m3fleet completion bash); "
+        "zsh (in ~/.zshrc, after compinit): source <(m3fleet completion zsh).",
+    )
+    parser.add_argument("shell", choices=SHELLS)
+    parser.set_defaults(func=lambda args: run(root, args))
+
+
+def run(root: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    sys.stdout.write(script(root, args.shell))
+    return EXIT_OK
+
 
 _FUNCTIONS = r"""
 _m3fleet_takes_value() { # PATH FLAG: does FLAG take a value there

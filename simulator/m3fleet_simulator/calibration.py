@@ -23,9 +23,9 @@ from dataclasses import replace
 from typing import Any, Final
 
 from m3fleet.api.models import Plan
-from m3fleet.autoscaling.simulator import PerfModel
 from m3fleet.bench.results import BenchResult, RunSummary
 from m3fleet.errors import SpecError
+from m3fleet_simulator.fleet import PerfModel
 
 SHAPE: Final = ("engine", "accelerator", "variant", "tensorParallelSize", "dataParallelSize", "nodesPerReplica")
 SCALE_LIMITS: Final = (0.01, 100.0)  # beyond these the result measured something else (an error page, a proxy)
