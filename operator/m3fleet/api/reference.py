@@ -51,6 +51,7 @@ class Row:
 
 
 NO_DEFAULT = object()
+MARKDOWN_ENTITIES = {c: f"&#{ord(c)};" for c in "|[]()*_`\\"}
 SEE_FIELDS = object()
 
 
@@ -106,10 +107,11 @@ def _node_rows(node: Mapping[str, Any], path: str, required: bool, default: Any,
 
 def _code(value: Any) -> str:
     """A value as code in a table cell. A pipe would end the cell on GitHub and shows escaped on MkDocs, so a value
-    holding one is written as HTML, its pipe an entity (both render that as `|`)."""
+    holding one is written as HTML, every character Markdown reads inside HTML (a pipe, `[x](y)` of a regex, `*`)
+    an entity: both render it as written."""
     text = value if isinstance(value, str) and value else json.dumps(value, separators=(",", ":"))
     if "|" in text:
-        return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
+        return "<code>" + "".join(MARKDOWN_ENTITIES.get(c, c) for c in html.escape(text, quote=False)) + "</code>"
     return f"``{text}``" if "`" in text else f"`{text}`"
 
 
