@@ -4,6 +4,7 @@ can emit is catalogued under the type and status it comes with, and every catalo
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,3 +161,13 @@ def test_the_crd_names_every_type_and_reason_where_kubectl_explain_shows_them(ki
     for reason in book.reasons():
         assert reason in description, reason
     assert "ModelCacheNotFound" in description or book is CACHE
+
+
+@pytest.mark.parametrize("book", [DEPLOYMENT, CACHE], ids=["deployment", "cache"])
+def test_who_sets_a_condition_names_modules_that_exist(book: Catalogue) -> None:
+    """The reference tells a reader where each condition is set: a module moved must move the catalogue too."""
+    for entry in book.conditions:
+        modules = re.findall(r"[\w/]+\.py", entry.set_by)
+        assert modules, entry.set_by
+        for module in modules:
+            assert (PACKAGE / module).is_file(), f"{entry.type}: {module} does not exist"

@@ -136,6 +136,8 @@ def _default(value: Any) -> str:
 def field_table(table: list[Row], heading: str = "Field") -> str:
     lines = [f"| {heading} | Type | Default | Validation | Description |", "|---|---|---|---|---|"]
     for row in table:
+        if row.path.endswith(("[]", ".<key>")) and not (row.description or row.bounds):
+            continue  # a bare item or map value: its fields' rows say it all
         field = f"`{row.path}`" + (" (required)" if row.required else "")
         bounds = "<br>".join(row.bounds)
         cells = (field, _cell(row.type), _default(row.default), bounds, _cell(row.description))
