@@ -22,6 +22,8 @@ from tests.support.crd_cases import (
     with_spec,
 )
 
+from m3fleet.api.conditions import DEPLOYMENT
+
 CRD_NAME = "minimaxm3deployments.m3fleet.dev"
 NAMESPACE = "admission"
 
@@ -51,6 +53,20 @@ def test_explain_shows_the_field_descriptions(crd: Cluster) -> None:
     assert "maxModelLen" in out and "kvCacheDtype" in out and "minSequencesAtMaxLen" in out
     # the description of the field, not only its name
     assert re.search(r"DESCRIPTION:\s+\S", out), out
+
+
+def test_explain_shows_every_condition_reason(crd: Cluster) -> None:
+    """`kubectl explain` lists each condition type and every reason of the catalogue (m3fleet.api.conditions)."""
+    explained = eventually(
+        "kubectl explain m3d.status.conditions",
+        lambda: crd.kubectl("explain", "m3d.status.conditions", check=False).stdout,
+        60,
+    )
+    out = " ".join(str(explained).split())  # kubectl wraps the description
+    for entry in DEPLOYMENT.conditions:
+        assert f"{entry.type} ({entry.at_rest} at rest)" in out, out
+    for reason in DEPLOYMENT.reasons():
+        assert reason in out, reason
 
 
 @pytest.mark.parametrize("path", sorted(SAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
