@@ -6,8 +6,8 @@
 #
 # Steps: (1) one version: pyproject.toml's, equal to the chart's version and appVersion (hack/generate.py writes
 # them) and to the tag (GITHUB_REF_NAME) when there is one; (2) the operator image (hack/build-image.sh) as an OCI
-# archive, multi-arch with --push; (3) `helm package`; (4) the CLI's sdist and wheel (`python -m build`),
-# `twine check`ed. PyPI is published by the workflow's own step (trusted publishing needs its OIDC token).
+# archive, multi-arch with --push; (3) `helm package`; (4) the CLI's and the simulator's sdists and wheels
+# (`python -m build`), `twine check`ed. PyPI is published by the workflow's own step (trusted publishing needs its OIDC token).
 # Environment: M3FLEET_IMAGE_REPOSITORY (default ghcr.io/m3fleet/operator), M3FLEET_CHART_REPOSITORY (default
 # oci://ghcr.io/m3fleet/charts), M3FLEET_PLATFORMS (with --push; default linux/amd64,linux/arm64),
 # M3FLEET_BASE (debian or registry; default debian for --dry-run, registry for --push), PYTHON, HELM.
@@ -69,10 +69,12 @@ else
   would "helm push $chart $CHART_REPOSITORY"
 fi
 
-# (4) The CLI.
+# (4) The CLI, and the simulator its extra `m3fleet[simulate]` installs (a distribution of its own, same version).
 "$PYTHON" -m build --sdist --wheel --outdir "$DIST" . >&2
-"$PYTHON" -m twine check --strict "$DIST/m3fleet-$VERSION.tar.gz" "$DIST/m3fleet-$VERSION-py3-none-any.whl" >&2
-[[ $MODE == --push ]] || would "pypa/gh-action-pypi-publish (trusted publishing) of $DIST/m3fleet-$VERSION*"
+"$PYTHON" -m build --sdist --wheel --outdir "$DIST" simulator >&2
+"$PYTHON" -m twine check --strict "$DIST/m3fleet-$VERSION.tar.gz" "$DIST/m3fleet-$VERSION-py3-none-any.whl" \
+  "$DIST/m3fleet_simulator-$VERSION.tar.gz" "$DIST/m3fleet_simulator-$VERSION-py3-none-any.whl" >&2
+[[ $MODE == --push ]] || would "pypa/gh-action-pypi-publish (trusted publishing) of $DIST/m3fleet-$VERSION* $DIST/m3fleet_simulator-$VERSION*"
 
 log "done in $(( $(date +%s) - start ))s:"
 ls -l "$DIST" >&2

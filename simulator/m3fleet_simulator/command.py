@@ -1,4 +1,5 @@
-"""`m3fleet simulate`: what the autoscaler would do with a resource, on a seeded scenario.
+"""`m3fleet simulate`: what the autoscaler would do with a resource, on a seeded scenario, a request trace
+(`--trace FILE`) or the demand the resource recorded (`--recorded`, from -f's status; see trace.py).
 
 `register(subparsers)` adds the subcommand to the main parser; `run(args)` executes it and returns the
 exit status (0 ok, 2 invalid input with a one-line message naming the field and a fix, 1 internal
@@ -14,9 +15,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from m3fleet.documents import InputError, one_deployment, parse_one
+from m3fleet.documents import InputError, label, one_deployment, parse_one
 from m3fleet.exitcodes import EXIT_INVALID, EXIT_OK
-from m3fleet_simulator.scenarios import SCENARIOS
+from m3fleet_simulator.scenarios import SCENARIOS, Workload
+from m3fleet_simulator.trace import RecordedDemand, read_trace
 
 MAX_SEEDS = 1000  # one run takes seconds to minutes: more is a typo, not a study
 
@@ -31,12 +33,26 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "simulate",
         help="simulate what the autoscaler would do with a resource on a seeded workload",
         description="Seeded discrete-event simulation of one MiniMaxM3Deployment under its context-aware "
-        "autoscaler: SLO attainment, GPU-hours, scale events and the assumptions behind them.",
+        "autoscaler, on a scenario, a request trace or the demand the resource recorded: SLO attainment, "
+        "GPU-hours, scale events and the assumptions behind them.",
     )
     parser.add_argument(
         "-f", "--filename", help="a file with one MiniMaxM3Deployment (default: the vLLM 8xH200 TP8 sample)"
     )
-    parser.add_argument("--scenario", required=True, choices=sorted(SCENARIOS), help="the workload")
+    workload = parser.add_mutually_exclusive_group(required=True)
+    workload.add_argument("--scenario", choices=sorted(SCENARIOS), help="a seeded workload")
+    workload.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="replay these requests: CSV with the header time,promptTokens,outputTokens, or JSON Lines with those "
+        "keys (time in seconds, from the trace's start or the Unix epoch)",
+    )
+    workload.add_argument(
+        "--recorded",
+        action="store_true",
+        help="replay the demand the -f resource recorded (its status.autoscaling.demand, as `kubectl get m3d NAME "
+        "-o yaml` prints it), as chat requests at the recorded need",
+    )
     seeds = parser.add_mutually_exclusive_group()
     # default None, not 1: argparse tells "--seed 1 --seeds 1-2" from "--seeds 1-2" only by identity with the default
     seeds.add_argument("--seed", type=int, help="random seed (default 1)")
@@ -77,15 +93,17 @@ def _invalid(message: str) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from m3fleet.api.parse import parse_resource
-    from m3fleet_simulator.whatif import prepare, run_report
+    from m3fleet_simulator.whatif import DEFAULT_RESOURCE, prepare, recorded_trace, run_report
 
     if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
         return _invalid(f"--minutes: {args.minutes:g} is not positive; fix: give a duration in minutes, e.g. 20")
     if args.cold_start is not None and not 0 <= args.cold_start <= 7200:
         return _invalid(f"--cold-start: {args.cold_start:g} is outside 0-7200 seconds; fix: give e.g. 90")
     resource = None
+    document = None
     if args.filename:
-        resource = parse_one(one_deployment(args.filename, "simulate"), parse_resource)
+        document = one_deployment(args.filename, "simulate")
+        resource = parse_one(document, parse_resource)
     measured = None
     if args.throughput_from:
         measured = (read_result(args.throughput_from), args.throughput_from)
@@ -94,10 +112,22 @@ def _run(args: argparse.Namespace) -> int:
     seeds = [1 if args.seed is None else args.seed] if args.seeds is None else parse_seeds(args.seeds)
     if isinstance(seeds, str):
         return _invalid(f"--seeds: {args.seeds!r} {seeds}; fix: give A-B (e.g. 1-10) or a list (e.g. 1,4,7)")
+    workload: str | Workload = args.scenario
+    if args.recorded:
+        if document is None or resource is None:
+            return _invalid(
+                "--recorded: replays the -f resource's status.autoscaling.demand; fix: give -f FILE with the resource "
+                "as `kubectl get m3d NAME -o yaml` prints it"
+            )
+        record = RecordedDemand.from_status(document.body.get("status"), label(document))
+        workload = recorded_trace(record, resource, f"{resource.metadata.namespace}/{resource.metadata.name}")
+    elif args.trace:
+        spec = (resource or parse_resource(DEFAULT_RESOURCE)).spec.autoscaling
+        workload = read_trace(args.trace, (spec.min_replicas, spec.max_replicas))
     for index, seed in enumerate(seeds):  # each seed is printed as it finishes: a long run shows progress
         report = run_report(
             prepare(
-                args.scenario,
+                workload,
                 resource,
                 seed=seed,
                 minutes=args.minutes,
@@ -201,8 +231,9 @@ def _header(first: dict[str, Any]) -> str:
     cold_text = f"{cold['seconds']:g} s" if "seconds" in cold else f"{cold['low']:.0f}-{cold['high']:.0f} s"
     if "source" in cold:
         cold_text += f" (weights from {cold['description']})"
+    kind = "scenario" if "scenario" in first else "trace"
     lines = [
-        f"scenario {first['scenario']}: {params['scenario']}",
+        f"{kind} {first[kind]}: {params[kind]}",
         f"resource: {params['resource']}",
         f"plan: {plan['engine']} on {plan['accelerator']} {plan['variant']}, TP{plan['tensorParallelSize']} x "
         f"DP{plan['dataParallelSize']}, {plan['gpusPerReplica']} GPUs/replica on {plan['nodesPerReplica']} node(s), "

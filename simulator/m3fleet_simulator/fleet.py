@@ -57,7 +57,7 @@ from m3fleet.autoscaling.signals import (
     quantile,
 )
 from m3fleet.engines.base import IN_FLIGHT_DEADLINE_SECONDS
-from m3fleet_simulator.scenarios import Request, Scenario
+from m3fleet_simulator.scenarios import Request, Workload
 
 # Relative speed per accelerator vs H200 (UNVERIFIED assumptions, not calibrated on hardware):
 # prefill scales with dense FLOPs, the decode step with HBM bandwidth.
@@ -923,5 +923,5 @@ class SeedStreams:
         return cls(cold, tuple(draw(before) for _ in range(max(1, initial))))
 
 
-def scenario_duration(scenario: Scenario, minutes: float | None) -> float:
+def scenario_duration(scenario: Workload, minutes: float | None) -> float:
     return scenario.duration if minutes is None else min(scenario.duration, minutes * 60.0)

@@ -16,7 +16,7 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 MINUTE = 60.0
 
@@ -111,8 +111,41 @@ class Request:
     output: int
 
 
+class Workload(Protocol):
+    """What a simulation runs on: a seeded `Scenario`, or a fixed `trace.Trace` (a user's requests, or the demand a
+    resource recorded). `kind` names it in reports ("scenario", "trace")."""
+
+    kind: ClassVar[str]
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def duration(self) -> float: ...
+    @property
+    def min_replicas(self) -> int: ...
+    @property
+    def max_replicas(self) -> int: ...
+    @property
+    def initial_replicas(self) -> int: ...
+    @property
+    def max_model_len(self) -> int | None: ...
+    @property
+    def days(self) -> int: ...
+    @property
+    def clock_start(self) -> float | None: ...
+
+    def requests(self, seed: int, duration: float | None = None, day: int | None = None) -> list[Request]: ...
+
+    def start_of_window(self, seed: int) -> float: ...
+
+    def describe_workload(self, seed: int) -> list[dict[str, Any]]: ...
+
+
 @dataclass(frozen=True)
 class Scenario:
+    kind: ClassVar[str] = "scenario"
     name: str
     description: str
     duration: float
@@ -123,6 +156,7 @@ class Scenario:
     build_phases: Any = field(repr=False)  # (rng, day rng) -> list[Phase]; bursts are placed by the seed
     days: int = 1  # > 1: the same window on consecutive days; the last is measured
     window_start: Any = field(default=None, repr=False)  # (rng) -> seconds after midnight UTC of t = 0
+    clock_start: float | None = None  # a scenario's calendar is the simulator's (whatif.EPOCH)
 
     def phases(self, seed: int, day: int | None = None) -> list[Phase]:
         """The phases of `day` (0-based; the measured, last day by default)."""
@@ -137,6 +171,9 @@ class Scenario:
             return 0.0
         start: float = self.window_start(random.Random(f"{seed}:{self.name}:phases"))
         return start
+
+    def describe_workload(self, seed: int) -> list[dict[str, Any]]:
+        return describe_phases(self.phases(seed))
 
     def requests(self, seed: int, duration: float | None = None, day: int | None = None) -> list[Request]:
         day = self.days - 1 if day is None else day

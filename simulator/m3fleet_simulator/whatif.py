@@ -26,6 +26,7 @@ from m3fleet.autoscaling.policy import DEFAULT_SCALE_DOWN_PER_STEP, PolicyConfig
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
 from m3fleet.bench.results import BenchResult
 from m3fleet.catalog import VARIANTS
+from m3fleet.documents import InputError
 from m3fleet.planner import plan as make_plan
 from m3fleet_simulator.calibration import calibrate
 from m3fleet_simulator.coldstart import ColdStartModel
@@ -43,7 +44,8 @@ from m3fleet_simulator.fleet import (
     cold_start_range,
     scenario_duration,
 )
-from m3fleet_simulator.scenarios import SCENARIOS, Request, Scenario, describe_phases
+from m3fleet_simulator.scenarios import CHAT_OUTPUT, CHAT_PROMPT, SCENARIOS, Request, Workload
+from m3fleet_simulator.trace import RecordedDemand, Trace, trace_of
 
 # manifests/samples/vllm-h200-tp8.yaml, the default resource.
 DEFAULT_RESOURCE: Final[dict[str, Any]] = {
@@ -86,7 +88,7 @@ class Replicas:
     source: str
 
     @classmethod
-    def of(cls, scenario: Scenario, resource: MiniMaxM3Deployment) -> Replicas:
+    def of(cls, scenario: Workload, resource: MiniMaxM3Deployment) -> Replicas:
         """The resource's own min/max when it enables autoscaling (what would the autoscaler do with it), else the
         scenario's, sized for its traffic; the scenario's initial count within them."""
         scaling = resource.spec.autoscaling
@@ -95,7 +97,9 @@ class Replicas:
                 scenario.min_replicas,
                 scenario.max_replicas,
                 scenario.initial_replicas,
-                "the scenario's (the resource does not enable autoscaling)",
+                "the scenario's (the resource does not enable autoscaling)"
+                if scenario.kind == "scenario"
+                else "the resource's spec.autoscaling (which it does not enable)",
             )
         low, high = scaling.min_replicas, scaling.max_replicas
         initial = max(low, 1, min(high, scenario.initial_replicas))
@@ -104,7 +108,7 @@ class Replicas:
 
 @dataclass(frozen=True)
 class Setup:
-    scenario: Scenario
+    scenario: Workload  # a scenario, or a trace
     seed: int
     resource: MiniMaxM3Deployment
     resource_note: str
@@ -131,7 +135,7 @@ class Setup:
 
 
 def prepare(
-    scenario_name: str,
+    scenario_name: str | Workload,
     resource: MiniMaxM3Deployment | None = None,
     seed: int = 1,
     minutes: float | None = None,
@@ -145,7 +149,7 @@ def prepare(
     every cold start is built from phases (coldstart.py); with `gateway` the built-in resource has a gateway
     (spec.autoscaling.gateway) in front. A resource naming a gateway runs with its request sizes exported.
     Raises KeyError, SpecError(s)."""
-    scenario = SCENARIOS[scenario_name]
+    scenario = SCENARIOS[scenario_name] if isinstance(scenario_name, str) else scenario_name
     if resource is None:
         body = copy.deepcopy(DEFAULT_RESOURCE)
         note = DEFAULT_SOURCE
@@ -187,7 +191,9 @@ def prepare(
         streams = SeedStreams.draw(seed, low, high, replicas.initial, cold_start)
     if measured_day:  # by the measured day the operator has timed the replicas it started before
         streams = replace(streams, measured=streams.cold_starts[:10])
-    opening = EPOCH + measured_day * DAY + scenario.start_of_window(seed)
+    opening = scenario.clock_start
+    if opening is None:
+        opening = EPOCH + measured_day * DAY + scenario.start_of_window(seed)
     earlier = tuple(
         Day(tuple(scenario.requests(seed, duration, day)), opening - (measured_day - day) * DAY)
         for day in range(measured_day)
@@ -215,6 +221,60 @@ def prepare(
         cold_start_model=phases,
         settings=settings,
     )
+
+
+CHAT_MIX_DRAWS: Final = 4000  # requests drawn to average the chat mix over (seeded: the same every run)
+
+
+def replica_request_rate(resource: MiniMaxM3Deployment, plan: Plan) -> float:
+    """Chat requests a second one replica serves at the policy's own targets: the lesser of what its KV holds at
+    kvCacheUtilization (Little's law: each request holds its prompt and output over its unloaded lifetime) and
+    what its prefill serves at the policy's utilisation target. How a recorded need in replicas becomes requests."""
+    config = PolicyConfig.from_spec(resource.spec.autoscaling, plan)
+    model = PerfModel.from_plan(plan)
+    rng = random.Random("chat-mix")
+    mix = [(CHAT_PROMPT.draw(rng), CHAT_OUTPUT.draw(rng)) for _ in range(CHAT_MIX_DRAWS)]
+    token_seconds = sum(
+        (model.unloaded_prefill_seconds(p) + o * model.unloaded_itl(p + o / 2)) * (p + o) for p, o in mix
+    ) / len(mix)
+    prompt = sum(p for p, _ in mix) / len(mix)
+    kv_rate = config.kv_target * config.kv_tokens_per_replica / token_seconds
+    prefill_rate = config.prefill_utilisation(prompt) * config.prefill_tokens_per_second / prompt
+    return min(kv_rate, prefill_rate)
+
+
+def recorded_trace(record: RecordedDemand, resource: MiniMaxM3Deployment, source: str) -> Trace:
+    """The demand `record` (the resource's `status.autoscaling.demand`) as chat-shaped requests: in each recorded
+    bucket, Poisson arrivals at need x `replica_request_rate` (trace.py). Drawn the same for every seed."""
+    plan = make_plan(resource.spec)
+    rate = replica_request_rate(resource, plan)
+    rng = random.Random(f"recorded:{source}")
+    rows: list[tuple[float, int, int]] = []
+    for start, need in record.needs:
+        per_second = need * rate
+        t = start
+        while per_second > 0:
+            t += rng.expovariate(per_second)
+            if t >= start + record.bucket:
+                break
+            rows.append((t, CHAT_PROMPT.draw(rng), CHAT_OUTPUT.draw(rng)))
+    if not rows:
+        raise InputError(
+            source,
+            "records a need of 0 replicas throughout: nothing to replay",
+            "replay the resource once it has served traffic, or a request log with --trace",
+            field="status.autoscaling.demand",
+        )
+    span = record.needs[-1][0] - record.needs[0][0] + record.bucket
+    minutes = span / 60.0
+    description = (
+        f"the demand {source} recorded (status.autoscaling.demand): {len(record.needs)} buckets of "
+        f"{record.bucket:g} s over {minutes:g} minutes, the need in replicas {min(n for _, n in record.needs):g}-"
+        f"{max(n for _, n in record.needs):g}, replayed as chat requests at {rate:.3g}/s per replica needed "
+        "(the record holds replicas, not requests; a bucket with nothing recorded has no requests)"
+    )
+    bounds = (resource.spec.autoscaling.min_replicas, resource.spec.autoscaling.max_replicas)
+    return trace_of(source, rows, bounds, description, origin=record.needs[0][0], duration=span)
 
 
 def simulate(
@@ -304,10 +364,10 @@ def parameters(setup: Setup) -> dict[str, Any]:
     )
     return {
         "resource": setup.resource_note,
-        "scenario": s.description,
+        s.kind: s.description,
         "durationMinutes": setup.duration / 60,
         "days": s.days,
-        "workload": describe_phases(s.phases(setup.seed)),
+        "workload": s.describe_workload(setup.seed),
         "requests": len(setup.requests),
         "rejectedRule": (
             f"requests with prompt + output > {limit} tokens (maxModelLen, or the engine's KV if smaller) are "
@@ -366,7 +426,7 @@ def run_report(setup: Setup) -> dict[str, Any]:
     """`m3fleet simulate -o json`, one seed: the contract's object with the policy's result."""
     ours = run_context_aware(setup)
     return {
-        "scenario": setup.scenario.name,
+        setup.scenario.kind: setup.scenario.name,
         "seed": setup.seed,
         "coldStartSeconds": setup.cold_start,
         "plan": setup.plan.model_dump(by_alias=True, mode="json"),

@@ -49,6 +49,12 @@ def test_the_dry_run_builds_every_artifact_of_the_one_version() -> None:
     assert metadata["Name"] == "m3fleet" and metadata["Version"] == VERSION
     assert "m3fleet = m3fleet.cli:main" in entry_points
     assert (dist / f"m3fleet-{VERSION}.tar.gz").is_file()
+    with zipfile.ZipFile(dist / f"m3fleet_simulator-{VERSION}-py3-none-any.whl") as wheel:  # m3fleet[simulate]
+        metadata = Parser().parsestr(wheel.read(f"m3fleet_simulator-{VERSION}.dist-info/METADATA").decode())
+        entry_points = wheel.read(f"m3fleet_simulator-{VERSION}.dist-info/entry_points.txt").decode()
+    assert metadata["Name"] == "m3fleet-simulator" and metadata["Requires-Dist"] == f"m3fleet=={VERSION}"
+    assert "simulate = m3fleet_simulator.command:register" in entry_points
+    assert (dist / f"m3fleet_simulator-{VERSION}.tar.gz").is_file()
 
     with tarfile.open(dist / f"m3fleet-operator-{VERSION}.oci.tar") as archive:
         index_file = archive.extractfile("index.json")

@@ -174,3 +174,17 @@ def test_the_readme_states_the_catalogs_facts_not_its_own() -> None:
     # `--block-size 100` is quoted once as input the engine's own parser wrongly accepts (a negative control).
     sizes = set(re.findall(r"--block-size (\d+)", readme)) - {"100"}
     assert sizes == {str(KV_LAYOUT.block_size)}, sizes
+
+
+def test_the_simulator_is_released_at_the_one_version() -> None:
+    """m3fleet-simulator (simulator/) runs one release's policy and planner: its version, its pin on m3fleet and the
+    extra `m3fleet[simulate]`'s pin on it are all pyproject.toml's version."""
+    import tomllib
+
+    operator = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    simulator = tomllib.loads((ROOT / "simulator" / "pyproject.toml").read_text())["project"]
+    version = operator["version"]
+    assert simulator["version"] == version
+    assert simulator["dependencies"] == [f"m3fleet=={version}"]
+    assert operator["optional-dependencies"]["simulate"] == [f"m3fleet-simulator=={version}"]
+    assert simulator["entry-points"]["m3fleet.subcommands"] == {"simulate": "m3fleet_simulator.command:register"}

@@ -4,5 +4,5 @@
   runs the client from the engine image against the resource's Service.
 * `m3fleet.bench.results` (pure): the client's JSON results out of the Job's log, one summary per
   concurrency, the seeds' summary table, and the result document kept in a ConfigMap.
-* `m3fleet.bench.kube` and `m3fleet.bench.cli`: the thin shell (the current kube context, the CLI).
+* `m3fleet.bench.kube` and `m3fleet.cli.bench`: the thin shell (the current kube context, the command).
 """

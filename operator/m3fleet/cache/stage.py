@@ -1,4 +1,5 @@
-"""`m3fleet stage`: put a checkpoint into a node-local directory and prove it is complete. What the cache's Jobs run.
+"""Staging: put a checkpoint into a node-local directory and prove it is complete. What the cache's Jobs run, as
+`m3fleet stage` (its arguments and exit codes: m3fleet.cli.stage).
 
     m3fleet stage huggingface --repo ORG/NAME --revision COMMIT --dest DIR   # HF_ENDPOINT, HF_TOKEN as usual
     m3fleet stage copy --from DIR --dest DIR                                 # from a mounted claim

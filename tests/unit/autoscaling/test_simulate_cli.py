@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -10,6 +14,8 @@ import yaml
 
 from m3fleet.cli import main
 from tests.support.samples import SAMPLES_DIR, load_sample
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -182,3 +188,171 @@ def test_unknown_scenario_is_an_argparse_error(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as exc:
         simulate(capsys, "--scenario", "nope")
     assert exc.value.code == 2
+
+
+def _write_trace(path: Path, rows: list[tuple[float, int, int]], jsonl: bool) -> Path:
+    if jsonl:
+        lines = [json.dumps({"time": t, "promptTokens": p, "outputTokens": o}) for t, p, o in rows]
+    else:
+        lines = ["time,promptTokens,outputTokens", *(f"{t},{p},{o}" for t, p, o in rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+TRACE_ROWS = [(0.5 * i, 2000 + 37 * i, 100 + i) for i in range(400)] + [(30.0, 200_000, 10)]  # one too long
+
+
+def test_a_trace_is_replayed_as_given_in_csv_or_json_lines(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Every row a request (the one longer than the built-in resource's maxModelLen rejected); CSV and JSON Lines
+    the same run; the requests do not depend on the seed, the cold starts do."""
+    reports = []
+    for jsonl in (False, True):
+        trace = _write_trace(tmp_path / f"trace.{'jsonl' if jsonl else 'csv'}", TRACE_ROWS, jsonl)
+        code, out, err = simulate(capsys, "--trace", str(trace), "-o", "json")
+        assert (code, err) == (0, ""), err
+        (report,) = json.loads(out)
+        reports.append(report)
+    csv_report, jsonl_report = reports
+    assert csv_report["policies"] == jsonl_report["policies"]
+    result = csv_report["policies"]["context-aware"]
+    assert (result["requests"], result["rejected"]) == (len(TRACE_ROWS), 1)
+    assert csv_report["trace"].endswith("trace.csv") and "scenario" not in csv_report
+    assert csv_report["parameters"]["workload"][0]["requests"] == len(TRACE_ROWS)
+    assert csv_report["parameters"]["durationMinutes"] == 4  # the last arrival (199.5 s) within the 4th minute
+    code, out, _ = simulate(capsys, "--trace", str(tmp_path / "trace.csv"), "--seeds", "1,2", "-o", "json")
+    assert code == 0 and {r["policies"]["context-aware"]["requests"] for r in json.loads(out)} == {len(TRACE_ROWS)}
+    code, out, _ = simulate(capsys, "--trace", str(tmp_path / "trace.csv"))
+    assert code == 0 and out.startswith(f"trace {tmp_path / 'trace.csv'}: {len(TRACE_ROWS)} requests over 4 minutes")
+
+
+def test_epoch_times_set_the_simulated_clock(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A scheduled window (spec.autoscaling.schedule) sees the trace's own hour: 10:00 UTC, inside 09:00-17:00."""
+    document = load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml")
+    document["spec"]["autoscaling"] = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "prometheus": {"url": "http://prometheus:9090"},
+        "schedule": [{"name": "office", "start": "09:00", "end": "17:00", "minReplicas": 3}],
+    }
+    resource = tmp_path / "scheduled.yaml"
+    resource.write_text(yaml.safe_dump(document))
+    ten_o_clock = 1799056800.0  # 2027-01-04T10:00:00Z
+    peaks = []
+    for start in (0.0, ten_o_clock):
+        trace = _write_trace(tmp_path / "t.csv", [(start + 2.0 * i, 1000, 50) for i in range(90)], jsonl=False)
+        code, out, err = simulate(capsys, "-f", str(resource), "--trace", str(trace), "-o", "json")
+        assert code == 0, err
+        peaks.append(json.loads(out)[0]["policies"]["context-aware"]["peakReplicas"])
+    assert peaks[0] < 3 <= peaks[1], peaks
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("time,promptTokens\n0,10\n", "t.csv:1: header: the header lacks outputTokens; fix:"),
+        ("time,promptTokens,outputTokens\n0,10,5\n1,ten,5\n", "t.csv:3: promptTokens: 'ten' is not a whole number"),
+        ("time,promptTokens,outputTokens\n-1,10,5\n", "t.csv:2: time: '-1' is not seconds, 0 or more; fix:"),
+        ("time,promptTokens,outputTokens\n0,10,0\n", "t.csv:2: outputTokens: '0' is not a whole number from 1"),
+        ("time,promptTokens,outputTokens\n", "t.csv: (file): holds no request; fix:"),
+        ('{"time": 0, "promptTokens": 10, "outputTokens": 5}\n{"time": 1,\n', "t.csv:2: (row): is not a JSON object"),
+        ('{"time": 0, "promptTokens": 1.5, "outputTokens": 5}\n', "t.csv:1: promptTokens: 1.5 is not a whole number"),
+    ],
+)
+def test_a_bad_trace_is_one_line_naming_the_row_and_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, message: str
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(content)
+    code, out, err = simulate(capsys, "--trace", str(trace))
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
+
+
+def recorded_resource(tmp_path: Path, needs: list[float | None], status: bool = True) -> Path:
+    """A resource as `kubectl get m3d NAME -o yaml` prints it: server fields, and the demand its autoscaler
+    recorded (status.autoscaling.demand, DemandRecord.to_status's dense form) from 10:00 UTC on."""
+    document = load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml")
+    document["metadata"] |= {"uid": "0b5e", "resourceVersion": "42", "generation": 3, "managedFields": []}
+    document["spec"]["autoscaling"] = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 6,
+        "prometheus": {"url": "http://prometheus:9090"},
+    }
+    demand = {"bucketSeconds": 60, "start": 1799056800 // 60, "needs": needs, "open": [], "samples": None}
+    if status:
+        document["status"] = {"observedGeneration": 3, "autoscaling": {"desiredReplicas": 2, "demand": demand}}
+    path = tmp_path / "recorded.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_the_resources_recorded_demand_is_replayed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The need it recorded rises from 1 to 3.4 replicas for 12 minutes: the autoscaler follows it within the
+    resource's own bounds; a minute with nothing recorded has no requests."""
+    path = recorded_resource(tmp_path, [1.0] * 8 + [None] * 2 + [3.4] * 12 + [1.0] * 8)
+    code, out, err = simulate(capsys, "-f", str(path), "--recorded", "-o", "json")
+    assert (code, err) == (0, ""), err
+    (report,) = json.loads(out)
+    name = load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml")["metadata"]["name"]
+    assert report["trace"] == f"llm/{name}" and "status.autoscaling.demand" in report["parameters"]["trace"]
+    assert report["parameters"]["durationMinutes"] == 30
+    replicas = report["parameters"]["replicas"]
+    assert replicas == {"min": 1, "max": 6, "initial": 1, "source": "the resource's spec.autoscaling"}
+    result = report["policies"]["context-aware"]
+    assert 3 <= result["peakReplicas"] <= replicas["max"] and result["scaleEvents"] >= 2, result
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "message"),
+    [
+        ([], True, "error: --recorded: replays the -f resource's status.autoscaling.demand; fix: give -f FILE"),
+        (["-f", "FILE"], False, "status.autoscaling.demand: holds no recorded demand; fix: give the resource as"),
+    ],
+)
+def test_recorded_without_a_record_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], status: bool, message: str
+) -> None:
+    path = recorded_resource(tmp_path, [1.0], status=status)
+    code, out, err = simulate(capsys, "--recorded", *[str(path) if a == "FILE" else a for a in argv])
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err, err
+
+
+def test_scenario_trace_and_recorded_are_one_choice(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    for argv in ([], ["--scenario", "bursty", "--trace", str(tmp_path / "t.csv")]):
+        with pytest.raises(SystemExit) as exc:
+            simulate(capsys, *argv)
+        assert exc.value.code == 2
+
+
+def test_without_the_simulator_installed_simulate_says_what_is_missing_and_the_fix(tmp_path: Path) -> None:
+    """m3fleet installed without the extra: this environment's packages minus the m3fleet-simulator distribution
+    (no site processing, so no editable-install hook adds it back). `m3fleet simulate`, with any flags or --help, is
+    one line with the fix and exit 2; every other command still works."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    packages = tmp_path / "site-packages"
+    packages.mkdir()
+    for entry in site.iterdir():
+        if "m3fleet_simulator" not in entry.name and not entry.name.endswith(".pth"):
+            (packages / entry.name).symlink_to(entry)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{packages}{os.pathsep}{REPO / 'operator'}"}
+
+    def m3fleet(*argv: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-S", "-m", "m3fleet.cli", *argv]
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120, check=False)
+
+    probe = subprocess.run(
+        [sys.executable, "-S", "-c", "import m3fleet_simulator"], capture_output=True, env=env, check=False
+    )
+    assert probe.returncode == 1 and b"No module named 'm3fleet_simulator'" in probe.stderr  # the premise holds
+    for argv in (["--scenario", "steady-chat", "-o", "json"], ["--help"], []):
+        result = m3fleet("simulate", *argv)
+        assert (result.returncode, result.stdout) == (2, ""), (argv, result)
+        assert result.stderr == (
+            "error: m3fleet simulate needs the autoscaling simulator (m3fleet-simulator), not installed; "
+            "fix: pip install 'm3fleet[simulate]'\n"
+        )
+    listed = m3fleet("--help")
+    assert listed.returncode == 0 and "pip install 'm3fleet[simulate]'" in listed.stdout
+    planned = m3fleet("plan", "-f", str(SAMPLES_DIR / "vllm-h200-tp8.yaml"), "-o", "json")
+    assert planned.returncode == 0 and json.loads(planned.stdout)[0]["tensorParallelSize"] == 8

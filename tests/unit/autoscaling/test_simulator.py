@@ -456,3 +456,24 @@ def test_bursty_recurring_bursts_are_held() -> None:
     hpa = bench_report.run_baseline(setup, "request-count", 16)
     assert ours.slo_attainment >= unheld.slo_attainment + 0.15  # 90.8% vs 70.5%
     assert ours.gpu_hours <= 0.5 * hpa.gpu_hours  # 15.5 vs request-count's 36.8 (99.9%)
+
+
+def test_a_recorded_demand_replayed_is_the_demand_the_policy_measures_again() -> None:
+    """`--recorded` turns the need in replicas the operator recorded into requests (trace.py); replayed, the policy
+    records the same need again (median within 15% once the first replicas are ready), so the conversion holds."""
+    from m3fleet_simulator.trace import RecordedDemand
+
+    document = load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml")
+    document["spec"]["autoscaling"] = {"enabled": True, "maxReplicas": 6, "prometheus": {"url": "http://p:9090"}}
+    resource = parse_resource(document)
+    start = 1799056800.0
+    needs = [1.2] * 20 + [3.4] * 20 + [1.0] * 20
+    status = {"autoscaling": {"demand": {"bucketSeconds": 60, "start": int(start // 60), "needs": needs}}}
+    record = RecordedDemand.from_status(status, "recorded")
+    setup = sim.prepare(sim.recorded_trace(record, resource, "llm/recorded"), resource, seed=1)
+    policy = sim.context_aware(setup, forecast=True)  # the forecast on: the policy records its demand
+    sim.simulate(setup, policy)
+    assert policy.demand is not None
+    measured = dict(policy.demand.samples)
+    ratios = [measured[t] / n for t, n in record.needs[5:] if t in measured]
+    assert len(ratios) > 40 and 0.85 <= statistics.median(ratios) <= 1.15, statistics.median(ratios)
