@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from m3fleet.autoscaling.metrics import Gateway, PrometheusAdapter, PrometheusHttp
 from m3fleet.autoscaling.policy import Action, Decision, PolicyConfig, PolicyState, decide
+from m3fleet.autoscaling.prometheus import Gateway, PrometheusAdapter, PrometheusHttp
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
 from tests.ports import free_port
 

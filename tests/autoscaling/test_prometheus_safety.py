@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from m3fleet.autoscaling.metrics import MAX_ANSWER_BYTES, PrometheusAdapter, PrometheusError, PrometheusHttp, Tls
+from m3fleet.autoscaling.prometheus import MAX_ANSWER_BYTES, PrometheusAdapter, PrometheusError, PrometheusHttp, Tls
 from tests.cluster.pki import Authority
 
 from .prom import prometheus

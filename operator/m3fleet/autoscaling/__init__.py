@@ -1,6 +1,6 @@
 """Context-length-aware autoscaling: engine signals, Prometheus adapters, the pure policy, the simulator.
 
-Modules: `signals` (typed snapshots), `metrics` (Prometheus adapters; the only I/O), `policy` (pure
+Modules: `signals` (typed snapshots), `prometheus` (Prometheus adapters; the only I/O), `policy` (pure
 decisions), `forecast` (forecast floor and scheduled bounds), `readiness` (time-to-ready from pods),
 `coldstart` (the simulator's time-to-ready from phases and where the weights are), `scenarios` /
 `simulator` / `simulate` (what the autoscaler would do with a resource) and `cli` (`m3fleet simulate`).
@@ -20,7 +20,7 @@ How an operator drives it, per resource and tick:
    starting_ages=ages, time_to_ready_seconds=record.p90_seconds, starting_remaining=remaining)` — the p90
    of the last 10 replicas to become ready, None (the spec's coldStartSeconds) until one has.
 3. `snapshot = PrometheusAdapter.for_engine(engine, url, selector=..., gateway=...).read(now)` (`gateway`:
-   `metrics.Gateway(spec.autoscaling.gateway.request_sizes_metric, match_labels)` when the spec names one,
+   `prometheus.Gateway(spec.autoscaling.gateway.request_sizes_metric, match_labels)` when the spec names one,
    so the snapshot carries what it recorded as requests arrived); for the forecast,
    `snapshot = dataclasses.replace(snapshot, demand_history=record.history(now,
    config.forecast_period_seconds, config.forecast_look_ahead(fleet.time_to_ready_seconds)))` where

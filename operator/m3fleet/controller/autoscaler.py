@@ -33,7 +33,6 @@ from m3fleet.api import parse_resource
 from m3fleet.api.models import AutoscalingSpec, PrometheusSpec
 from m3fleet.autoscaling import readiness
 from m3fleet.autoscaling.forecast import DemandRecord, bucket_seconds, record_demand
-from m3fleet.autoscaling.metrics import Gateway, PrometheusAdapter, Tls
 from m3fleet.autoscaling.policy import (
     POD_DELETION_COST,
     Action,
@@ -43,6 +42,7 @@ from m3fleet.autoscaling.policy import (
     decide,
     worth_recording,
 )
+from m3fleet.autoscaling.prometheus import Gateway, PrometheusAdapter, Tls
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
 from m3fleet.controller import kube, metrics
 from m3fleet.controller.events import Events

@@ -53,7 +53,7 @@ from m3fleet.autoscaling.signals import (
     MetricsSnapshot,
     ReplicaSignals,
 )
-from m3fleet.catalog.metrics import ENGINE_METRICS, EngineMetrics, Names
+from m3fleet.catalog.engine_metrics import ENGINE_METRICS, EngineMetrics, Names
 
 Q = TypeVar("Q")
 V = TypeVar("V")
