@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from m3fleet.api.models import TimeToReadyStatus
-from m3fleet.autoscaling.readiness import (
+from m3fleet.autoscaling.time_to_ready import (
     WINDOW,
     Record,
     go_duration,

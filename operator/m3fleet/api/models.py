@@ -293,8 +293,8 @@ class PhaseSummary(CamelModel):
     samples: int = Field(default=0, description="Replicas in the window this phase is known for.")
 
 
-class StartupPhases(CamelModel):
-    """Where a new replica's time goes (see autoscaling/readiness.py for what each phase is read from)."""
+class TimeToReadyPhases(CamelModel):
+    """Where a new replica's time goes (see autoscaling/time_to_ready.py for what each phase is read from)."""
 
     schedule: PhaseSummary | None = Field(default=None, description="Pod created -> PodScheduled.")
     image: PhaseSummary | None = Field(
@@ -304,7 +304,7 @@ class StartupPhases(CamelModel):
     load: PhaseSummary | None = Field(default=None, description="Containers started -> Ready (weights, engine init).")
 
 
-class StartupSample(CamelModel):
+class TimeToReadySample(CamelModel):
     """One measured replica."""
 
     replica: str = Field(max_length=253, description="The replica's pod (a multi-node group's leader).")
@@ -331,8 +331,8 @@ class TimeToReadyStatus(CamelModel):
         default=None, description="90th percentile over the window: the autoscaler's time-to-ready."
     )
     last_replica: str | None = Field(default=None, max_length=253, description="The last replica measured.")
-    phases: StartupPhases | None = Field(default=None, description="Each phase over the window.")
-    recent: list[StartupSample] = Field(
+    phases: TimeToReadyPhases | None = Field(default=None, description="Each phase over the window.")
+    recent: list[TimeToReadySample] = Field(
         default_factory=list, max_length=10, description="The last replicas measured, oldest first."
     )
 
@@ -480,9 +480,9 @@ __all__ = [
     "ScaleUpBehavior",
     "ScheduleWindowSpec",
     "SecretKeyRef",
-    "StartupPhases",
-    "StartupSample",
     "Strategy",
+    "TimeToReadyPhases",
+    "TimeToReadySample",
     "TimeToReadyStatus",
     "Variant",
     "Weekday",

@@ -1,7 +1,7 @@
 """Context-length-aware autoscaling: engine signals, Prometheus adapters, the pure policy, the simulator.
 
 Modules: `signals` (typed snapshots), `prometheus` (Prometheus adapters; the only I/O), `policy` (pure
-decisions), `forecast` (forecast floor and scheduled bounds), `readiness` (time-to-ready from pods),
+decisions), `forecast` (forecast floor and scheduled bounds), `time_to_ready` (time-to-ready from pods),
 `coldstart` (the simulator's time-to-ready from phases and where the weights are), `scenarios` /
 `simulator` / `simulate` (what the autoscaler would do with a resource) and `cli` (`m3fleet simulate`).
 Nothing is imported here, so importing the pure policy never pulls in I/O.
@@ -11,11 +11,11 @@ How an operator drives it, per resource and tick:
 
 1. `config = PolicyConfig.from_spec(spec.autoscaling, plan)` (schedule, forecast period and margin
    included).
-2. Time-to-ready: whenever a pod is ready and not yet counted, `readiness.record(previous, pods, events,
+2. Time-to-ready: whenever a pod is ready and not yet counted, `time_to_ready.record(previous, pods, events,
    group_size)` measures the replicas that became ready (phases schedule / image / start / load from the
    pods' conditions, containerStatuses and the kubelet's Pulled events; each replica once) and the
    operator writes `record.to_status()` to `status.timeToReady` and observes the histograms (see
-   controller/startup.py). Per tick: `ages, remaining = readiness.starting(pods, record, now,
+   controller/time_to_ready_recorder.py). Per tick: `ages, remaining = time_to_ready.starting(pods, record, now,
    config.cold_start_seconds, group_size)`; `fleet = FleetState(now, current_replicas, ready_replicas,
    starting_ages=ages, time_to_ready_seconds=record.p90_seconds, starting_remaining=remaining)` — the p90
    of the last 10 replicas to become ready, None (the spec's coldStartSeconds) until one has.

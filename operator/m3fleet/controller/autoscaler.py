@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from m3fleet.api import parse_resource
 from m3fleet.api.models import AutoscalingSpec, PrometheusSpec
-from m3fleet.autoscaling import readiness
+from m3fleet.autoscaling import time_to_ready
 from m3fleet.autoscaling.forecast import DemandRecord, bucket_seconds, record_demand
 from m3fleet.autoscaling.policy import (
     POD_DELETION_COST,
@@ -272,7 +272,7 @@ class Autoscaler:
         previous = status.get("autoscaling") or {}
         state = self._states.get(key) or PolicyState.from_dict(previous.get("state") or {})
         config = PolicyConfig.from_spec(scaling, plan)
-        fleet = readiness.fleet_from(
+        fleet = time_to_ready.fleet_from(
             workload, pods, self.clock(), status.get("timeToReady"), plan.nodes_per_replica, config.cold_start_seconds
         )
         period = config.forecast_period_seconds
