@@ -55,7 +55,7 @@ from m3fleet.render import labels
 # `labelmap` of __meta_kubernetes_pod_label_(.+) for annotation-based scraping).
 FLEET_LABEL = "m3fleet_dev_name"
 
-log = logging.getLogger("m3fleet.autoscaler")
+log = logging.getLogger(__name__)
 
 
 class MetricsSource(Protocol):

@@ -44,7 +44,7 @@ WORKERS = 8  # resources reconciled at once
 # Metadata whose change makes a resource due for a reconcile (anything but status).
 TRIGGERS = ("uid", "generation", "labels", "annotations", "deletionTimestamp")
 
-log = logging.getLogger("m3fleet.manager")
+log = logging.getLogger(__name__)
 
 
 def key_of(body: Mapping[str, Any]) -> Key:

@@ -26,7 +26,7 @@ from m3fleet.render import labels
 
 PULLED_EVENTS = "involvedObject.kind=Pod,reason=Pulled"
 
-log = logging.getLogger("m3fleet.startup")
+log = logging.getLogger(__name__)
 
 
 def group_size(body: Mapping[str, Any]) -> int | None:
