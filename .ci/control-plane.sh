@@ -11,8 +11,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 exec 3>&1 1>&2
-# shellcheck source=../tests/cluster/versions.env
-source tests/cluster/versions.env
+# shellcheck source=../tests/support/cluster/versions.env
+source tests/support/cluster/versions.env
 
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 CACHE=$(realpath -m "${M3FLEET_CLUSTER_CACHE:-$HOME/.cache/m3fleet/cluster}")

@@ -7,7 +7,7 @@
 # Output contract (stdout carries ONLY these two lines; every log line goes to stderr):
 #   VLLM_PY=/abs/path/to/vllm-venv/bin/python
 #   SGLANG_PY=/abs/path/to/sglang-venv/bin/python
-# The same two lines are written to "$ROOT/pythons.env", which tests/engine_parsers/runner.py reads.
+# The same two lines are written to "$ROOT/pythons.env", which tests/support/engines/runner.py reads.
 # Usage: bash .ci/engine-envs.sh            (ROOT = ${M3FLEET_ENGINE_ENVS:-$HOME/.cache/m3fleet/engine-envs})
 set -euo pipefail
 ROOT=$(realpath -m "${M3FLEET_ENGINE_ENVS:-$HOME/.cache/m3fleet/engine-envs}")  # before the cd

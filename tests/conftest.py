@@ -1,14 +1,10 @@
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES_DIR = ROOT / "manifests" / "samples"
-SAMPLE_FILES = sorted(SAMPLES_DIR.glob("*.yaml"))
+from tests.support.samples import ROOT, SAMPLE_FILES, load_sample
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -22,7 +18,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # Tiers whose files are slow and mostly wait (a real control plane, the engines' parsers, operator processes) run
 # first: spread over xdist workers one file at a time (.ci/test), the quick CPU-bound files then fill in behind
 # them instead of leaving one worker a long tail of cluster tests.
-SLOW_TIERS_FIRST = ("cluster", "engine_parsers", "operator")
+SLOW_TIERS_FIRST = ("faults", "cluster", "engine_parsers", "operator")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -31,11 +27,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return SLOW_TIERS_FIRST.index(top) if top in SLOW_TIERS_FIRST else len(SLOW_TIERS_FIRST)
 
     items.sort(key=tier)  # stable: each file's tests stay together and in order
-
-
-def load_sample(path: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(path.read_text())
-    return doc
 
 
 @pytest.fixture(params=SAMPLE_FILES, ids=[p.stem for p in SAMPLE_FILES])

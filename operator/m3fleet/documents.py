@@ -1,7 +1,7 @@
 """The CLI's input and output: YAML documents read from files, directories or stdin within bounds a hostile
 file cannot exceed, problems reported one line each (the resource, then the field), objects written as YAML
 or JSON, and the exit status every subcommand shares (`m3fleet.exitcodes`). Used by every subcommand
-(`m3fleet.cli`, `m3fleet.autoscaling.cli`, `m3fleet.bench.cli`), importing none of them.
+(`m3fleet.cli` and its modules, the simulator's `m3fleet_simulator.command`), importing none of them.
 
 Documents that are not ours (a Namespace, a Kustomization, a ConfigMap: what `kustomize build` puts beside our
 resources) are skipped, each named on stderr. Never a traceback (set M3FLEET_DEBUG=1 to see one).

@@ -2,8 +2,8 @@
 
     .venv/bin/python tests/bench/bench_contract.py [--examples 20000] [--seed 0]
 
-Starts a private control plane (tests/cluster/controlplane.py), installs the CRD, and judges documents drawn
-from the CRD's schema (valid and mutated; tests/cluster/contract.py) twice: with `parse_resource` (what
+Starts a private control plane (tests/support/cluster/controlplane.py), installs the CRD, and judges documents drawn
+from the CRD's schema (valid and mutated; tests/support/cluster/contract.py) twice: with `parse_resource` (what
 `m3fleet plan`/`render` and the operator run) and with the apiserver (`dryRun=All`,
 `fieldValidation=Strict`). Prints the figures: documents, admitted/rejected, disagreements (exit status 1
 when there is any), the fields the rejections named, and the time each side took per document. The CI
@@ -27,9 +27,9 @@ if __package__ in (None, ""):  # run as a script: make `tests.*` importable from
 
 from hypothesis import HealthCheck, given, seed, settings
 
-from tests.cluster.cluster import BIN, REPO
-from tests.cluster.contract import Apiserver, cli_verdict, disagreement, documents, install_crd
-from tests.cluster.controlplane import ControlPlane, build, wait_for
+from tests.support.cluster.cluster import BIN, REPO
+from tests.support.cluster.contract import Apiserver, cli_verdict, disagreement, documents, install_crd
+from tests.support.cluster.controlplane import ControlPlane, build, wait_for
 
 
 def main() -> int:

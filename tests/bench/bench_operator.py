@@ -1,5 +1,5 @@
 """Benchmark: the operator as users run it (`m3fleet run`, a process of its own), N resources at once,
-against the apiserver emulator and against a real control plane (tests/cluster/bench.py), side by side.
+against the apiserver emulator and against a real control plane (tests/support/cluster/bench.py), side by side.
 
     python3 tests/bench/bench_operator.py [--resources 1000] [--real-resources 300] [--quiet 30]
                                           [--per-namespace 20] [--sample vllm-h200-tp8] [--tier both]
@@ -123,7 +123,7 @@ class BenchResult:
     quiet_seconds: float
     quiet_traffic: collections.Counter[str]
     operator_peak_rss_mib: float
-    rbac_violations: list[str] = dataclasses.field(default_factory=list)  # requests outside kube.RBAC
+    rbac_violations: list[str] = dataclasses.field(default_factory=list)  # requests outside permissions.RBAC
 
     @property
     def operator_writes(self) -> int:
@@ -163,7 +163,7 @@ class BenchResult:
             (f"requests in {self.quiet_seconds:.0f} s at rest (writes and reads)", f"{self.quiet_requests}"),
             *((f"  quiet {k}", f"{v}") for k, v in sorted(self.quiet_traffic.items())),
             ("operator peak RSS", f"{self.operator_peak_rss_mib:.0f} MiB"),
-            ("requests outside kube.RBAC", f"{len(self.rbac_violations)}"),
+            ("requests outside permissions.RBAC", f"{len(self.rbac_violations)}"),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v:>10}" for k, v in rows)
@@ -261,9 +261,9 @@ async def run_benchmark(
 
 def real_tier(resources: int, quiet: float) -> tuple[str, bool]:
     """The same measurement on a real control plane (built by .ci/control-plane.sh), chart installed."""
-    from tests.cluster import bench as real
-    from tests.cluster.cluster import Cluster
-    from tests.cluster.controlplane import ControlPlane, build
+    from tests.support.cluster import bench as real
+    from tests.support.cluster.cluster import Cluster
+    from tests.support.cluster.controlplane import ControlPlane, build
 
     workdir = Path(tempfile.mkdtemp(prefix="m3fleet-bench-"))
     control_plane = ControlPlane(build(), workdir).start()

@@ -23,9 +23,9 @@ from m3fleet.bench.results import RESULT_KEY, BenchResult
 from m3fleet.cli import main
 from m3fleet.exitcodes import EXIT_BENCH_FAILED
 from m3fleet.render import service_name
-from tests.conftest import SAMPLES_DIR
 from tests.kube.emulator import ApiServerEmulator
 from tests.operator.harness import M3D, NS, declare_cluster, sample
+from tests.support.samples import SAMPLES_DIR
 
 pytestmark = pytest.mark.kmock(cls=ApiServerEmulator)
 

@@ -22,8 +22,8 @@ from m3fleet.cli import build_parser
 from m3fleet.planner import plan
 from m3fleet.render import labels as render_labels
 from m3fleet.render import render as render_engine
-from tests.chart.support import CHART, NAMESPACE, ROOT, by_kind, one, render, render_notes, validate_any
-from tests.conftest import SAMPLE_FILES, load_sample
+from tests.support.chart import CHART, NAMESPACE, ROOT, by_kind, one, render, render_notes, validate_any
+from tests.support.samples import SAMPLE_FILES, load_sample
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 CASES: dict[str, dict[str, Any]] = {

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from m3fleet.controller.metrics import REGISTRY
-from tests.chart.support import ROOT
+from tests.support.chart import ROOT
 
 DASHBOARD = ROOT / "manifests" / "dashboards" / "m3fleet-fleet.json"
 

@@ -12,7 +12,7 @@ import json
 import shlex
 
 from m3fleet.cli import build_parser
-from tests.chart.support import ROOT
+from tests.support.chart import ROOT
 
 DOCKERFILE = ROOT / "operator" / "Dockerfile"
 
@@ -78,7 +78,7 @@ def test_dockerignore_admits_what_the_build_copies() -> None:
     for path in (
         "pyproject.toml",
         "README.md",
-        "operator/m3fleet/cli.py",
+        "operator/m3fleet/cli/__init__.py",
         "operator/m3fleet/engines/templates/trtllm-leader.sh.j2",
     ):
         assert _included(path, patterns), path
@@ -89,5 +89,7 @@ def test_dockerignore_admits_what_the_build_copies() -> None:
         "charts/m3fleet/Chart.yaml",
         "operator/m3fleet/__pycache__/cli.cpython-311.pyc",
         "operator/m3fleet.egg-info/PKG-INFO",
+        "simulator/pyproject.toml",  # the simulator is a distribution of its own: never in the operator's image
+        "simulator/m3fleet_simulator/fleet.py",
     ):
         assert not _included(path, patterns), path

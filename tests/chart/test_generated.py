@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.support import CHART, KUBECTL, NAMESPACE, ROOT, generate, load_yaml_docs, one, validate_any
+from tests.support.chart import CHART, KUBECTL, NAMESPACE, ROOT, generate, load_yaml_docs, one, validate_any
 
 FIX = "generated files are stale: run `python3 hack/generate.py` and commit the result"
 

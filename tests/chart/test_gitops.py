@@ -1,6 +1,6 @@
 """manifests/gitops: Argo CD and Flux examples are well-formed and point at things that exist.
 
-Each custom resource is checked against its field list (tests/chart/support.py); the Helm values they
+Each custom resource is checked against its field list (tests/support/chart.py); the Helm values they
 carry are validated against the chart's values.schema.json and rendered; every path and source
 reference resolves inside this repository.
 """
@@ -15,7 +15,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from tests.chart.support import CHART, KUBECTL, ROOT, load_yaml_docs, render, validate_any
+from tests.support.chart import CHART, KUBECTL, ROOT, load_yaml_docs, render, validate_any
 
 GITOPS = ROOT / "manifests" / "gitops"
 FILES = sorted(p for p in GITOPS.rglob("*.yaml") if p.name not in ("argocd-cm-patch.yaml", "kustomization.yaml"))

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from m3fleet.controller.status import Blocked, PodFailure, Workload, conditions
-from tests.chart.support import KUBECTL, ROOT, generate
+from tests.support.chart import KUBECTL, ROOT, generate
 
 LUA = ROOT / "manifests" / "gitops" / "argocd" / "health.lua"
 FLUX = ROOT / "manifests" / "gitops" / "flux" / "m3fleet.yaml"
@@ -173,7 +173,7 @@ def test_flux_health_check_exprs(case: str) -> None:
 
 
 def test_argocd_patch_carries_the_script(tmp_path: Path) -> None:
-    """The README's `kubectl patch configmap argocd-cm --patch-file ...`, offline (--local)."""
+    """docs/install.md's `kubectl patch configmap argocd-cm --patch-file ...`, offline (--local)."""
     argocd_cm = tmp_path / "argocd-cm.yaml"
     argocd_cm.write_text(
         yaml.safe_dump(

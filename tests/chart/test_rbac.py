@@ -1,6 +1,6 @@
-"""The operator's RBAC grants exactly what m3fleet.controller.kube.RBAC lists, no more, no wildcards.
+"""The operator's RBAC grants exactly what m3fleet.permissions.RBAC lists, no more, no wildcards.
 
-kube.RBAC is every (group, resource, verbs) the operator calls, kopf's own calls included. Which of
+permissions.RBAC is every (group, resource, verbs) the operator calls, kopf's own calls included. Which of
 them a configuration needs is kopf's business and is stated here independently of the chart:
 
 * leases only with peering (the write Lease);
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from m3fleet.controller.kube import NODE_LABEL_PREFIXES, POD_ANNOTATIONS, RBAC
+from m3fleet.permissions import NODE_LABEL_PREFIXES, POD_ANNOTATIONS, RBAC
 from m3fleet.render.labels import MANAGED_BY
-from tests.chart.support import NAMESPACE, render
+from tests.support.chart import NAMESPACE, render
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "clusterkopfpeerings"}
@@ -145,8 +145,8 @@ def _policies(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def test_admission_policies_narrow_the_operators_node_and_pod_patches_only() -> None:
     """One policy for nodes and one for pods, each matching UPDATEs of the operator's ServiceAccount only, bound
-    with Deny; the node labels and pod annotations they leave it are the code's (kube.NODE_LABEL_PREFIXES,
-    kube.POD_ANNOTATIONS), so a renamed label cannot drift from the policy."""
+    with Deny; the node labels and pod annotations they leave it are the code's (permissions.NODE_LABEL_PREFIXES,
+    permissions.POD_ANNOTATIONS), so a renamed label cannot drift from the policy."""
     objects = render()
     policies = _policies(objects)
     assert set(policies) == {f"m3fleet-{NAMESPACE}-nodes", f"m3fleet-{NAMESPACE}-pods"}

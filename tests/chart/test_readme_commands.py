@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from m3fleet.cli import build_parser, main
-from tests.chart.support import CHART, KUBECTL, ROOT, by_kind, generate, one, render, validate_any
+from tests.support.chart import CHART, KUBECTL, ROOT, by_kind, generate, one, render, validate_any
 
 START = "<!-- m3fleet:install-and-operate:start"
 END = "<!-- m3fleet:install-and-operate:end -->"
@@ -143,6 +143,17 @@ GENERATE_CHECK = "python3 hack/generate.py --check"
 PORT_FORWARD = "kubectl -n llm port-forward service/m3-vllm-h200-tp8-api 8000:8000"
 BENCH_DRY_RUN = "m3fleet bench -f manifests/samples/vllm-h200-tp8.yaml --dry-run"
 SIMULATE_MEASURED = "m3fleet simulate --scenario bursty --throughput-from result.json"
+# docs/troubleshooting.md: a multi-node fleet's pods and logs (they need a cluster; the selectors, pod name and
+# container are checked against the rendered LeaderWorkerSet below).
+MULTINODE_SAMPLE = "manifests/samples/sglang-gb200-mxfp8-2x4-tp8-ep8.yaml"
+LWS_PODS = (
+    "kubectl get pods -n llm -l m3fleet.dev/name=m3-sglang-gb200"
+    " -L m3fleet.dev/role,leaderworkerset.sigs.k8s.io/group-index"
+)
+LWS_LEADER_LOGS = "kubectl logs -n llm -l m3fleet.dev/name=m3-sglang-gb200,m3fleet.dev/role=leader -c engine --tail=100"
+LWS_WORKER_LOGS = "kubectl logs -n llm m3-sglang-gb200-0-1 -c engine --tail=100"
+# docs/autoscaling.md: the decision's reason (status.autoscaling, written by the operator: tests/cluster).
+AUTOSCALING_REASON = "kubectl get m3d -n llm m3-vllm-h200-tp8 -o jsonpath='{.status.autoscaling.reason}'"
 
 EXERCISED = {
     INSTALL,
@@ -220,6 +231,11 @@ NEEDS_CLUSTER = {
     "m3fleet bench -f manifests/samples/vllm-h200-tp8.yaml",
     "m3fleet bench -f manifests/samples/vllm-h200-tp8.yaml -o json > result.json",
     "kubectl get configmap -n llm -l app.kubernetes.io/component=benchmark",
+    "helm upgrade m3fleet charts/m3fleet -n m3fleet-system --reuse-values",
+    LWS_PODS,
+    LWS_LEADER_LOGS,
+    LWS_WORKER_LOGS,
+    AUTOSCALING_REASON,
 }
 
 
@@ -395,10 +411,30 @@ def test_bench_dry_run_prints_the_job() -> None:
 
 
 def test_simulate_with_a_measured_throughput(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.autoscaling.test_throughput_prior import measured_from_fixture
+    from tests.support.bench_results import measured_from_fixture
 
     (tmp_path / "result.json").write_text(json.dumps(measured_from_fixture().to_document()))
     monkeypatch.chdir(tmp_path)
     code, out, err = run_cli(shlex.split(SIMULATE_MEASURED)[1:])
     assert (code, err) == (0, "")
     assert "throughput: measured by m3fleet bench (result.json: vllm bench serve on llm/m3-vllm-h200-tp8" in out
+
+
+def test_multinode_pod_commands_match_the_rendered_groups() -> None:
+    """The label selectors, the worker pod's name and the container name in docs/troubleshooting.md are those of the
+    LeaderWorkerSet that `m3fleet render` prints for the sample (LWS names a group's worker `<lws>-<group>-<index>`)."""
+    code, out, err = run_cli(["render", "-f", MULTINODE_SAMPLE])
+    assert (code, err) == (0, "")
+    (lws,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "LeaderWorkerSet"]
+    templates = {
+        "leader": lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"],
+        "worker": lws["spec"]["leaderWorkerTemplate"]["workerTemplate"],
+    }
+    for role, template in templates.items():
+        selector = {"m3fleet.dev/name": lws["metadata"]["name"], "m3fleet.dev/role": role}
+        assert selector.items() <= template["metadata"]["labels"].items(), role
+        assert "engine" in [c["name"] for c in template["spec"]["containers"]], role
+    name = lws["metadata"]["name"]
+    assert f"m3fleet.dev/name={name} " in LWS_PODS
+    assert f"m3fleet.dev/name={name},m3fleet.dev/role=leader " in LWS_LEADER_LOGS
+    assert lws["spec"]["leaderWorkerTemplate"]["size"] >= 2 and f" {name}-0-1 -c engine" in LWS_WORKER_LOGS

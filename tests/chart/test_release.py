@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.chart.support import ROOT
+from tests.support.chart import ROOT
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"

@@ -12,7 +12,7 @@ from cryptography import x509
 
 from m3fleet.cli import build_parser
 from m3fleet.controller.webhook import CERT_FILE, KEY_FILE, WEBHOOK_ID
-from tests.chart.support import NAMESPACE, by_kind, one, render
+from tests.support.chart import NAMESPACE, by_kind, one, render
 
 HOOK = "validate.minimaxm3deployments.m3fleet.dev"
 

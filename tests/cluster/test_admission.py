@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.cluster.cluster import REPO, SAMPLES, Cluster, eventually
-from tests.unit.test_crd import (
+from tests.support.cluster.cluster import REPO, SAMPLES, Cluster, eventually
+from tests.support.crd_cases import (
     CEL_CASES,
     CEL_IDS,
     NODE_SELECTORS_ADMITTED,

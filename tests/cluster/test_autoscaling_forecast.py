@@ -5,7 +5,7 @@ is quiet, and `status.autoscaling.forecast` says why.
 
 The record is written as a previous operator process would have left it (the status subresource, before this
 test's operator starts): two days of an operator cannot be waited for here; the folding of ticks into that
-record is unit-tested (tests/autoscaling/test_demand_record.py). It is in the form an older operator kept
+record is unit-tested (tests/unit/autoscaling/test_demand_record.py). It is in the form an older operator kept
 (5-minute samples, `[minute, need]`), so the test also shows an upgraded operator reading it minute by minute
 and keeping it in today's dense form."""
 
@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.autoscaling.prom import prometheus
-from tests.cluster import standins as loop
-from tests.cluster.cluster import Cluster
-from tests.cluster.fleet import delete, weight_volumes
+from tests.support.autoscaling.prom import prometheus
+from tests.support.cluster import standins as loop
+from tests.support.cluster.cluster import Cluster
+from tests.support.cluster.fleet import delete, weight_volumes
 
 from m3fleet.api import parse_resource
 from m3fleet.autoscaling.forecast import DAY, DemandRecord

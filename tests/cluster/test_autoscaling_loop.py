@@ -2,7 +2,7 @@
 (`m3fleet run`, the chart's ServiceAccount) -> the real Deployment -> kwok's pods -> the stand-ins.
 
 * One stand-in per running engine pod: when kwok brings a pod up, a stand-in starts exporting its engine's metric
-  format (tests/autoscaling/prom.py's `vllm_text`, `sglang_text`, `trtllm_text`) on its own loopback port;
+  format (tests/support/autoscaling/prom.py's `vllm_text`, `sglang_text`, `trtllm_text`) on its own loopback port;
   when the pod goes, its stand-in stops. Prometheus finds them through file-based service discovery (the test
   writes the target list as Kubernetes service discovery would), each target labelled as the chart's PodMonitor
   labels engine series: `namespace`, `m3fleet_dev_name` (the fleet) and `pod` (the replica the adapter groups by).
@@ -25,7 +25,7 @@ on all eight ranks) and a TensorRT-LLM fleet (KV in blocks and its exported bloc
 own formats, and the capacity each engine reports agrees with the plan.
 
 A scenario drives the loop as well: a slice of `long-context-burst` served in real time by the simulator's engine
-model on exactly the pods that run (tests/cluster/live.py), each stand-in exporting its replica's own counters.
+model on exactly the pods that run (tests/support/cluster/live.py), each stand-in exporting its replica's own counters.
 
 What this leaves unproven: real engines' timings (kwok's pods are ready within a second; the engine model is the
 simulator's, not measured on hardware).
@@ -39,11 +39,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.autoscaling.prom import GatewayLoad, MetricsServer, prometheus
-from tests.cluster.cluster import Cluster, OperatorProcess
-from tests.cluster.fleet import delete, operated_namespace, pods, wait_ready
-from tests.cluster.live import ScenarioLoad, burst_slice
-from tests.cluster.standins import (
+from tests.support.autoscaling.prom import GatewayLoad, MetricsServer, prometheus
+from tests.support.cluster.cluster import Cluster, OperatorProcess
+from tests.support.cluster.fleet import delete, operated_namespace, pods, wait_ready
+from tests.support.cluster.live import ScenarioLoad, burst_slice
+from tests.support.cluster.standins import (
     ACT,
     ADVISORY,
     BUSY,
@@ -60,7 +60,7 @@ from tests.cluster.standins import (
     scrape_config,
     spec_managers,
 )
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 from m3fleet.api import parse_resource
 from m3fleet.autoscaling.policy import POD_DELETION_COST

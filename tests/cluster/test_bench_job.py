@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cluster.cluster import BIN, Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import (
+from tests.support.cluster.cluster import BIN, Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import (
     NODE_POOL,
     delete,
     operated_namespace,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.cluster import bench
-from tests.cluster.cluster import Cluster
+from tests.support.cluster import bench
+from tests.support.cluster.cluster import Cluster
 
 
 def test_real_tier_benchmark_smoke(chart: Cluster) -> None:

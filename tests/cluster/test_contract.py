@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from tests.cluster.cluster import REPO, Cluster, eventually
-from tests.cluster.contract import NAMESPACE, Apiserver, cli_verdict, disagreement, documents, install_crd
+from tests.support.cluster.cluster import REPO, Cluster, eventually
+from tests.support.cluster.contract import NAMESPACE, Apiserver, cli_verdict, disagreement, documents, install_crd
 
 from m3fleet.api.cache import CACHE_KIND
 from m3fleet.api.models import KIND

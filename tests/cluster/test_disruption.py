@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import delete, operated_namespace, pods, renamed, sample, wait_ready
+from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import delete, operated_namespace, pods, renamed, sample, wait_ready
 
 NAMESPACE = "disruption"
 

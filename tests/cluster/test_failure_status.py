@@ -1,6 +1,6 @@
 """Status says why engine pods fail, on the real control plane.
 
-kwok's stages in tests/cluster/kwok/pod-failures.yaml make an engine container fail the way a kubelet reports
+kwok's stages in tests/support/cluster/kwok/pod-failures.yaml make an engine container fail the way a kubelet reports
 it, chosen by the engine image: crash-looping with the engine's last error, OOM-killed, an image that cannot be
 pulled, a Secret key that is missing. The real ReplicaSet / LeaderWorkerSet controllers create the pods; the
 operator, started through `m3fleet run`, reads them. What a user sees: Ready=False with the kubelet's reason and
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.cluster import dra
-from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import condition, delete, operated_namespace, pods, renamed, sample, wait_ready
+from tests.support.cluster import dra
+from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import condition, delete, operated_namespace, pods, renamed, sample, wait_ready
 
 NAMESPACE = "failing"
 # name -> (sample, engine image, Ready reason, what the message must say)

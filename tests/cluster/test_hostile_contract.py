@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cluster.cluster import Cluster, eventually
-from tests.cluster.contract import Apiserver
+from tests.support.cluster.cluster import Cluster, eventually
+from tests.support.cluster.contract import Apiserver
 
 from m3fleet.api.parse import parse_cache, parse_resource
 from m3fleet.cli import main

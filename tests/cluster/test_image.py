@@ -1,7 +1,7 @@
 """The operator image (hack/build-image.sh, operator/Dockerfile) runs the chart's container on the real tier.
 
 The container is the one the chart's Deployment declares — its args, env and volume mounts, read back from the
-cluster after `helm install` — run from the image's root filesystem as a kubelet would (tests/cluster/image.py):
+cluster after `helm install` — run from the image's root filesystem as a kubelet would (tests/support/cluster/image.py):
 read-only root, uid 65532 with no passwd entry and no home, the ServiceAccount token and CA at the in-cluster path
 with KUBERNETES_SERVICE_HOST/PORT, no kubeconfig. Only the ports move to free loopback ports (the host's network is
 shared) and POD_ID (a fieldRef, set by a kubelet) stays unset: the image crashed at start without it until the peer
@@ -12,6 +12,7 @@ planner refuses through the chart's webhook, and serves /metrics with the fleet'
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 import urllib.parse
 import urllib.request
@@ -21,10 +22,10 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tests.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, RELEASE, REPO, Cluster, eventually
-from tests.cluster.fleet import delete, renamed, sample, wait_ready, weight_volumes, write_manifest
-from tests.cluster.image import SERVICE_ACCOUNT_DIR, Image, build_image, unpacked
-from tests.ports import free_port
+from tests.support.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, RELEASE, REPO, Cluster, eventually
+from tests.support.cluster.fleet import delete, renamed, sample, wait_ready, weight_volumes, write_manifest
+from tests.support.cluster.image import SERVICE_ACCOUNT_DIR, Image, build_image, unpacked
+from tests.support.ports import free_port
 
 NAMESPACE = "image"
 IMAGE_UID = 65532
@@ -44,6 +45,25 @@ def test_the_image_says_what_it_is_and_runs_as_65532(image: Image) -> None:
     assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", labels["org.opencontainers.image.revision"]), labels
     assert image.config["User"] == f"{IMAGE_UID}:{IMAGE_UID}"
     assert image.config["Entrypoint"] == ["m3fleet"] and image.config["Cmd"] == ["run", "--all-namespaces"]
+
+
+def test_the_image_carries_no_simulator_and_says_how_to_get_one(image: Image) -> None:
+    """The autoscaling simulator is a distribution of its own (simulator/, `m3fleet[simulate]`): the operator's image
+    has neither its package nor the modules it once was, and its `m3fleet simulate` says so in one line, exit 2."""
+    site_packages = sorted(image.rootfs.glob("opt/m3fleet/lib/python3*/site-packages"))
+    assert site_packages, "the image has no /opt/m3fleet venv"
+    assert (site_packages[0] / "m3fleet" / "autoscaling" / "policy.py").is_file()  # the policy ships: it scales
+    carried = [
+        str(path.relative_to(image.rootfs))
+        for pattern in ("m3fleet_simulator*", "m3fleet*simulator*", "m3fleet/autoscaling/simulat*.py")
+        for path in site_packages[0].glob(pattern)
+    ]
+    assert not carried, carried
+    result = subprocess.run(
+        image.command(["simulate", "--scenario", "steady-chat"], {}, {}), capture_output=True, text=True, timeout=120
+    )
+    assert (result.returncode, result.stdout) == (2, ""), (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.count("\n") == 1 and "pip install 'm3fleet[simulate]'" in result.stderr, result.stderr
 
 
 def chart_container(cluster: Cluster) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from tests.cluster.cluster import REPO, Cluster, eventually, fresh_cluster
-from tests.cluster.fleet import condition, delete, renamed, sample, wait_ready, weight_volumes
+from tests.support.cluster.cluster import REPO, Cluster, eventually, fresh_cluster
+from tests.support.cluster.fleet import condition, delete, renamed, sample, wait_ready, weight_volumes
 
 INSTALL_FILE = REPO / "manifests" / "install.yaml"
 INSTALL_DIR = REPO / "manifests" / "install"

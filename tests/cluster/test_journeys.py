@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import (
+from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import (
     assert_on_pool,
     condition,
     delete,

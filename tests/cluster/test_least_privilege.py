@@ -19,13 +19,13 @@ from typing import Any
 
 import kubernetes
 import pytest
-from tests.cluster import dra
-from tests.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, Cluster, eventually, fresh_cluster
-from tests.cluster.fleet import condition, delete, hub_cache, pods, renamed, sample, wait_ready, weight_volumes
+from tests.support.cluster import dra
+from tests.support.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, Cluster, eventually, fresh_cluster
+from tests.support.cluster.fleet import condition, delete, hub_cache, pods, renamed, sample, wait_ready, weight_volumes
 
+from m3fleet import kubeapi
 from m3fleet.api.cache import NODE_LABEL_PREFIX
 from m3fleet.autoscaling.policy import POD_DELETION_COST
-from m3fleet.controller import kube
 
 NAMESPACE = "tenant"
 POOL = ("h200-4", "h200-5")
@@ -61,8 +61,8 @@ def _patch(kubeconfig: Path, kind: str, name: str, patch: dict[str, Any], namesp
     client = kubernetes.config.new_client_from_config(str(kubeconfig))
     path = f"/api/v1/namespaces/{namespace}/{kind}s/{name}" if namespace else f"/api/v1/{kind}s/{name}"
     try:
-        kube.call(client, "PATCH", path, patch, content="application/merge-patch+json")
-    except kube.ApiError as exc:
+        kubeapi.call(client, "PATCH", path, patch, content="application/merge-patch+json")
+    except kubeapi.ApiError as exc:
         return exc.message
     finally:
         client.close()

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.cluster.cluster import Cluster, OperatorProcess, describe, eventually, traffic
-from tests.cluster.fleet import condition, delete, pods, renamed, sample, wait_ready, weight_volumes
+from tests.support.cluster.cluster import Cluster, OperatorProcess, describe, eventually, traffic
+from tests.support.cluster.fleet import condition, delete, pods, renamed, sample, wait_ready, weight_volumes
 
 NAMESPACE = "lifecycle"
 QUIET_SECONDS = 30.0  # how long a converged fleet is watched for writes after a restart

@@ -8,7 +8,7 @@ What kwok leaves unproven: kwok runs no containers. On kwok nodes a Job's pod is
 Succeeded by kwok's stages, and the real job controller (kube-controller-manager) then marks the Job Complete;
 so here a "completed" staging Job proves the operator's wiring (Job spec admitted, pinned by the real scheduler,
 its completion read, the node labelled), not the staging program, which is proven on its own against a stand-in
-Hugging Face Hub and a claim directory (tests/cache/test_stage.py, the same `m3fleet stage` console script the
+Hugging Face Hub and a claim directory (tests/services/test_stage.py, the same `m3fleet stage` console script the
 Job runs). Failures are driven on a node that no kwok process manages (the test plays its kubelet and patches the
 pod's status to Failed with the exit code and termination message `m3fleet stage` writes); the real job
 controller then retries the pod or, for exit code 3, fails the Job by its pod failure policy. Not proven here:
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cluster.cluster import OPERATOR_NAMESPACE, Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import condition, delete, operated_namespace, renamed, sample, wait_ready
+from tests.support.cluster.cluster import OPERATOR_NAMESPACE, Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import condition, delete, operated_namespace, renamed, sample, wait_ready
 
 NAMESPACE = "cache"
 POOL_LABEL = "m3fleet.test/cache-pool"

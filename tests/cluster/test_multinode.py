@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.cluster import dra
-from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import (
+from tests.support.cluster import dra
+from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import (
     assert_on_pool,
     delete,
     operated_namespace,

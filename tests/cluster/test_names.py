@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.cluster import dra
-from tests.cluster.cluster import BIN, REPO, SAMPLES, Cluster, eventually
-from tests.cluster.contract import NAMESPACE, install_crd
+from tests.support.cluster import dra
+from tests.support.cluster.cluster import BIN, REPO, SAMPLES, Cluster, eventually
+from tests.support.cluster.contract import NAMESPACE, install_crd
 
 from m3fleet.api.models import MAX_NAME_LENGTH, RESOURCE_VALIDATIONS
 from m3fleet.api.parse import parse_resource

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.cluster import dra
-from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import condition, operated_namespace, renamed, sample, wait_ready
+from tests.support.cluster import dra
+from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import condition, operated_namespace, renamed, sample, wait_ready
 
 NAMESPACE = "ownership"
 LABELS = {"app.kubernetes.io/managed-by": "m3fleet"}  # what the operator's watches and listings select on

@@ -1,7 +1,7 @@
 """Pod Security admission and the engine NetworkPolicy on the real control plane.
 
-Each engine pod's documented level (the workload's m3fleet.dev/pod-security-level annotation, the README table) is
-proven with the apiserver's own PodSecurity admission: in a namespace labelled
+Each engine pod's documented level (the workload's m3fleet.dev/pod-security-level annotation, the table in
+docs/security.md) is proven with the apiserver's own PodSecurity admission: in a namespace labelled
 `pod-security.kubernetes.io/enforce=<level>` the real ReplicaSet / LeaderWorkerSet controllers create the pods and
 the resource becomes Ready; in a namespace one level stricter the controllers' pod creations are refused (their
 FailedCreate events say `violates PodSecurity`, and so do the resource's Ready and Degraded conditions). NVIDIA
@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.cluster import dra
-from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import delete, pods, renamed, sample, wait_ready, weight_volumes
-from tests.cluster.nodes import RDMA_RESOURCE
+from tests.support.cluster import dra
+from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import delete, pods, renamed, sample, wait_ready, weight_volumes
+from tests.support.cluster.nodes import RDMA_RESOURCE
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 LEVEL = "m3fleet.dev/pod-security-level"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.autoscaling.test_prometheus_safety import EMPTY_RESULT, SECRET, serving
-from tests.cluster.cluster import BIN, Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import advisory_fleet, operated_namespace
-from tests.cluster.pki import Authority
+from tests.support.cluster.cluster import BIN, Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import advisory_fleet, operated_namespace
+from tests.support.cluster.pki import Authority
+from tests.support.scripted_http import EMPTY_RESULT, SECRET, serving
 
 NAMESPACE = "prom-safety"
 

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.autoscaling.prom import prometheus
-from tests.cluster import standins as loop
-from tests.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, Cluster, OperatorProcess
-from tests.cluster.fleet import delete, pods, wait_ready, weight_volumes
-from tests.ports import free_port
+from tests.support.autoscaling.prom import prometheus
+from tests.support.cluster import standins as loop
+from tests.support.cluster.cluster import OPERATOR_NAMESPACE, OPERATOR_SA, Cluster, OperatorProcess
+from tests.support.cluster.fleet import delete, pods, wait_ready, weight_volumes
+from tests.support.ports import free_port
 
 from m3fleet.api import parse_resource
 from m3fleet.autoscaling.policy import POD_DELETION_COST

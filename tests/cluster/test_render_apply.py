@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.cluster import dra
-from tests.cluster.cluster import BIN, REPO, SAMPLES, Cluster
-from tests.cluster.contract import install_crd
+from tests.support.cluster import dra
+from tests.support.cluster.cluster import BIN, REPO, SAMPLES, Cluster
+from tests.support.cluster.contract import install_crd
 
 RENDERED = [*sorted(SAMPLES.glob("*.yaml")), REPO / "manifests" / "cache" / "h200-bf16.yaml"]
 SAMPLE_NAMESPACE = "llm"  # every sample's

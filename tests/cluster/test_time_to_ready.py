@@ -4,7 +4,7 @@ ServiceAccount) exports each new replica's phases as Prometheus histograms on it
 
 What this leaves unproven: kwok marks a pod scheduled, started and ready within a second and posts no
 kubelet events, so the phases measured here are near zero and the image phase (read from the kubelet's
-`Pulled` events) stays unknown; the unit tests (tests/autoscaling/test_readiness.py) cover real timings,
+`Pulled` events) stays unknown; the unit tests (tests/unit/autoscaling/test_readiness.py) cover real timings,
 pull events, images already present and restarts.
 """
 
@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from tests.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import advisory_fleet, delete, pods, renamed, sample, wait_ready, weight_volumes
-from tests.ports import free_port
+from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import advisory_fleet, delete, pods, renamed, sample, wait_ready, weight_volumes
+from tests.support.ports import free_port
 
 from m3fleet.autoscaling.time_to_ready import epoch
 

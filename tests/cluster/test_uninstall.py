@@ -21,8 +21,16 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.cluster.cluster import BIN, OPERATOR_NAMESPACE, OPERATOR_SA, RELEASE, Cluster, eventually, fresh_cluster
-from tests.cluster.fleet import hub_cache, renamed, sample, wait_ready, weight_volumes
+from tests.support.cluster.cluster import (
+    BIN,
+    OPERATOR_NAMESPACE,
+    OPERATOR_SA,
+    RELEASE,
+    Cluster,
+    eventually,
+    fresh_cluster,
+)
+from tests.support.cluster.fleet import hub_cache, renamed, sample, wait_ready, weight_volumes
 
 from m3fleet.api.cache import node_label_key
 from m3fleet.cache.plan import FINALIZER

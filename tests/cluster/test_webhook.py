@@ -18,8 +18,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.cluster.cluster import BIN, RELEASE, Cluster, OperatorProcess, eventually
-from tests.cluster.fleet import condition, delete, pods, renamed, sample, wait_ready, weight_volumes, write_manifest
+from tests.support.cluster.cluster import BIN, RELEASE, Cluster, OperatorProcess, eventually
+from tests.support.cluster.fleet import (
+    condition,
+    delete,
+    pods,
+    renamed,
+    sample,
+    wait_ready,
+    weight_volumes,
+    write_manifest,
+)
 
 NAMESPACE = "webhook"
 DENIED = 'admission webhook "validate.minimaxm3deployments.m3fleet.dev" denied the request: '

@@ -26,16 +26,16 @@ from m3fleet.api.models import EngineName, SecretKeyRef
 from m3fleet.bench import job as bench_job
 from m3fleet.bench import results
 from m3fleet.planner import plan
-from tests.conftest import ROOT, SAMPLES_DIR, load_sample
-from tests.engine_parsers import runner
-from tests.engine_parsers.standin import StandIn, Timing
-from tests.engine_parsers.tier import needs_engines, require_engines
+from tests.support.engines import runner
+from tests.support.engines.standin import StandIn, Timing
+from tests.support.engines.tier import needs_engines, require_engines
+from tests.support.samples import ROOT, SAMPLES_DIR, load_sample
 
 pytestmark = [pytest.mark.engine_parsers, needs_engines]
 
 SAMPLES = {"vllm": "vllm-h200-tp8", "sglang": "sglang-h200-bf16-tp8"}
 FIXTURES = ROOT / "tests" / "bench" / "fixtures"
-TINY_TOKENIZER = Path(__file__).with_name("tiny_tokenizer.py")
+TINY_TOKENIZER = Path(runner.__file__).with_name("tiny_tokenizer.py")
 INPUT_LEN, OUTPUT_LEN, CONCURRENCY, PROMPTS = 32, 8, (1, 4), 8
 KEY = "m3fleet-test-key"
 TIMING = Timing(first_token_s=0.010, per_prompt_token_s=0.0001, inter_token_s=0.004)

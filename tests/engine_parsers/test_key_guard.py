@@ -1,7 +1,7 @@
 """No SGLang key is readable without presenting it: SGLang's own server behind the rendered key guard.
 
 SGLang 0.5.23 answers `/server_info` with its whole configuration (`admin_api_key`, and `launch_command` with
-`--api-key`). These tests run SGLang's own FastAPI app (tests/engine_parsers/sglang_server.py: SGLang's routes,
+`--api-key`). These tests run SGLang's own FastAPI app (tests/support/engines/sglang_server.py: SGLang's routes,
 handlers, argument parser and key middleware; only the scheduler is a stand-in) with the argv m3fleet renders, behind
 the key guard the rendered pod runs (its container's command and args, in the SGLang venv's Python as in the image),
 and read every GET route SGLang has, with no key, the API key and the admin key.
@@ -33,14 +33,14 @@ from m3fleet.api import parse_resource
 from m3fleet.engines import sglang
 from m3fleet.planner import plan
 from m3fleet.render import render
-from tests.engine_parsers import runner
-from tests.engine_parsers.grid import expand
-from tests.engine_parsers.tier import needs_engines, require_engines
-from tests.ports import free_port
+from tests.support.engines import runner
+from tests.support.engines.grid import expand
+from tests.support.engines.tier import needs_engines, require_engines
+from tests.support.ports import free_port
 
 pytestmark = [pytest.mark.engine_parsers, needs_engines]
 
-SERVER = Path(__file__).with_name("sglang_server.py")
+SERVER = Path(runner.__file__).with_name("sglang_server.py")
 ROUTES = Path(__file__).resolve().parents[2] / "operator" / "m3fleet" / "engines" / sglang.ROUTES_FILE
 API_KEY = "sk-api-7d1f0c"  # what the kubelet reads from the Secrets into the guard's environment
 ADMIN_KEY = "sk-admin-93be55"

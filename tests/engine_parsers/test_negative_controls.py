@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.engine_parsers import runner
-from tests.engine_parsers.tier import needs_engines, require_engines
+from tests.support.engines import runner
+from tests.support.engines.tier import needs_engines, require_engines
 
 pytestmark = [pytest.mark.engine_parsers, needs_engines]
 

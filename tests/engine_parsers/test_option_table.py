@@ -18,8 +18,8 @@ import pytest
 from m3fleet.engines import flags, sglang, vllm
 from m3fleet.engines.flags import OptionTable, OwnedFlag
 from m3fleet.errors import SpecError
-from tests.engine_parsers import option_table_write, runner
-from tests.engine_parsers.tier import needs_engines, require_engines
+from tests.support.engines import option_table_write, runner
+from tests.support.engines.tier import needs_engines, require_engines
 
 pytestmark = [pytest.mark.engine_parsers, needs_engines]
 OWNED: dict[str, tuple[OwnedFlag, ...]] = {"vllm": vllm.OWNED, "sglang": sglang.OWNED}
@@ -89,7 +89,7 @@ def tables() -> dict[str, Any]:
 
 def test_checked_in_table_is_what_the_pinned_parsers_define(tables: dict[str, Any]) -> None:
     checked_in = json.loads(option_table_write.TABLE.read_text())
-    assert checked_in == tables, "engine-options.json is stale: python -m tests.engine_parsers.option_table_write"
+    assert checked_in == tables, "engine-options.json is stale: python -m tests.support.engines.option_table_write"
     assert {engine: table["version"] for engine, table in tables.items()} == runner.pinned_versions()
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from m3fleet.api.models import EngineName
 from m3fleet.catalog import ENGINES
-from tests.engine_parsers import grid, runner
-from tests.engine_parsers.tier import needs_engines, require_engines
+from tests.support.engines import grid, runner
+from tests.support.engines.tier import needs_engines, require_engines
 
 pytestmark = pytest.mark.engine_parsers
 # Only the engine verdicts need the venvs (needs_engines); the coverage and image checks below always run.

@@ -6,7 +6,7 @@ console scripts: hand-made hostile inputs (corpus/hostile) and a generated set (
 File names say what the CLI must do: `ok-*` is admitted, `bad-*` is rejected (exit 2, one line per problem,
 each starting with the file and the field). The generated set mutates the samples at the YAML text level
 (truncation, deleted or doubled characters and lines, swapped indentation, injected bytes, wrong scalars)
-and at the value level (documents drawn from the CRD's schema, tests/cluster/contract.py); its files are
+and at the value level (documents drawn from the CRD's schema, tests/support/cluster/contract.py); its files are
 named `gen-*` and may go either way.
 """
 
@@ -383,7 +383,7 @@ def generated(count: int) -> dict[str, str]:
     samples = [p.read_text() for p in sorted(SAMPLES.glob("*.yaml"))]
     out = {f"gen-text-{i:04d}.yaml": mutate_text(rng.choice(samples), rng) for i in range(count)}
 
-    from tests.cluster.contract import documents  # drawn from the CRD's schema, valid and mutated
+    from tests.support.cluster.contract import documents  # drawn from the CRD's schema, valid and mutated
 
     drawn: list[dict[str, Any]] = []
 

@@ -5,7 +5,7 @@ flags, its environment and a kubeconfig that points at the emulator (an aiohttp 
 event loop): nothing is injected into it. `Cluster` is the test's side of the world: it drives the API
 like kubectl and the built-in controllers would (create, patch, scale, delete, report a workload's
 readiness) and reads the stored objects back. `rbac_violations` holds the operator's requests to
-`m3fleet.controller.kube.RBAC`. Shared by the tests in this directory and by tests/bench.
+`m3fleet.permissions.RBAC`. Shared by the tests in this directory and by tests/bench.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ import kmock as kmock_lib
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from m3fleet.controller import kube
+from m3fleet import permissions
 from m3fleet.render.labels import NAME
-from tests.conftest import SAMPLES_DIR
 from tests.kube.emulator import ApiServerEmulator
 from tests.kube.waiting import eventually
-from tests.ports import free_port
+from tests.support.ports import free_port
+from tests.support.samples import SAMPLES_DIR
 
 NS = "llm"
 M3D = "m3fleet.dev/v1alpha1/minimaxm3deployments"
@@ -106,10 +106,10 @@ def scrubbed(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# RBAC: every request the operator made must be allowed by kube.RBAC
+# RBAC: every request the operator made must be allowed by permissions.RBAC
 # ---------------------------------------------------------------------------------------------
 
-ALLOWED = {(grant.group, grant.resource, verb) for grant in kube.RBAC for verb in grant.verbs}
+ALLOWED = {(grant.group, grant.resource, verb) for grant in permissions.RBAC for verb in grant.verbs}
 CLUSTER_SCOPED = frozenset({"namespaces", "customresourcedefinitions", "clusterkopfpeerings"})
 
 
@@ -157,7 +157,7 @@ def rbac_violations(requests: Iterable[kmock_lib.Request]) -> list[str]:
 
 def assert_rbac(emulator: ApiServerEmulator) -> None:
     violations = rbac_violations(operator_requests(emulator))
-    assert not violations, "requests outside kube.RBAC:\n" + "\n".join(violations)
+    assert not violations, "requests outside permissions.RBAC:\n" + "\n".join(violations)
 
 
 def is_write(request: kmock_lib.Request) -> bool:

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from m3fleet.api import parse_resource
-from m3fleet.controller.kube import FIELD_MANAGER
 from m3fleet.controller.reconcile import what_matters
 from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.kubeapi import FIELD_MANAGER
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import POD_SECURITY_ANNOTATION, render
 from m3fleet.render.labels import MANAGED_BY, serving_selector_string

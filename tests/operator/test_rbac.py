@@ -1,4 +1,4 @@
-"""RBAC conformance: every request the operator makes is allowed by `m3fleet.controller.kube.RBAC`.
+"""RBAC conformance: every request the operator makes is allowed by `m3fleet.permissions.RBAC`.
 
 The autouse fixture in conftest checks each test's requests; this module pins the request -> rule
 mapping down and drives one cluster through everything the operator does, in one request log.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from m3fleet.controller.kube import RBAC
+from m3fleet.permissions import RBAC
 from tests.kube.waiting import eventually
 from tests.operator.harness import (
     DEPLOYMENTS,

@@ -17,7 +17,7 @@ from m3fleet.admission import ALLOWED, review
 from m3fleet.api.parse import parse_cache
 from m3fleet.cli import main
 from m3fleet.errors import SpecErrors
-from tests.conftest import SAMPLE_FILES, load_sample
+from tests.support.samples import SAMPLE_FILES, load_sample
 
 BASE = load_sample(next(p for p in SAMPLE_FILES if p.stem == "vllm-h200-tp8"))
 

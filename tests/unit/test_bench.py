@@ -27,8 +27,7 @@ from m3fleet.cli import main
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
 from m3fleet.render import labels, render, service_name
-from tests.conftest import SAMPLE_FILES, SAMPLES_DIR, load_sample
-from tests.unit.test_render import K8S_VERSION
+from tests.support.samples import K8S_VERSION, SAMPLE_FILES, SAMPLES_DIR, load_sample
 
 # Real logs of the Job's script running vLLM's and SGLang's clients against the stand-in server, written by
 # tests/engine_parsers/test_bench_clients.py --update-goldens (input 32, output 8, concurrency 1,4, 8 prompts).

@@ -39,7 +39,7 @@ from m3fleet.controller.cache import of_other_caches
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
 from m3fleet.render import POD_SECURITY_ANNOTATION, cache_mount, render
-from tests.conftest import SAMPLES_DIR, load_sample
+from tests.support.samples import SAMPLES_DIR, load_sample
 
 H200 = {"nvidia.com/gpu.product": "NVIDIA-H200", "kubernetes.io/arch": "amd64"}
 LABEL = node_label_key("llm", "m3")

@@ -12,7 +12,7 @@ import yaml
 
 from m3fleet.api.crd import crd_yaml
 from m3fleet.cli import main
-from tests.conftest import SAMPLE_FILES, SAMPLES_DIR
+from tests.support.samples import SAMPLE_FILES, SAMPLES_DIR
 
 GOOD = """apiVersion: m3fleet.dev/v1alpha1
 kind: MiniMaxM3Deployment

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from m3fleet.exitcodes import EXIT_INVALID, EXIT_UNREACHABLE, MEANINGS
-from tests.conftest import ROOT, SAMPLE_FILES, SAMPLES_DIR
+from tests.support.samples import ROOT, SAMPLE_FILES, SAMPLES_DIR
 
 BIN = Path(sys.executable).parent
 M3FLEET, KUBECTL = str(BIN / "m3fleet"), str(BIN / "kubectl")

@@ -103,18 +103,23 @@ def test_renderers_the_operator_and_the_chart_generator_read_facts_from_the_cata
     assert not repeated, "read these from m3fleet.catalog instead:\n" + "\n".join(repeated)
 
 
-def test_every_path_in_the_readme_code_map_exists() -> None:
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## Where things are") : readme.index("## Two commands on a fresh machine")]
-    paths = re.findall(
-        r"`((?:operator|charts|hack|manifests|tests|api|catalog|engines|render|controller|autoscaling)/[^`]*)`", table
-    )
+def test_every_path_in_the_code_maps_exists() -> None:
+    """The README's short map and the contributors' full one (docs/design.md) name only paths that exist."""
+
+    def section(path: Path, heading: str) -> str:
+        text = path.read_text()
+        start = text.index(heading)
+        return text[start : text.find("\n## ", start + len(heading))]
+
+    pattern = r"`((?:operator|charts|hack|manifests|tests|api|catalog|engines|render|controller|autoscaling)/[^`]*)`"
+    readme = re.findall(pattern, section(ROOT / "README.md", "## Where things are"))
+    full = re.findall(pattern, section(ROOT / "docs" / "design.md", "## Where things are in the code"))
     missing = [
         p
-        for p in paths
+        for p in readme + full
         if not any((ROOT / base / p).exists() or list((ROOT / base).glob(p)) for base in ("", "operator/m3fleet"))
     ]
-    assert len(paths) > 20 and not missing, missing
+    assert len(readme) > 10 and len(full) > 20 and not missing, missing
 
 
 def test_the_import_contract_places_every_module_in_a_layer() -> None:
@@ -122,16 +127,19 @@ def test_the_import_contract_places_every_module_in_a_layer() -> None:
     import tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    [layers] = [c["layers"] for c in config if c["type"] == "layers"]
+    # The operator's layers and the simulator's (a distribution of its own, simulator/).
+    layers = [layer for c in config if c["type"] == "layers" for layer in c["layers"]]
     placed = {m.strip() for layer in layers for m in layer.split("|")}
-    package = ROOT / "operator" / "m3fleet"
+    packages = {"m3fleet": ROOT / "operator" / "m3fleet", "m3fleet_simulator": ROOT / "simulator" / "m3fleet_simulator"}
     modules = {
-        ".".join(("m3fleet", *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+        ".".join((name, *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+        for name, package in packages.items()
         for path in package.rglob("*.py")
     }
 
     def imports_something(module: str) -> bool:
-        init = package.joinpath(*module.split(".")[1:], "__init__.py")
+        root, *inner = module.split(".")
+        init = packages[root].joinpath(*inner, "__init__.py")
         if not init.exists():
             return True  # a module, not a package
         source = init.read_text()
@@ -141,7 +149,7 @@ def test_the_import_contract_places_every_module_in_a_layer() -> None:
     unplaced = sorted(
         m
         for m in modules
-        if m != "m3fleet" and not any(m == p or m.startswith(p + ".") for p in placed) and imports_something(m)
+        if m not in packages and not any(m == p or m.startswith(p + ".") for p in placed) and imports_something(m)
     )
     assert not unplaced, f"add these to a layer in pyproject.toml's import contract: {unplaced}"
 
@@ -151,8 +159,9 @@ def test_the_readme_states_the_catalogs_facts_not_its_own() -> None:
     there that leaves the README behind fails here."""
     from m3fleet.catalog import ENGINES, KV_LAYOUT, SGLANG_VERSION, TRTLLM_VERSION, VLLM_VERSION
 
-    # The README and the user guides it links to.
-    readme = "".join(page.read_text() for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
+    # The README, the user guides it links to, what the test tiers prove and the autoscaling benchmark's results.
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "tests").rglob("*.md"))]
+    readme = "".join(page.read_text() for page in pages)
     versions = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION, "tensorrt-llm": TRTLLM_VERSION}
     for engine, version in versions.items():
         stated = re.findall(rf"(?i)\b{re.escape(engine)}[ :/v|-]*\**v?(\d+\.\d+\.\d+\w*)", readme)

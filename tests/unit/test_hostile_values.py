@@ -24,8 +24,8 @@ from m3fleet.api import parse_resource
 from m3fleet.engines.base import CONFIG_MOUNT, HOME_MOUNT, SSH_MOUNT
 from m3fleet.planner import plan
 from m3fleet.render import render
-from tests.engine_parsers.grid import expand
-from tests.stubs import install_stubs
+from tests.support.engines.grid import expand
+from tests.support.stubs import install_stubs
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")

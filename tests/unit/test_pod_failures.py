@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from m3fleet.api.conditions import POD_FAILURE_REASONS
 from m3fleet.controller.status import (
-    POD_FAILURE_REASONS,
     Workload,
     conditions,
     create_failure,

@@ -23,10 +23,9 @@ from m3fleet.engines import sglang
 from m3fleet.errors import SpecError
 from m3fleet.planner import plan
 from m3fleet.render import render, required_secrets, service_name, set_owner
-from tests.conftest import ROOT, SAMPLE_FILES, SAMPLES_DIR, load_sample
+from tests.support.samples import K8S_VERSION, ROOT, SAMPLE_FILES, SAMPLES_DIR, load_sample
 
 GOLDEN_DIR = ROOT / "tests" / "golden"
-K8S_VERSION = "1.33"
 
 
 def rendered(doc: dict[str, Any]) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from m3fleet.engines.base import BASH as LAUNCH_SHELL
 from m3fleet.engines.trtllm import LEADER_SCRIPT, SINGLE_SCRIPT, SSH_PORT, WORKER_SCRIPT
 from m3fleet.planner import plan
 from m3fleet.render import render
-from tests.stubs import install_stubs
+from tests.support.stubs import install_stubs
 
 BASH = shutil.which("bash")
 pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")

@@ -1,4 +1,5 @@
-"""The rendered TensorRT-LLM `extra-llm-api-options.yaml` against the documented options (tests/trtllm_schema.py).
+"""The rendered TensorRT-LLM `extra-llm-api-options.yaml` against the documented options
+(tests/support/trtllm_schema.py).
 
 TensorRT-LLM's own validation cannot run here (no wheel on PyPI), so this is the TRT counterpart of
 tests/engine_parsers/: the sample plus a grid over gb200/h200 x tp/tp-ep/dp-ep x contexts, and negative
@@ -18,8 +19,8 @@ from jsonschema import Draft202012Validator
 from m3fleet.api.models import EngineName
 from m3fleet.catalog import ENGINES, TRTLLM_VERSION
 from m3fleet.engines.trtllm import CONFIG_FILE, LEADER_SCRIPT
-from tests.engine_parsers import grid
-from tests.trtllm_schema import DOCUMENTED_RELEASE, SCHEMA, errors
+from tests.support.engines import grid
+from tests.support.trtllm_schema import DOCUMENTED_RELEASE, SCHEMA, errors
 
 RENDERED = [r for r in grid.samples() if r.engine == "trtllm"] + grid.grid(
     grid.spec_grid(("trtllm",), contexts=(2_068, 131_072, 524_288), kv_dtypes=("bf16",), text_only=(False,))
@@ -53,7 +54,7 @@ def test_schema_is_a_valid_json_schema() -> None:
 
 
 def test_schema_was_transcribed_for_the_pinned_release() -> None:
-    # Bumping TRTLLM_VERSION means re-reading that release's guide and updating tests/trtllm_schema.py.
+    # Bumping TRTLLM_VERSION means re-reading that release's guide and updating tests/support/trtllm_schema.py.
     assert TRTLLM_VERSION == DOCUMENTED_RELEASE
     for image in ENGINES[EngineName.TRTLLM].images.values():
         assert image.rsplit(":", 1)[1] == TRTLLM_VERSION, image

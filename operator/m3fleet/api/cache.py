@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from m3fleet.api.children import image_rules, label_map_rules, toleration_schema
+from m3fleet.api.conditions import CACHE, conditions_description
 from m3fleet.api.models import (
     API_VERSION,
     GROUP,
@@ -324,7 +325,7 @@ class MiniMaxM3ModelCacheStatus(CamelModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=8,
-        description="Ready (every selected node holds a verified copy), Degraded (bad input or failures).",
+        description=conditions_description(CACHE, "docs/reference/minimaxm3modelcache.md"),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     nodes_total: int = Field(default=0, description="Nodes selected.")

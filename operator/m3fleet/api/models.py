@@ -39,6 +39,7 @@ from m3fleet.api.base import (
     Variant,
     invalid,
 )
+from m3fleet.api.conditions import DEPLOYMENT, conditions_description
 from m3fleet.api.rules import cel as cel  # also imported from here by api/cache.py
 from m3fleet.api.spec_autoscaling import (
     CA_AND_INSECURE_FIX,
@@ -276,7 +277,7 @@ class Plan(CamelModel):
 class Condition(CamelModel):
     """metav1.Condition."""
 
-    type: str = Field(max_length=316, description="Condition type: Ready, Available, Progressing, Degraded.")
+    type: str = Field(max_length=316, description="Condition type (the list's description names each).")
     status: str = Field(description="True, False or Unknown.", json_schema_extra={"enum": ["True", "False", "Unknown"]})
     observed_generation: int = Field(default=0, ge=0, description="Generation the condition was set for.")
     last_transition_time: str = Field(description="When status last changed (RFC 3339).")
@@ -342,7 +343,7 @@ class MiniMaxM3DeploymentStatus(CamelModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,
-        description="Ready, Available, Progressing, Degraded.",
+        description=conditions_description(DEPLOYMENT, "docs/reference/minimaxm3deployment.md"),
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     plan: Plan | None = Field(default=None, description="The GPU layout in force.")

@@ -1,11 +1,10 @@
-"""Context-length-aware autoscaling: engine signals, Prometheus adapters, the pure policy, the simulator.
+"""Context-length-aware autoscaling: engine signals, Prometheus adapters, the pure policy.
 
 Modules: `signals` (typed snapshots), `prometheus` (Prometheus adapters; the only I/O), `policy` (pure
-decisions), `forecast` (forecast floor and scheduled bounds), `time_to_ready` (time-to-ready from pods),
-`coldstart` (the simulator's time-to-ready from phases and where the weights are), `scenarios` /
-`simulator` / `simulate` (what the autoscaler would do with a resource) and `cli` (`m3fleet simulate`).
+decisions), `forecast` (forecast floor and scheduled bounds), `time_to_ready` (time-to-ready from pods).
 Nothing is imported here, so importing the pure policy never pulls in I/O.
-The comparison with other autoscalers (baselines, oracle, report) lives in tests/bench/autoscaling.
+The simulator and `m3fleet simulate` are a distribution of their own (simulator/, `m3fleet[simulate]`), and
+the comparison with other autoscalers (baselines, oracle, report) lives in tests/bench/autoscaling.
 
 How an operator drives it, per resource and tick:
 

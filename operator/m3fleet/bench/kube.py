@@ -1,6 +1,6 @@
 """The Kubernetes calls of `m3fleet bench`, against the current kube context (the thin shell).
 
-Plain REST through `m3fleet.controller.kube.call` (the operator's own): objects go in
+Plain REST through `m3fleet.kubeapi.call` (the operator's own): objects go in
 and come out as the API's JSON, so the pure modules read them as written. Every path it touches:
 
 | verb | path |
@@ -19,8 +19,8 @@ from typing import Any
 import kubernetes
 
 from m3fleet.api.models import GROUP, PLURAL, VERSION
-from m3fleet.controller.kube import ApiError, NoAnswer, call
 from m3fleet.errors import ClusterUnreachable
+from m3fleet.kubeapi import ApiError, NoAnswer, call
 
 FIELD_MANAGER = "m3fleet-bench"
 

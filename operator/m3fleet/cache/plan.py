@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from m3fleet.api.cache import NODE_LABEL_READY, label_key_problem, node_label_key, path_not_allowed
+from m3fleet.api.conditions import DEGRADED, FALSE, READY, TRUE, CacheReason, ConditionStatus
 from m3fleet.cache.inputs import (
     ACTION_LABEL,
     ATTEMPT_ANNOTATION,
@@ -100,9 +101,15 @@ class Verdict:
     """A condition to report: (type, status, reason, message)."""
 
     type: str
-    status: str
-    reason: str
+    status: ConditionStatus
+    reason: CacheReason
     message: str
+
+
+def refusal(reason: CacheReason, message: str, summary: str | None = None) -> list[Verdict]:
+    """Ready=False and Degraded=True for one reason; Ready's message leads with the summary of nodes, if given."""
+    ready = f"{summary}; {message}" if summary is not None else message
+    return [Verdict(READY, FALSE, reason, ready), Verdict(DEGRADED, TRUE, reason, message)]
 
 
 @dataclass
@@ -133,10 +140,7 @@ def plan_cache(inputs: Inputs) -> Work:
     work.status = {"nodeLabel": f"{label}={NODE_LABEL_READY}", "content": content}
 
     if (problem := label_key_problem(meta.namespace, meta.name)) is not None:
-        work.conditions = [
-            Verdict("Ready", "False", "InvalidSpec", f"metadata.name: {problem}"),
-            Verdict("Degraded", "True", "InvalidSpec", f"metadata.name: {problem}"),
-        ]
+        work.conditions = refusal(CacheReason.INVALID_SPEC, f"metadata.name: {problem}")
         return work
 
     # Jobs whose node is gone: nothing to record any more.
@@ -149,8 +153,10 @@ def plan_cache(inputs: Inputs) -> Work:
         # Nothing is staged or cleaned; a node keeps its label only while it holds a copy of this very spec.
         holding = {j.node for j in stage_jobs if j.content == content and j.state == "Complete"}
         work.labels = dict.fromkeys(sorted(labelled - holding))
-        reason = "PathNotAllowed" if refused.startswith("spec.path") else "StagerImageNotAllowed"
-        work.conditions = [Verdict("Ready", "False", reason, refused), Verdict("Degraded", "True", reason, refused)]
+        reason = (
+            CacheReason.PATH_NOT_ALLOWED if refused.startswith("spec.path") else CacheReason.STAGER_IMAGE_NOT_ALLOWED
+        )
+        work.conditions = refusal(reason, refused)
         return work
 
     pool = sorted(n for n, node in nodes.items() if in_pool(cache, node))
@@ -220,17 +226,14 @@ def _conditions(
             "staged before keep their copy and label; fix: correct spec.nodes (kubectl get nodes --show-labels) "
             "or add nodes to the pool"
         )
-        return [Verdict("Ready", "False", "NoNodes", message), Verdict("Degraded", "True", "NoNodes", message)]
+        return refusal(CacheReason.NO_NODES, message)
     if inputs.secret_missing is not None:
         message = (
             f"spec.source.huggingFace.tokenSecretRef: Secret {inputs.secret_missing} does not exist in namespace "
             f"{inputs.cache.metadata.namespace}; no new staging starts and nothing staged is touched; fix: create it "
             f"(kubectl create secret generic {inputs.secret_missing} --from-literal=token=hf_...) or correct the name"
         )
-        return [
-            Verdict("Ready", "False", "SecretNotFound", message),
-            Verdict("Degraded", "True", "SecretNotFound", message),
-        ]
+        return refusal(CacheReason.SECRET_NOT_FOUND, message)
     summary = f"{len(ready)} of {len(pool)} nodes hold a verified copy"
     if conflicts:
         shown = ", ".join(conflicts[:3]) + (f" and {len(conflicts) - 3} more" if len(conflicts) > 3 else "")
@@ -239,28 +242,22 @@ def _conditions(
             f"[{shown}]; nothing is staged there, so that two caches never overwrite each other's copy; fix: give "
             "this cache a directory of its own, or point the deployments at the other cache"
         )
-        return [
-            Verdict("Ready", "False", "PathConflict", f"{summary}; {message}"),
-            Verdict("Degraded", "True", "PathConflict", message),
-        ]
+        return refusal(CacheReason.PATH_CONFLICT, message, summary)
     if bad_source:
         message = (
             f"the source was rejected ({bad_source[0]}); nothing staged before is deleted; fix: correct "
             "spec.source (the revision must be a commit of the repo, the token must have access)"
         )
-        return [
-            Verdict("Ready", "False", "SourceRejected", f"{summary}; {message}"),
-            Verdict("Degraded", "True", "SourceRejected", message),
-        ]
+        return refusal(CacheReason.SOURCE_REJECTED, message, summary)
     ready_verdict = (
-        Verdict("Ready", "True", "AllNodesReady", summary)
+        Verdict(READY, TRUE, CacheReason.ALL_NODES_READY, summary)
         if len(ready) == len(pool)
-        else Verdict("Ready", "False", "Staging", summary)
+        else Verdict(READY, FALSE, CacheReason.STAGING, summary)
     )
     if failures:
         message = f"{len(failures)} node(s) failed staging and will be retried: {failures[0]}"
-        return [ready_verdict, Verdict("Degraded", "True", "StagingFailed", message)]
-    return [ready_verdict, Verdict("Degraded", "False", "AsExpected", "the spec is valid")]
+        return [ready_verdict, Verdict(DEGRADED, TRUE, CacheReason.STAGING_FAILED, message)]
+    return [ready_verdict, Verdict(DEGRADED, FALSE, CacheReason.AS_EXPECTED, "the spec is valid")]
 
 
 def _directory_verdict(
@@ -277,7 +274,7 @@ def _directory_verdict(
             + "); nothing there was written or deleted; fix: give this cache an empty directory of its own, or move "
             "those files out (staging is retried every few minutes)"
         )
-        reason = "ForeignFiles"
+        reason = CacheReason.FOREIGN_FILES
     elif nested:
         node, mounted = nested[0]
         message = (
@@ -285,10 +282,10 @@ def _directory_verdict(
             "staged there while they do, so that no copy is written or removed under them; fix: choose a directory "
             "beside the old one (not inside it, not holding it)"
         )
-        reason = "PathNested"
+        reason = CacheReason.PATH_NESTED
     else:
         return []
-    return [Verdict("Ready", "False", reason, f"{summary}; {message}"), Verdict("Degraded", "True", reason, message)]
+    return refusal(reason, message, summary)
 
 
 def _may_hold_files(entry: Mapping[str, Any]) -> bool:
@@ -364,7 +361,7 @@ def _removal(
     cleaning = f"removing labels; {len(pending)} node(s) still cleaning"
     if work.left_behind:
         cleaning += f"; {len(work.left_behind)} left: {work.left_behind[0]}"
-    work.conditions = [Verdict("Ready", "False", "Deleting", cleaning)]
+    work.conditions = [Verdict(READY, FALSE, CacheReason.DELETING, cleaning)]
     work.release = not pending and not labelled
     work.requeue_after = None if work.release else 10.0
     return work

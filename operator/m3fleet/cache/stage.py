@@ -30,14 +30,12 @@ termination log, where `kubectl describe pod` and the operator read it.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import contextlib
 import hashlib
 import json
 import os
 import shutil
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -45,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from m3fleet.api.cache import foreign_files_message
-from m3fleet.exitcodes import EXIT_BAD_SOURCE, EXIT_OK, EXIT_RETRY
+from m3fleet.exitcodes import EXIT_BAD_SOURCE, EXIT_RETRY
 
 MARKER = ".m3fleet-complete.json"
 STAGING = ".m3fleet-staging.json"  # the source a run stages from, written first: a resumed run may trust its files
@@ -400,53 +398,11 @@ def clean(dest: Path, owner: str = "") -> str:
     return f"removed the {removed} files m3fleet wrote and the empty directory {dest}"
 
 
-def _terminate(message: str) -> None:
+def write_termination_log(message: str) -> None:
+    """Where `kubectl describe pod` and the operator read why the Job's container ended (best effort)."""
     log = Path(os.environ.get("M3FLEET_TERMINATION_LOG", TERMINATION_LOG))
     try:
         if log.parent.is_dir():
             log.write_text(message[:4000])
     except OSError:
         pass
-
-
-def register(sub: Any) -> None:
-    parser = sub.add_parser("stage", help="stage a checkpoint into a node-local directory and verify it (cache Jobs)")
-    which = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
-    hf = which.add_parser("huggingface", help="download a pinned commit of a Hugging Face repo")
-    hf.add_argument("--repo", required=True)
-    hf.add_argument("--revision", required=True, help="the full 40-character commit hash")
-    hf.add_argument("--dest", required=True, type=Path)
-    copy = which.add_parser("copy", help="copy from a directory (a mounted claim)")
-    copy.add_argument("--from", dest="origin", required=True, type=Path)
-    copy.add_argument("--dest", required=True, type=Path)
-    cleanup = which.add_parser(
-        "clean", help="remove the files its staging record lists, then the directory if nothing else is in it"
-    )
-    cleanup.add_argument("--dest", required=True, type=Path)
-    for command in (hf, copy, cleanup):
-        command.add_argument(
-            "--owner", default="", help="the cache it works for (namespace/name): another cache's record is not its own"
-        )
-    parser.set_defaults(func=main)
-
-
-def main(args: argparse.Namespace) -> int:
-    try:
-        if args.source == "huggingface":
-            summary = stage_huggingface(args.repo, args.revision, args.dest, args.owner)
-        elif args.source == "copy":
-            summary = stage_copy(args.origin, args.dest, args.owner)
-        else:
-            summary = clean(args.dest, args.owner)
-    except StageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        _terminate(str(exc))
-        return exc.code
-    except OSError as exc:  # the node's disk: full, read-only, permissions
-        message = f"{type(exc).__name__}: {exc}"
-        print(f"error: {message}", file=sys.stderr)
-        _terminate(message)
-        return EXIT_RETRY
-    print(summary, flush=True)
-    _terminate(summary)
-    return EXIT_OK

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from m3fleet import kubeapi, permissions
 from m3fleet.api import parse_resource
 from m3fleet.api.models import AutoscalingSpec, PrometheusSpec
 from m3fleet.autoscaling import time_to_ready
@@ -44,10 +45,10 @@ from m3fleet.autoscaling.policy import (
 )
 from m3fleet.autoscaling.prometheus import Gateway, PrometheusAdapter, Tls
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
-from m3fleet.controller import kube, metrics
+from m3fleet.controller import metrics
 from m3fleet.controller.events import Events
-from m3fleet.controller.kube import ApiError, KubeApi
 from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.kubeapi import ApiError, KubeApi
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import labels
 
@@ -188,10 +189,12 @@ class Autoscaler:
         if ref is None:
             return Tls(insecure_skip_verify=prometheus.insecure_skip_verify)
         try:
-            secret = await self.api.get(kube.SECRET, namespace, ref.name)
+            secret = await self.api.get(kubeapi.SECRET, namespace, ref.name)
         except ApiError as exc:
             if exc.status == 403:
-                raise ValueError(kube.secrets_refused(namespace, "spec.autoscaling.prometheus.caSecretRef")) from None
+                raise ValueError(
+                    permissions.secrets_refused(namespace, "spec.autoscaling.prometheus.caSecretRef")
+                ) from None
             raise
         return Tls(ca_pem=ca_from_secret(secret, ref.name, ref.key))
 
@@ -235,7 +238,7 @@ class Autoscaler:
                 continue
             patch = {"metadata": {"annotations": {POD_DELETION_COST: str(cost)}}}
             try:
-                await self.api.merge_patch(kube.POD, namespace, name, patch)
+                await self.api.merge_patch(kubeapi.POD, namespace, name, patch)
             except ApiError as exc:
                 fix = "; grant the operator patch on pods (the chart's RBAC does)" if exc.status == 403 else ""
                 message = (
@@ -260,11 +263,11 @@ class Autoscaler:
         if not scaling.enabled:
             self.forget(namespace, name)
             return Tick()
-        workload_kind = kube.LEADER_WORKER_SET if plan.nodes_per_replica > 1 else kube.DEPLOYMENT
+        workload_kind = kubeapi.LEADER_WORKER_SET if plan.nodes_per_replica > 1 else kubeapi.DEPLOYMENT
         workload = await self.api.get(workload_kind, namespace, name)
         if workload is None:  # not applied yet (or blocked): the reconcile owns that; or deleted unseen, then
-            return Tick(gone=not await kube.still_exists(self.api, body))  # never tick it again
-        pods = await self.api.list(kube.POD, namespace, labels.owned_selector(name))
+            return Tick(gone=not await kubeapi.still_exists(self.api, body))  # never tick it again
+        pods = await self.api.list(kubeapi.POD, namespace, labels.owned_selector(name))
         key = (namespace, name)
         source = await self._source(body, str(plan.engine), scaling, plan.nodes_per_replica > 1)
         snapshot = await asyncio.to_thread(source.read)
@@ -285,7 +288,7 @@ class Autoscaler:
         if config.forecast:
             demand = record_demand(demand, fleet.now, decision.terms.get("demandReplicas"), period, look_ahead)
             self._demand[key] = demand
-        if decision.applied and decision.action is Action.SCALE_DOWN and workload_kind is kube.DEPLOYMENT:
+        if decision.applied and decision.action is Action.SCALE_DOWN and workload_kind is kubeapi.DEPLOYMENT:
             # Before the new count is written: the ReplicaSet must find the marks when it picks whom to delete.
             await self._mark_removal_order(body, pods, decision.removal_costs)
         sampled = demand.worth_saving(previous.get("demand"))

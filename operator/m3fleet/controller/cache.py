@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from m3fleet import __version__
+from m3fleet import __version__, kubeapi, permissions
 from m3fleet.api import parse_resource
 from m3fleet.api.cache import CACHE_KIND, DEFAULT_PATH_PREFIXES, MiniMaxM3ModelCache, node_label_key
+from m3fleet.api.conditions import CacheReason
 from m3fleet.api.parse import parse_cache
 from m3fleet.cache.plan import (
     ACTION_LABEL,
@@ -44,18 +45,19 @@ from m3fleet.cache.plan import (
     JobView,
     NodeView,
     OtherCache,
+    Verdict,
     Work,
     plan_cache,
+    refusal,
     written_path,
 )
-from m3fleet.controller import kube
 from m3fleet.controller.events import Events, KopfEvents
-from m3fleet.controller.kube import ApiError, KubeApi
 from m3fleet.controller.manager import backoff, key_of, newer
 from m3fleet.controller.queue import WorkQueue
 from m3fleet.controller.reconcile import digest, utc_now
 from m3fleet.controller.status import condition
 from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.kubeapi import ApiError, KubeApi
 from m3fleet.planner import plan as make_plan
 from m3fleet.render.ownership import controlled_by, controller_of
 
@@ -246,8 +248,7 @@ class CacheReconciler:
             if deleting:  # its label names no node directory any more: off every node (files: the spec is unreadable)
                 await self._unlabel_all(namespace, name)
                 return await self._release(body)
-            verdicts = [("Ready", "False", "InvalidSpec", str(exc)), ("Degraded", "True", "InvalidSpec", str(exc))]
-            return CacheOutcome(await self._write_status(body, {}, verdicts))
+            return CacheOutcome(await self._write_status(body, {}, refusal(CacheReason.INVALID_SPEC, str(exc))))
         if not deleting and FINALIZER not in (meta.get("finalizers") or []):
             patch = {
                 "metadata": {
@@ -255,18 +256,18 @@ class CacheReconciler:
                     "resourceVersion": meta.get("resourceVersion"),
                 }
             }
-            if await self.api.merge_patch(kube.CACHE, namespace, name, patch) is None:
+            if await self.api.merge_patch(kubeapi.CACHE, namespace, name, patch) is None:
                 return CacheOutcome(gone=True)
 
         selector = f"{CACHE_LABEL}={name},{MANAGED_BY}={MANAGER}"
         nodes, jobs, daemonsets, deployments, caches, cleans, running = await asyncio.gather(
-            self.api.list(kube.NODE, None, ""),
-            self.api.list(kube.JOB, namespace, selector),
-            self.api.list(kube.DAEMON_SET, namespace, selector),
-            self.api.list(kube.M3D, namespace, ""),
-            self.api.list(kube.CACHE, self.scope, ""),  # where the operator watches (all namespaces, or its own)
-            self.api.list(kube.JOB, self.scope, f"{ACTION_LABEL}={CLEAN},{MANAGED_BY}={MANAGER}"),
-            self.api.list(kube.POD, namespace, f"{MANAGED_BY}={MANAGER}"),
+            self.api.list(kubeapi.NODE, None, ""),
+            self.api.list(kubeapi.JOB, namespace, selector),
+            self.api.list(kubeapi.DAEMON_SET, namespace, selector),
+            self.api.list(kubeapi.M3D, namespace, ""),
+            self.api.list(kubeapi.CACHE, self.scope, ""),  # where the operator watches (all namespaces, or its own)
+            self.api.list(kubeapi.JOB, self.scope, f"{ACTION_LABEL}={CLEAN},{MANAGED_BY}={MANAGER}"),
+            self.api.list(kubeapi.POD, namespace, f"{MANAGED_BY}={MANAGER}"),
         )
         # A look-alike DaemonSet is not ours to delete or overwrite: only its name is kept, to stay off it.
         taken = {d["metadata"]["name"] for d in daemonsets if not controlled_by(d, meta["uid"])}
@@ -280,7 +281,7 @@ class CacheReconciler:
                 for c in (job.get("status") or {}).get("conditions") or []
             )
             pods = (
-                await self.api.list(kube.POD, namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}")
+                await self.api.list(kubeapi.POD, namespace, f"batch.kubernetes.io/job-name={job['metadata']['name']}")
                 if failed
                 else []
             )
@@ -342,15 +343,14 @@ class CacheReconciler:
                 log.warning("%s/%s: %s", namespace, name, message)
             return released
         status = {**work.status, "nodes": work.nodes}
-        verdicts = [(v.type, v.status, v.reason, v.message) for v in work.conditions]
-        return CacheOutcome(await self._write_status(body, status, verdicts), work.requeue_after)
+        return CacheOutcome(await self._write_status(body, status, work.conditions), work.requeue_after)
 
     async def _apply(
         self, cache: MiniMaxM3ModelCache, work: Work, namespace: str, daemonsets: list[dict[str, Any]]
     ) -> None:
         label = work.status["nodeLabel"].split("=", 1)[0]
         for node, value in work.labels.items():  # first: a node being rewritten is unlabelled before its Job
-            await self.api.merge_patch(kube.NODE, None, node, {"metadata": {"labels": {label: value}}})
+            await self.api.merge_patch(kubeapi.NODE, None, node, {"metadata": {"labels": {label: value}}})
             log.info(
                 "%s/%s: node %s %s",
                 namespace,
@@ -360,7 +360,7 @@ class CacheReconciler:
             )
         for job in work.delete:
             # Foreground: the Job stays listed (and counts as writing) until its pods are gone.
-            await self.api.delete(kube.JOB, namespace, job.name, job.uid, propagation="Foreground")
+            await self.api.delete(kubeapi.JOB, namespace, job.name, job.uid, propagation="Foreground")
         for obj in work.create:
             try:
                 await self.api.create(obj)
@@ -377,7 +377,7 @@ class CacheReconciler:
                 self._applied[key] = (intent, int(applied["metadata"].get("generation") or 0))
         elif work.delete_daemonset:
             for ds in daemonsets:
-                await self.api.delete(kube.DAEMON_SET, namespace, ds["metadata"]["name"], ds["metadata"]["uid"])
+                await self.api.delete(kubeapi.DAEMON_SET, namespace, ds["metadata"]["name"], ds["metadata"]["uid"])
                 self._applied.pop((namespace, ds["metadata"]["name"]), None)
 
     async def _token_exists(self, body: Mapping[str, Any], name: str) -> bool:
@@ -385,32 +385,32 @@ class CacheReconciler:
         skipped, said once as a Warning: the kubelet then reports a missing Secret on the staging pod."""
         namespace = body["metadata"]["namespace"]
         try:
-            return await self.api.exists(kube.SECRET, namespace, name)
+            return await self.api.exists(kubeapi.SECRET, namespace, name)
         except ApiError as exc:
             if exc.status != 403:
                 raise
         if namespace not in self._unchecked_tokens:
             self._unchecked_tokens.add(namespace)
-            message = kube.secrets_refused(namespace, "checking spec.source.huggingFace.tokenSecretRef")
-            self.events.warn(body, kube.SECRETS_REFUSED, message)
+            message = permissions.secrets_refused(namespace, "checking spec.source.huggingFace.tokenSecretRef")
+            self.events.warn(body, permissions.SECRETS_REFUSED, message)
             log.warning("%s/%s: %s", namespace, body["metadata"]["name"], message)
         return True
 
     async def _unlabel_all(self, namespace: str, name: str) -> None:
         label = node_label_key(namespace, name)
         unlabel = {"metadata": {"labels": {label: None}}}
-        for node in await self.api.list(kube.NODE, None, label):  # a bare key selects the nodes that carry it
-            await self.api.merge_patch(kube.NODE, None, node["metadata"]["name"], unlabel)
+        for node in await self.api.list(kubeapi.NODE, None, label):  # a bare key selects the nodes that carry it
+            await self.api.merge_patch(kubeapi.NODE, None, node["metadata"]["name"], unlabel)
 
     async def _release(self, body: Mapping[str, Any]) -> CacheOutcome:
         meta = body["metadata"]
         rest = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
         patch = {"metadata": {"finalizers": rest or None, "resourceVersion": meta.get("resourceVersion")}}
-        await self.api.merge_patch(kube.CACHE, meta["namespace"], meta["name"], patch)
+        await self.api.merge_patch(kubeapi.CACHE, meta["namespace"], meta["name"], patch)
         return CacheOutcome(gone=True)
 
     async def _write_status(
-        self, body: Mapping[str, Any], fields: dict[str, Any], verdicts: list[tuple[str, str, str, str]]
+        self, body: Mapping[str, Any], fields: dict[str, Any], verdicts: list[Verdict]
     ) -> dict[str, Any] | None:
         meta = body["metadata"]
         current = dict(body.get("status") or {})
@@ -420,11 +420,13 @@ class CacheReconciler:
         new = {
             "observedGeneration": generation,
             **fields,
-            "conditions": [condition(previous, t, s, r, m, generation, now) for t, s, r, m in verdicts],
+            "conditions": [
+                condition(previous, v.type, v.status, v.reason, v.message, generation, now) for v in verdicts
+            ],
         }
         if all(current.get(k) == v for k, v in new.items()):
             return None
-        return await self.api.merge_patch(kube.CACHE, meta["namespace"], meta["name"], {"status": new}, "status")
+        return await self.api.merge_patch(kubeapi.CACHE, meta["namespace"], meta["name"], {"status": new}, "status")
 
 
 class CacheManager:

@@ -14,9 +14,9 @@ from typing import Any
 
 import kopf
 
+from m3fleet import kubeapi
 from m3fleet.api.cache import CACHE_PLURAL
 from m3fleet.api.models import GROUP, PLURAL, VERSION
-from m3fleet.controller import kube
 from m3fleet.controller.cache import CacheManager
 from m3fleet.controller.manager import Manager
 from m3fleet.render.labels import MANAGED_BY, MANAGER
@@ -35,11 +35,11 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.peering.name = PEERING_NAME
     settings.peering.mandatory = False  # without the peering CRDs a single replica still runs
     # watch only our own children, the cache's Jobs/DaemonSets and pods, filtered by the API server
-    for kind in (*kube.CHILD_KINDS, kube.JOB, kube.DAEMON_SET, kube.POD):
+    for kind in (*kubeapi.CHILD_KINDS, kubeapi.JOB, kubeapi.DAEMON_SET, kubeapi.POD):
         settings.watching.label_selectors[kind.group, version_of(kind), kind.plural] = f"{MANAGED_BY}={MANAGER}"
 
 
-def version_of(kind: kube.Kind) -> str:
+def version_of(kind: kubeapi.Kind) -> str:
     return kind.api_version.rpartition("/")[2]
 
 
@@ -74,7 +74,7 @@ def register(registry: kopf.OperatorRegistry, manager: Manager, caches: CacheMan
     async def child_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         manager.child_event(type, body)
 
-    for kind in kube.CHILD_KINDS:
+    for kind in kubeapi.CHILD_KINDS:
         kopf.on.event(
             kind.group, version_of(kind), kind.plural, labels={MANAGED_BY: MANAGER}, registry=registry, id="child"
         )(child_event)
@@ -100,7 +100,7 @@ def register_caches(registry: kopf.OperatorRegistry, caches: CacheManager, start
     async def cache_child_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         caches.child_event(type, body)
 
-    for kind in (kube.JOB, kube.DAEMON_SET):
+    for kind in (kubeapi.JOB, kubeapi.DAEMON_SET):
         kopf.on.event(
             kind.group, version_of(kind), kind.plural, labels={MANAGED_BY: MANAGER}, registry=registry, id="cache"
         )(cache_child_event)

@@ -29,13 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from m3fleet.controller import kube, metrics
+from m3fleet import kubeapi
+from m3fleet.controller import metrics
 from m3fleet.controller.autoscaler import Autoscaler, interval_of
-from m3fleet.controller.kube import ApiError
 from m3fleet.controller.peering import LeaseGate, PeeringGate
 from m3fleet.controller.queue import WorkQueue
 from m3fleet.controller.reconcile import Reconciler
 from m3fleet.controller.time_to_ready_recorder import TimeToReadyRecorder, counted
+from m3fleet.kubeapi import ApiError
 from m3fleet.render.labels import NAME
 
 Key = tuple[str, str]  # namespace, name
@@ -67,7 +68,11 @@ def worth_reconciling(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> 
 
 def controller_owner(child: Mapping[str, Any]) -> str | None:
     for ref in child.get("metadata", {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == kube.M3D.kind and ref.get("apiVersion") == kube.M3D.api_version:
+        if (
+            ref.get("controller")
+            and ref.get("kind") == kubeapi.M3D.kind
+            and ref.get("apiVersion") == kubeapi.M3D.api_version
+        ):
             name: str = ref["name"]
             return name
     return None

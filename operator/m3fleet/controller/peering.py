@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from m3fleet.controller import metrics
-from m3fleet.controller.kube import CLUSTER_PEERING, LEASE, PEERING, ApiError, KubeApi
+from m3fleet.kubeapi import CLUSTER_PEERING, LEASE, PEERING, ApiError, KubeApi
 
 log = logging.getLogger(__name__)
 

@@ -25,16 +25,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from m3fleet import kubeapi, permissions
 from m3fleet.api import parse_resource
+from m3fleet.api.conditions import READY, DeploymentReason
 from m3fleet.api.models import MiniMaxM3Deployment, Plan
 from m3fleet.api.parse import parse_cache
 from m3fleet.autoscaling.policy import replicas_to_apply
-from m3fleet.controller import kube, metrics
+from m3fleet.controller import metrics
 from m3fleet.controller.events import Events, KopfEvents
-from m3fleet.controller.kube import ApiError, Kind, KubeApi
 from m3fleet.controller.secrets import ssh_key_secret
 from m3fleet.controller.status import (
-    READY,
     Blocked,
     Workload,
     cache_not_ready,
@@ -44,17 +44,18 @@ from m3fleet.controller.status import (
     status_update,
 )
 from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.kubeapi import ApiError, Kind, KubeApi
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import cache_mount, labels, render, replacement_notice, required_secrets, set_owner
-from m3fleet.render.ownership import CONFLICT_REASON, NameConflict, conflict, conflict_message, controlled_by
+from m3fleet.render.ownership import NameConflict, conflict, conflict_message, controlled_by
 
 Key = tuple[str, str, str]  # apiVersion, kind, name
 REJECTED = (400, 403, 404, 422)  # the API server refuses our intent (not a transient failure)
 SERVED_TTL_SECONDS = 30.0
-WORKLOAD_KINDS = frozenset({kube.DEPLOYMENT.kind, kube.LEADER_WORKER_SET.kind})
+WORKLOAD_KINDS = frozenset({kubeapi.DEPLOYMENT.kind, kubeapi.LEADER_WORKER_SET.kind})
 CONFLICT_RETRY_SECONDS = 10.0  # a name held by a foreign object is looked at again this often (it sends no event)
 PODS_MISSING_RETRY_SECONDS = 30.0  # while a rollout lacks pods: a refusal to create them is only an Event
-FAILED_CREATE_EVENTS = "reason=FailedCreate"
+FAILED_CREATE_EVENTS = f"reason={DeploymentReason.FAILED_CREATE}"
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,13 @@ class Outcome:
 
 
 MISSING_API = {
-    kube.LEADER_WORKER_SET.kind: (
-        "LeaderWorkerSetNotInstalled",
+    kubeapi.LEADER_WORKER_SET.kind: (
+        DeploymentReason.LEADER_WORKER_SET_NOT_INSTALLED,
         "a replica spans {nodes} nodes and needs the LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1), which this "
         "cluster does not serve: install LeaderWorkerSet v0.9 or newer, or plan a replica that fits one node",
     ),
-    kube.COMPUTE_DOMAIN.kind: (
-        "ComputeDomainNotInstalled",
+    kubeapi.COMPUTE_DOMAIN.kind: (
+        DeploymentReason.COMPUTE_DOMAIN_NOT_INSTALLED,
         "multi-node GB200 replicas need the NVIDIA DRA driver's ComputeDomain API (resource.nvidia.com/v1beta1), "
         "which this cluster does not serve: install the NVIDIA DRA driver for GPUs with ComputeDomain support",
     ),
@@ -173,9 +174,8 @@ class Reconciler:
             objects = render(resource, plan, replicas_to_apply(resource.spec, status), mount)
         except (SpecError, SpecErrors) as exc:
             no_cache = isinstance(exc, SpecError) and exc.field == "spec.model.cacheRef.name"
-            return await self._blocked(
-                body, outcome, Blocked("ModelCacheNotFound" if no_cache else "InvalidSpec", str(exc)), None
-            )
+            why = DeploymentReason.MODEL_CACHE_NOT_FOUND if no_cache else DeploymentReason.INVALID_SPEC
+            return await self._blocked(body, outcome, Blocked(why, str(exc)), None)
         served = await self._served_kinds()
         unserved = missing_api(objects, served, plan.nodes_per_replica)
         if unserved is not None:  # installing the API sends us no event: look again once discovery is asked again
@@ -188,7 +188,7 @@ class Reconciler:
         # A child we applied is gone: perhaps with its owner (garbage collection), deleted while the watch was down.
         # Re-creating the children of a deleted owner would fight the garbage collector: never bring them back.
         gone = any(key in agreed and key not in live for key in map(key_of, objects))
-        if gone and not await kube.still_exists(self.api, body):
+        if gone and not await kubeapi.still_exists(self.api, body):
             outcome.gone = True
             return outcome
         present: set[str] = set()  # generated Secrets that exist (and are ours)
@@ -197,12 +197,14 @@ class Reconciler:
                 objects, required_secrets(resource, plan), live, present, (namespace, name, uid)
             )
         except SecretsForbidden:  # not granted in this namespace (the chart's default): say how, look again later
-            outcome.retry_after = kube.SECRETS_RETRY_SECONDS
-            message = kube.secrets_refused(namespace, "the TensorRT-LLM multi-node SSH key")
-            return await self._blocked(body, outcome, Blocked(kube.SECRETS_REFUSED, message), plan)
+            outcome.retry_after = permissions.SECRETS_RETRY_SECONDS
+            message = permissions.secrets_refused(namespace, "the TensorRT-LLM multi-node SSH key")
+            return await self._blocked(body, outcome, Blocked(permissions.SECRETS_REFUSED, message), plan)
         if conflicts:  # a name we would take is held by an object we do not control: touch nothing
             outcome.retry_after = CONFLICT_RETRY_SECONDS
-            return await self._blocked(body, outcome, Blocked(CONFLICT_REASON, conflict_message(conflicts)), plan)
+            return await self._blocked(
+                body, outcome, Blocked(DeploymentReason.NAME_CONFLICT, conflict_message(conflicts)), plan
+            )
         try:
             secrets = await self._generated_secrets(resource, plan, owner, outcome, present)
             await self._apply_and_prune([owned(obj, owner) for obj in objects], live, agreed, outcome, (namespace, uid))
@@ -211,7 +213,7 @@ class Reconciler:
             await self._prune_secrets(namespace, uid, secrets, status, outcome)
         except ApiError as exc:
             if exc.status in REJECTED:  # the cluster refuses our intent: say so, then retry like any failure
-                blocked = Blocked("ApplyFailed", f"the API server rejected a child: {exc}")
+                blocked = Blocked(DeploymentReason.APPLY_FAILED, f"the API server rejected a child: {exc}")
                 await self._blocked(body, outcome, blocked, plan)
             raise
         finally:  # what was done is said, also when a later step failed
@@ -255,7 +257,7 @@ class Reconciler:
         wanted = {key_of(child) for child in desired}
         for key, obj in sorted(live.items()):
             if key not in wanted and controlled_by(obj, uid):
-                await self.api.delete(kube.BY_KIND[(key[0], key[1])], namespace, key[2], obj["metadata"]["uid"])
+                await self.api.delete(kubeapi.BY_KIND[(key[0], key[1])], namespace, key[2], obj["metadata"]["uid"])
                 agreed.pop(key, None)
                 outcome.pruned.append(f"{key[1]}/{key[2]}")
 
@@ -282,10 +284,10 @@ class Reconciler:
             workload["spec"]["replicas"], live.get(key_of(workload)), pods_per_replica(workload)
         )
         if not report.all_ready:
-            pods = await self.api.list(kube.POD, namespace, labels.owned_selector(name))
+            pods = await self.api.list(kubeapi.POD, namespace, labels.owned_selector(name))
             refused = None
             if report.missing_pods(pods):  # pods the workload controller has not created: perhaps it may not
-                events = await self.api.list(kube.EVENT, namespace, field_selector=FAILED_CREATE_EVENTS)
+                events = await self.api.list(kubeapi.EVENT, namespace, field_selector=FAILED_CREATE_EVENTS)
                 refused = create_failure(events, workload["metadata"]["name"], self.clock())
             report = report.with_pods(pods, cache_hint, refused)
         metrics.DESIRED_REPLICAS.labels(namespace, name).set(report.desired)
@@ -343,7 +345,7 @@ class Reconciler:
             key = key_of(obj)
             existing = live.get(key)
             if existing is None:
-                existing = await self.api.get(kube.BY_KIND[(key[0], key[1])], namespace, key[2])
+                existing = await self.api.get(kubeapi.BY_KIND[(key[0], key[1])], namespace, key[2])
                 if existing is not None and controlled_by(existing, uid):
                     existing = {"apiVersion": key[0], "kind": key[1], **existing}
                     live[key] = existing
@@ -352,12 +354,12 @@ class Reconciler:
                 found.append(problem)
         for secret_name in secret_names:
             try:
-                secret = await self.api.get(kube.SECRET, namespace, secret_name)
+                secret = await self.api.get(kubeapi.SECRET, namespace, secret_name)
             except ApiError as exc:
                 if exc.status == 403:
                     raise SecretsForbidden(namespace) from None
                 raise
-            problem = conflict(kube.SECRET.kind, secret, uid, name)
+            problem = conflict(kubeapi.SECRET.kind, secret, uid, name)
             if problem is not None:
                 found.append(problem)  # never mounted: the pods would trust a key someone else holds
             elif secret is not None:
@@ -369,7 +371,7 @@ class Reconciler:
         ref = resource.spec.model.cache_ref
         if ref is None:
             return None
-        return await self.api.get(kube.CACHE, resource.metadata.namespace, ref.name)
+        return await self.api.get(kubeapi.CACHE, resource.metadata.namespace, ref.name)
 
     async def _generated_secrets(
         self,
@@ -398,9 +400,9 @@ class Reconciler:
         for secret_name in status.get("generatedSecrets") or []:
             if secret_name in needed:
                 continue
-            existing = await self.api.get(kube.SECRET, namespace, secret_name)
+            existing = await self.api.get(kubeapi.SECRET, namespace, secret_name)
             if existing is not None and controlled_by(existing, uid):
-                await self.api.delete(kube.SECRET, namespace, secret_name, existing["metadata"]["uid"])
+                await self.api.delete(kubeapi.SECRET, namespace, secret_name, existing["metadata"]["uid"])
                 outcome.pruned.append(f"Secret/{secret_name}")
 
     async def _served_kinds(self) -> set[str]:
@@ -409,16 +411,16 @@ class Reconciler:
         now = time.monotonic()
         if self._served is not None and now - self._served[0] < SERVED_TTL_SECONDS:
             return self._served[1]
-        optional = (kube.LEADER_WORKER_SET, kube.COMPUTE_DOMAIN)
+        optional = (kubeapi.LEADER_WORKER_SET, kubeapi.COMPUTE_DOMAIN)
         flags = await asyncio.gather(*(self.api.served(k) for k in optional))
-        served = {k.kind for k in kube.CHILD_KINDS if k not in optional} | {
+        served = {k.kind for k in kubeapi.CHILD_KINDS if k not in optional} | {
             k.kind for k, ok in zip(optional, flags, strict=True) if ok
         }
         self._served = (now, served)
         return served
 
     async def _live_children(self, namespace: str, name: str, served: set[str]) -> dict[Key, dict[str, Any]]:
-        kinds: list[Kind] = [k for k in kube.CHILD_KINDS if k.kind in served]
+        kinds: list[Kind] = [k for k in kubeapi.CHILD_KINDS if k.kind in served]
         selector = labels.owned_selector(name)
         found = await asyncio.gather(*(self.api.list(k, namespace, selector) for k in kinds))
         return {key_of(obj): obj for items in found for obj in items}
@@ -433,7 +435,7 @@ class Reconciler:
                 raise
             meta = obj["metadata"]
             existing = await self.api.get(
-                kube.BY_KIND[(obj["apiVersion"], obj["kind"])], meta["namespace"], meta["name"]
+                kubeapi.BY_KIND[(obj["apiVersion"], obj["kind"])], meta["namespace"], meta["name"]
             )
             if existing is not None and not controlled_by(existing, uid):
                 raise ApiError(409, "Conflict", f"{obj['kind']} {meta['name']} was created by someone else") from None
@@ -442,9 +444,9 @@ class Reconciler:
         """Report and stop: children are read (for Available) but never touched."""
         meta = body["metadata"]
         outcome.blocked = blocked.reason
-        workload_kinds = {kube.DEPLOYMENT.kind}
-        if await self.api.served(kube.LEADER_WORKER_SET):
-            workload_kinds.add(kube.LEADER_WORKER_SET.kind)
+        workload_kinds = {kubeapi.DEPLOYMENT.kind}
+        if await self.api.served(kubeapi.LEADER_WORKER_SET):
+            workload_kinds.add(kubeapi.LEADER_WORKER_SET.kind)
         live = await self._live_children(meta["namespace"], meta["name"], workload_kinds)
         # Only our own workload speaks for Available: a foreign one with our labels is not this fleet.
         workload_obj = next((o for o in live.values() if controlled_by(o, meta["uid"])), None)

@@ -33,7 +33,6 @@ from m3fleet.controller.cache import (
     CacheReconciler,
 )
 from m3fleet.controller.handlers import PEERING_NAME, register
-from m3fleet.controller.kube import KubeApi
 from m3fleet.controller.manager import Manager
 from m3fleet.controller.peering import LeaseGate, PeeringGate
 from m3fleet.controller.reconcile import Reconciler
@@ -41,6 +40,7 @@ from m3fleet.controller.time_to_ready_recorder import TimeToReadyRecorder
 from m3fleet.controller.webhook import Webhook, WebhookError
 from m3fleet.controller.webhook import register as register_webhook
 from m3fleet.errors import ClusterUnreachable
+from m3fleet.kubeapi import KubeApi
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 PRIORITY_VARIABLE = "M3FLEET_PEERING_PRIORITY"

@@ -1,22 +1,9 @@
 """Status in Kubernetes conventions, computed from what the children report. Pure: `now` is an input.
 
-Condition types (metav1.Condition, a map list keyed by `type`):
-
-* `Ready` — every replica of the current generation is ready (the summary `kubectl wait` uses).
-  Reasons: AllReplicasReady, ScaledToZero, RolloutInProgress, Unschedulable (pods wait for a node: the
-  message carries the scheduler's reason, and the Ready condition of a model cache whose nodes they require
-  when it is not Ready), InvalidSpec, LeaderWorkerSetNotInstalled,
-  ComputeDomainNotInstalled, ApplyFailed, NameConflict, and why engine pods fail (`POD_FAILURE_REASONS`: the
-  kubelet's or the workload controller's own word; the message names the pod, the container and the cause).
-* `Available` — at least one replica serves. Reasons: MinimumReplicasAvailable; when False, NoReplicasReady,
-  or ScaledToZero (none asked for, none serving).
-* `Progressing` — a rollout or scale is under way. Reasons: RolloutInProgress, RolloutComplete, plus the
-  blocking and pod failure reasons above (False: nothing progresses until the spec or cluster is fixed).
-* `Degraded` — negative polarity: True when the operator cannot do what the spec asks, or engine pods fail.
-  Reasons: AsExpected, InvalidSpec, LeaderWorkerSetNotInstalled, ComputeDomainNotInstalled, ApplyFailed,
-  NameConflict (an object the resource does not control holds a child's name; see m3fleet.render.ownership),
-  and the pod failure reasons. Argo CD's and Flux's health checks read it (manifests/gitops). A crash is kept
-  between restarts (see `crash_seen_last`), so a crash-looping fleet does not flap between Degraded and healthy.
+Condition types (metav1.Condition, a map list keyed by `type`): Ready, Available, Progressing, Degraded. Their
+reasons, what each means and the status each comes with are the catalogue in m3fleet.api.conditions (the CRD's
+description and docs/reference/ are written from it); only its names are emitted here. A crash is kept between
+restarts (see `crash_seen_last`), so a crash-looping fleet does not flap between Degraded and healthy.
 
 `lastTransitionTime` changes only when a condition's status flips, so a re-computed identical status
 compares equal and the operator writes nothing.
@@ -31,19 +18,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from m3fleet.api.conditions import (
+    AVAILABLE,
+    CONTAINER_CONFIG_REASONS,
+    DEGRADED,
+    FALSE,
+    IMAGE_PULL_REASONS,
+    PROGRESSING,
+    READY,
+    TRUE,
+    ConditionStatus,
+    DeploymentReason,
+    Reason,
+)
 from m3fleet.api.models import ModelCacheRef
 from m3fleet.engines.base import CacheMount
 
-READY, AVAILABLE, PROGRESSING, DEGRADED = "Ready", "Available", "Progressing", "Degraded"
 CONDITION_ORDER = (READY, AVAILABLE, PROGRESSING, DEGRADED)
-
-# Why engine pods fail, each a reason of Ready=False and Degraded=True, in the kubelet's own words (a container
-# waiting, or killed for memory) and the workload controller's (FailedCreate: pods refused at admission, e.g. by
-# Pod Security or a quota). These do not heal by waiting: the user fixes the image, the Secret, the namespace.
-CRASH_LOOP, OOM_KILLED, FAILED_CREATE = "CrashLoopBackOff", "OOMKilled", "FailedCreate"
-IMAGE_PULL_REASONS = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
-CONTAINER_CONFIG_REASONS = ("CreateContainerConfigError", "CreateContainerError")
-POD_FAILURE_REASONS = (CRASH_LOOP, OOM_KILLED, *IMAGE_PULL_REASONS, *CONTAINER_CONFIG_REASONS, FAILED_CREATE)
+# Why engine pods fail (see the catalogue): the kubelet's words and the workload controller's Event reason.
+CRASH_LOOP, OOM_KILLED = DeploymentReason.CRASH_LOOP_BACK_OFF, DeploymentReason.OOM_KILLED
+FAILED_CREATE = DeploymentReason.FAILED_CREATE
 FAILED_CREATE_RECENT_SECONDS = 15 * 60  # a FailedCreate event older than this says nothing of today's pods
 DETAIL_CHARS = 400  # of a termination message or event: enough for the engine's last error line
 
@@ -128,7 +122,7 @@ def unschedulable(pods: list[dict[str, Any]]) -> str | None:
             if (
                 cond.get("type") == "PodScheduled"
                 and cond.get("status") == "False"
-                and cond.get("reason") == "Unschedulable"
+                and cond.get("reason") == DeploymentReason.UNSCHEDULABLE
             ):
                 waiting.append(str(cond.get("message") or "no node fits"))
     if not waiting:
@@ -141,7 +135,7 @@ class PodFailure:
     """Why engine pods fail: a reason of `POD_FAILURE_REASONS` and a message naming the pod, the container and
     the cause."""
 
-    reason: str
+    reason: DeploymentReason
     message: str
 
 
@@ -187,10 +181,11 @@ def container_failure(container: Mapping[str, Any]) -> PodFailure | None:
         )
     if reason in IMAGE_PULL_REASONS:
         return PodFailure(
-            reason, f"{reason} for image {container.get('image')}: {_detail(waiting.get('message')) or 'no detail'}"
+            DeploymentReason(reason),
+            f"{reason} for image {container.get('image')}: {_detail(waiting.get('message')) or 'no detail'}",
         )
     if reason in CONTAINER_CONFIG_REASONS:
-        return PodFailure(reason, _detail(waiting.get("message")) or reason)
+        return PodFailure(DeploymentReason(reason), _detail(waiting.get("message")) or reason)
     return None
 
 
@@ -218,7 +213,7 @@ def crash_seen_last(previous: list[dict[str, Any]], generation: int, workload: W
     named = _FAILING_POD.search(message)
     if reason not in (CRASH_LOOP, OOM_KILLED) or named is None or named.group(1) in workload.ready_pods:
         return None
-    return PodFailure(reason, message.split("; ", 1)[-1])  # without the old "N of M replicas ready"
+    return PodFailure(DeploymentReason(reason), message.split("; ", 1)[-1])  # without the old "N of M replicas ready"
 
 
 _FAILING_POD = re.compile(r"pods failing: pod (\S+), container ")
@@ -281,13 +276,20 @@ def cache_not_ready(cache: Mapping[str, Any] | None) -> str | None:
 class Blocked:
     """Why the operator stopped before touching children (children are left exactly as they were)."""
 
-    reason: str
+    reason: DeploymentReason
     message: str
 
 
 def condition(
-    previous: list[dict[str, Any]], type_: str, status: str, reason: str, message: str, generation: int, now: str
+    previous: list[dict[str, Any]],
+    type_: str,
+    status: ConditionStatus,
+    reason: Reason,
+    message: str,
+    generation: int,
+    now: str,
 ) -> dict[str, Any]:
+    """One metav1.Condition; `reason` only from the catalogue (m3fleet.api.conditions), written as a plain string."""
     old = next((c for c in previous if c.get("type") == type_), None)
     since = old["lastTransitionTime"] if old and old.get("status") == status and "lastTransitionTime" in old else now
     return {
@@ -295,7 +297,7 @@ def condition(
         "status": status,
         "observedGeneration": generation,
         "lastTransitionTime": since,
-        "reason": reason,
+        "reason": str(reason),
         "message": message[:32768],
     }
 
@@ -307,15 +309,19 @@ def conditions(
     workload: Workload,
     blocked: Blocked | None,
 ) -> list[dict[str, Any]]:
-    def c(type_: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
-        return condition(previous, type_, "True" if ok else "False", reason, message, generation, now)
+    def c(type_: str, ok: bool, reason: DeploymentReason, message: str) -> dict[str, Any]:
+        return condition(previous, type_, TRUE if ok else FALSE, reason, message, generation, now)
 
     # Available means something answers requests: never with no ready replica, even when none is asked for.
     serving = workload.ready >= 1
     available = c(
         AVAILABLE,
         serving,
-        "MinimumReplicasAvailable" if serving else "ScaledToZero" if workload.desired == 0 else "NoReplicasReady",
+        DeploymentReason.MINIMUM_REPLICAS_AVAILABLE
+        if serving
+        else DeploymentReason.SCALED_TO_ZERO
+        if workload.desired == 0
+        else DeploymentReason.NO_REPLICAS_READY,
         f"{workload.ready} of {workload.desired} replicas ready",
     )
     if blocked is not None:
@@ -326,9 +332,9 @@ def conditions(
             c(DEGRADED, True, blocked.reason, blocked.message),
         ]
     if workload.desired == 0 and workload.all_ready:  # the scale-down to zero is complete
-        ready = c(READY, True, "ScaledToZero", "0 replicas requested")
+        ready = c(READY, True, DeploymentReason.SCALED_TO_ZERO, "0 replicas requested")
     elif workload.all_ready:
-        ready = c(READY, True, "AllReplicasReady", f"all {workload.desired} replicas ready")
+        ready = c(READY, True, DeploymentReason.ALL_REPLICAS_READY, f"all {workload.desired} replicas ready")
     elif failure := workload.failure or crash_seen_last(previous, generation, workload):
         message = f"{workload.ready} of {workload.desired} replicas ready; {failure.message}"
         return [
@@ -341,14 +347,14 @@ def conditions(
         ready = c(
             READY,
             False,
-            "Unschedulable",
+            DeploymentReason.UNSCHEDULABLE,
             f"{workload.ready} of {workload.desired} replicas ready; {workload.unschedulable}",
         )
     else:
         ready = c(
             READY,
             False,
-            "RolloutInProgress",
+            DeploymentReason.ROLLOUT_IN_PROGRESS,
             f"{workload.ready} of {workload.desired} replicas ready, {workload.updated} updated",
         )
     progressing = ready["status"] != "True"
@@ -358,10 +364,10 @@ def conditions(
         c(
             PROGRESSING,
             progressing,
-            "RolloutInProgress" if progressing else "RolloutComplete",
+            DeploymentReason.ROLLOUT_IN_PROGRESS if progressing else DeploymentReason.ROLLOUT_COMPLETE,
             ready["message"],
         ),
-        c(DEGRADED, False, "AsExpected", "the spec is valid and applied"),
+        c(DEGRADED, False, DeploymentReason.AS_EXPECTED, "the spec is valid and applied"),
     ]
 
 

@@ -16,11 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from m3fleet import kubeapi
 from m3fleet.api import parse_resource
 from m3fleet.autoscaling import time_to_ready
-from m3fleet.controller import kube, metrics
-from m3fleet.controller.kube import KubeApi
+from m3fleet.controller import metrics
 from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.kubeapi import KubeApi
 from m3fleet.planner import plan as make_plan
 from m3fleet.render import labels
 
@@ -60,10 +61,10 @@ class TimeToReadyRecorder:
         if size is None or meta.get("deletionTimestamp"):
             return None
         previous = time_to_ready.Record.from_status((body.get("status") or {}).get("timeToReady"))
-        pods = await self.api.list(kube.POD, namespace, labels.owned_selector(name))
+        pods = await self.api.list(kubeapi.POD, namespace, labels.owned_selector(name))
         if not time_to_ready.unmeasured(pods, previous, size):
             return None
-        events = await self.api.list(kube.EVENT, namespace, field_selector=PULLED_EVENTS)
+        events = await self.api.list(kubeapi.EVENT, namespace, field_selector=PULLED_EVENTS)
         measured = time_to_ready.record(previous, pods, events, size)
         written = await self.api.patch_status(namespace, name, {"timeToReady": measured.record.to_status()})
         if written is None:

@@ -16,12 +16,12 @@ import logging
 import time
 from typing import Any
 
+from m3fleet import kubeapi
 from m3fleet.api.cache import node_label_key
 from m3fleet.cache.plan import let_go
-from m3fleet.controller import kube
 from m3fleet.controller.cache import node_view
-from m3fleet.controller.kube import ApiError, KubeApi
 from m3fleet.controller.reconcile import utc_now
+from m3fleet.kubeapi import ApiError, KubeApi
 
 STOP_SECONDS = 120.0  # the operator's pods are gone within their grace period (30 s by default)
 RELEASED = "Released"  # the Event's reason
@@ -36,19 +36,19 @@ class ReleaseError(Exception):
 
 async def stop_operator(api: KubeApi, namespace: str, deployment: str, timeout: float = STOP_SECONDS) -> None:
     """Scale the operator's Deployment to 0 and wait until its pods are gone; if they are not, scale it back."""
-    body = await api.get(kube.DEPLOYMENT, namespace, deployment)
+    body = await api.get(kubeapi.DEPLOYMENT, namespace, deployment)
     if body is None:
         return  # no operator of this release runs
     replicas = int((body.get("spec") or {}).get("replicas") or 0)
     labels = body["spec"]["selector"].get("matchLabels") or {}
     selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-    await api.merge_patch(kube.DEPLOYMENT, namespace, deployment, {"spec": {"replicas": 0}})
+    await api.merge_patch(kubeapi.DEPLOYMENT, namespace, deployment, {"spec": {"replicas": 0}})
     log.info("Scaled Deployment %s/%s to 0 (was %d): no operator may put back what is released", namespace,
              deployment, replicas)  # fmt: skip
     deadline = time.monotonic() + timeout
-    while pods := await api.list(kube.POD, namespace, selector):
+    while pods := await api.list(kubeapi.POD, namespace, selector):
         if time.monotonic() > deadline:
-            await api.merge_patch(kube.DEPLOYMENT, namespace, deployment, {"spec": {"replicas": replicas}})
+            await api.merge_patch(kubeapi.DEPLOYMENT, namespace, deployment, {"spec": {"replicas": replicas}})
             names = ", ".join(p["metadata"]["name"] for p in pods)
             raise ReleaseError(
                 f"the operator's pods ({names}) did not stop within {timeout:.0f} s; nothing was released and "
@@ -60,9 +60,9 @@ async def stop_operator(api: KubeApi, namespace: str, deployment: str, timeout: 
 
 async def release_caches(api: KubeApi, scope: str | None) -> list[str]:
     """Every cache in `scope` (None: all namespaces) let go; returns one line per cache that changed."""
-    nodes = [node_view(n, time.time()) for n in await api.list(kube.NODE, None)]
+    nodes = [node_view(n, time.time()) for n in await api.list(kubeapi.NODE, None)]
     said = []
-    for cache in await api.list(kube.CACHE, scope):
+    for cache in await api.list(kubeapi.CACHE, scope):
         if (line := await _let_go(api, cache, nodes)) is not None:
             said.append(line)
     return said
@@ -75,15 +75,15 @@ async def _let_go(api: KubeApi, cache: dict[str, Any], nodes: list[Any]) -> str 
         meta = cache["metadata"]
         letting = let_go(namespace, name, meta.get("finalizers") or [], nodes)
         for node in letting.unlabel:
-            await api.merge_patch(kube.NODE, None, node, {"metadata": {"labels": {label: None}}})
+            await api.merge_patch(kubeapi.NODE, None, node, {"metadata": {"labels": {label: None}}})
         if letting.finalizers is not None:
             patch = {"metadata": {"finalizers": letting.finalizers or None, "resourceVersion": meta["resourceVersion"]}}
             try:
-                await api.merge_patch(kube.CACHE, namespace, name, patch)
+                await api.merge_patch(kubeapi.CACHE, namespace, name, patch)
             except ApiError as exc:
                 if exc.status != 409:
                     raise
-                fresh = await api.get(kube.CACHE, namespace, name)
+                fresh = await api.get(kubeapi.CACHE, namespace, name)
                 if fresh is None:
                     return None
                 cache, nodes = fresh, [n for n in nodes if n.name not in letting.unlabel]
@@ -110,8 +110,8 @@ async def _event(api: KubeApi, cache: dict[str, Any], message: str) -> None:
             "kind": "Event",
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": kube.CACHE.api_version,
-                "kind": kube.CACHE.kind,
+                "apiVersion": kubeapi.CACHE.api_version,
+                "kind": kubeapi.CACHE.kind,
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "uid": meta.get("uid"),

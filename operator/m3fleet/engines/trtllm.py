@@ -206,7 +206,7 @@ def launch(ctx: Context) -> EngineLaunch:
     config[LEADER_SCRIPT] = templates().get_template("trtllm-leader.sh.j2").render(values)
     config[WORKER_SCRIPT] = templates().get_template("trtllm-worker.sh.j2").render(values)
     # Root: the workers' sshd switches users, and mpirun logs in to them as the leader's user (root, which the
-    # image knows; a bare UID has no passwd entry for ssh). Pod Security level baseline (README).
+    # image knows; a bare UID has no passwd entry for ssh). Pod Security level baseline (docs/security.md).
     script = {Role.LEADER: LEADER_SCRIPT, Role.WORKER: WORKER_SCRIPT}
     # sshd is up as soon as it listens: a TCP readiness check, no startup/liveness budget needed.
     ssh_ready = Probes(startup=None, readiness=Probe(None, SSH_PORT, 10, 3), liveness=None)

@@ -4,7 +4,8 @@ m3fleet changes, mounts or deletes an object only when it carries a controller o
 very resource (its UID, not only its name: a deleted and re-created resource of the same name is another
 owner). Anything else with a child's name — made by hand, by another tool, by another resource, or left
 over from a deleted resource whose garbage collection is still running — is foreign: it is reported as a
-`NameConflict` and left exactly as it is, and nothing else of the fleet is applied until the name is free.
+`NameConflict` (m3fleet.api.conditions) and left exactly as it is, and nothing else of the fleet is applied until
+the name is free.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-CONFLICT_REASON = "NameConflict"
 
 
 def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:

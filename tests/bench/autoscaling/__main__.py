@@ -4,7 +4,7 @@ Runs the policy, the swept baselines and the oracle on each seed and prints the 
 summary of per-seed minimums (text), or the JSON list of per-seed objects (`-o json`: the
 `m3fleet simulate` contract's shape, with `frontier`, `workLowerBound` and `checks`);
 `--summary-json FILE` also writes the summary. `--cold-start-model cache|pvc|hub` builds every cold start
-from phases (m3fleet/autoscaling/coldstart.py); `--compare-cold-start-models pvc,cache` runs each seed under
+from phases (simulator/m3fleet_simulator/coldstart.py); `--compare-cold-start-models pvc,cache` runs each seed under
 each model side by side (same requests; the policy, the default baselines and the oracle; no sweep) and
 prints one row per seed and model. `--gateway` puts an inference gateway in front of the built-in resource
 (spec.autoscaling.gateway): the policy also reads the request sizes it records as requests arrive; the baselines
@@ -18,8 +18,8 @@ import json
 import sys
 from typing import Any
 
-from m3fleet.autoscaling.scenarios import SCENARIOS
-from m3fleet.autoscaling.simulate import prepare
+from m3fleet_simulator.scenarios import SCENARIOS
+from m3fleet_simulator.whatif import prepare
 
 from .report import _pct, format_text, seed_report, summarize
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from m3fleet.autoscaling.policy import LEARNED_AFTER
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
-from m3fleet.autoscaling.simulate import ContextAware, Setup
+from m3fleet_simulator.whatif import ContextAware, Setup
 
 LONG_PHASE_MARK = "long"  # scenario phases whose label has it serve the long-context mix
 

@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from m3fleet.api.models import Plan
-from m3fleet.autoscaling.scenarios import Request
-from m3fleet.autoscaling.simulate import Setup, simulate
-from m3fleet.autoscaling.simulator import PerfModel, PolicyResult
+from m3fleet_simulator.fleet import PerfModel, PolicyResult
+from m3fleet_simulator.scenarios import Request
+from m3fleet_simulator.whatif import Setup, simulate
 
 from .baselines import Schedule
 

@@ -2,7 +2,7 @@
 
 Per seed (`seed_report`), on the same requests and cold starts:
 
-* `context-aware` at default settings (`m3fleet.autoscaling.simulate`);
+* `context-aware` at default settings (`m3fleet_simulator.whatif`);
 * every baseline family swept finely: `request-count`, `kv-utilization`, `queue-length` (HPA
   algorithm, `baselines.py`) and `fixed` (1..maxReplicas); each family's default setting is also
   reported under `policies`; `fixed` there is the cheapest constant fleet reaching our attainment;
@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from m3fleet.autoscaling.simulate import Setup, context_aware, run_context_aware, simulate
-from m3fleet.autoscaling.simulator import Autoscaler, PolicyResult
+from m3fleet_simulator.fleet import Autoscaler, PolicyResult
+from m3fleet_simulator.whatif import Setup, context_aware, run_context_aware, simulate
 
 from .baselines import Fixed, kv_utilization, queue_length, request_count
 from .learning import Recording, learned_prefill_report
@@ -266,7 +266,7 @@ def late_oracle_report(setup: Setup, goal: float, oracle_gpu_hours: float) -> li
 
 
 def _prior(setup: Setup) -> float:
-    from m3fleet.autoscaling.simulate import policy_config
+    from m3fleet_simulator.whatif import policy_config
 
     return policy_config(setup).prefill_tokens_per_second
 

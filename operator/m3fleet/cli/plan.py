@@ -1,0 +1,79 @@
+"""`m3fleet plan -f FILE [-o table|json|yaml]`: the GPU layout of each MiniMaxM3Deployment in FILE."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from m3fleet.api import MiniMaxM3Deployment, Plan
+from m3fleet.cli.inputs import Caches, cache_of, input_flags, process
+from m3fleet.documents import dump
+from m3fleet.exitcodes import EXIT_INVALID, EXIT_OK
+from m3fleet.planner import plan
+from m3fleet.render import check
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser("plan", help="the GPU layout of each MiniMaxM3Deployment in FILE")
+    input_flags(parser)
+    parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    parser.set_defaults(func=run)
+
+
+def plan_dict(p: Plan) -> dict[str, Any]:
+    return p.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+PLAN_COLUMNS: Sequence[tuple[str, Callable[[str, Plan], object]]] = (
+    ("NAME", lambda n, p: n),
+    ("ENGINE", lambda n, p: p.engine),
+    ("ACCEL", lambda n, p: p.accelerator),
+    ("VARIANT", lambda n, p: p.variant),
+    ("STRATEGY", lambda n, p: p.strategy),
+    ("TP", lambda n, p: p.tensor_parallel_size),
+    ("DP", lambda n, p: p.data_parallel_size),
+    ("EP", lambda n, p: p.expert_parallel_size),
+    ("GPUS", lambda n, p: p.gpus_per_replica),
+    ("NODES", lambda n, p: p.nodes_per_replica),
+    ("CONTEXT", lambda n, p: p.max_model_len),
+    ("KV", lambda n, p: p.kv_cache_dtype),
+    ("KV-TOKENS", lambda n, p: p.kv_cache_tokens_per_replica),
+    ("SEQS@MAX", lambda n, p: p.max_sequences_at_max_len),
+    ("VALIDATED", lambda n, p: "yes" if p.validated else "no"),
+)
+
+
+CACHE_COLUMN: tuple[str, Callable[[str, Plan], object]] = (
+    "CACHE",
+    lambda n, p: f"{p.model_cache} ({p.model_cache_node_affinity})" if p.model_cache else "-",
+)
+
+
+def format_table(rows: list[tuple[str, Plan]]) -> str:
+    columns = [*PLAN_COLUMNS, *([CACHE_COLUMN] if any(p.model_cache for _, p in rows) else [])]
+    cells = [[h for h, _ in columns]] + [[str(f(n, p)) for _, f in columns] for n, p in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells) + "\n"
+
+
+def _plan(resource: MiniMaxM3Deployment, caches: Caches) -> tuple[str, Plan]:
+    """The plan, once everything `render` (and so the admission webhook) would refuse is ruled out."""
+    planned = plan(resource.spec)
+    check(resource, planned, cache_of(resource, caches))
+    return resource.metadata.name, planned
+
+
+def run(args: argparse.Namespace) -> int:
+    results, problems = process(args, _plan)
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        return EXIT_INVALID
+    if args.output == "table":
+        sys.stdout.write(format_table(results) if results else "")  # as kubectl: no header over nothing
+    elif args.output == "json":
+        sys.stdout.write(dump([plan_dict(p) for _, p in results], "json"))
+    else:
+        sys.stdout.write(dump([plan_dict(p) for _, p in results], "yaml"))
+    return EXIT_OK
