@@ -1,7 +1,8 @@
 """Context-length-aware autoscaling: engine signals, Prometheus adapters, the pure policy.
 
-Modules: `signals` (typed snapshots), `prometheus` (Prometheus adapters; the only I/O), `policy` (pure
-decisions), `forecast` (forecast floor and scheduled bounds), `time_to_ready` (time-to-ready from pods).
+Modules: `signals` (typed snapshots), `prometheus` (Prometheus adapters; the only I/O), `promql` (the queries
+they run), `policy` (pure decisions), `forecast` (forecast floor and scheduled bounds), `time_to_ready`
+(time-to-ready from pods).
 Nothing is imported here, so importing the pure policy never pulls in I/O.
 The simulator and `m3fleet simulate` are a distribution of their own (simulator/, `m3fleet[simulate]`), and
 the comparison with other autoscalers (baselines, oracle, report) lives in tests/bench/autoscaling.
@@ -19,7 +20,7 @@ How an operator drives it, per resource and tick:
    starting_ages=ages, time_to_ready_seconds=record.p90_seconds, starting_remaining=remaining)` — the p90
    of the last 10 replicas to become ready, None (the spec's coldStartSeconds) until one has.
 3. `snapshot = PrometheusAdapter.for_engine(engine, url, selector=..., gateway=...).read(now)` (`gateway`:
-   `prometheus.Gateway(spec.autoscaling.gateway.request_sizes_metric, match_labels)` when the spec names one,
+   `promql.Gateway(spec.autoscaling.gateway.request_sizes_metric, match_labels)` when the spec names one,
    so the snapshot carries what it recorded as requests arrived); for the forecast,
    `snapshot = dataclasses.replace(snapshot, demand_history=record.history(now,
    config.forecast_period_seconds, config.forecast_look_ahead(fleet.time_to_ready_seconds)))` where

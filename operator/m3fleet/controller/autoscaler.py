@@ -43,7 +43,8 @@ from m3fleet.autoscaling.policy import (
     decide,
     worth_recording,
 )
-from m3fleet.autoscaling.prometheus import Gateway, PrometheusAdapter, Tls
+from m3fleet.autoscaling.prometheus import PrometheusAdapter, Tls
+from m3fleet.autoscaling.promql import Gateway
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
 from m3fleet.controller import metrics
 from m3fleet.controller.events import Events
