@@ -15,7 +15,7 @@ Sources -> generated files:
   are rendered from, with the configuration each call is needed in.
 * m3fleet.permissions.RBAC -> the RBAC table of docs/security.md (between its markers).
 * m3fleet.catalog.ENGINES -> charts/m3fleet/files/engine-metrics.yaml (PodMonitor paths).
-* hack/dashboard.json, its engine queries filled in from m3fleet.catalog.metrics ->
+* hack/dashboard.json, its engine queries filled in from m3fleet.catalog.engine_metrics ->
   manifests/dashboards/m3fleet-fleet.json and the chart's copy.
 * manifests/gitops/argocd/health.lua -> manifests/gitops/argocd/argocd-cm-patch.yaml.
 * m3fleet.api.reference (the CRD schemas and m3fleet.api.conditions) -> docs/reference/minimaxm3deployment.md and
@@ -48,7 +48,7 @@ from m3fleet.api.cache import CACHE_KIND
 from m3fleet.api.crd import crd_yaml
 from m3fleet.api.models import KIND
 from m3fleet.api.reference import crd_reference, values_reference
-from m3fleet.catalog.metrics import ENGINE_METRICS
+from m3fleet.catalog.engine_metrics import ENGINE_METRICS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "m3fleet"
@@ -150,7 +150,7 @@ def engine_metrics_file() -> str:
 
 # The Grafana dashboard is hack/dashboard.json, edited by hand (or exported from Grafana). Its engine queries
 # are templates: a target with "m3fleetPerEngine": "<EngineMetrics field>" stands for one query per engine,
-# `{metric}` in its expression and `{engine}` in its legend filled in from m3fleet.catalog.metrics.
+# `{metric}` in its expression and `{engine}` in its legend filled in from m3fleet.catalog.engine_metrics.
 DASHBOARD_SOURCE = ROOT / "hack" / "dashboard.json"
 PER_ENGINE = "m3fleetPerEngine"
 

@@ -27,7 +27,7 @@ REQUEST_TIMEOUT = 60.0  # seconds a response may stall
 WATCH_SECONDS = 300  # the server ends each watch after this long; the client then resumes it
 RETRY_SECONDS = (1.0, 60.0)  # a broken watch is retried after 1 s, doubling up to 60 s
 
-log = logging.getLogger("m3fleet.kube")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

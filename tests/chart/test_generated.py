@@ -51,7 +51,7 @@ def test_generate_check_mode_reports_drift(tmp_path: Any) -> None:
 
 
 def test_the_dashboard_has_every_engines_query_and_no_template_left() -> None:
-    from m3fleet.catalog.metrics import ENGINE_METRICS
+    from m3fleet.catalog.engine_metrics import ENGINE_METRICS
 
     source = (ROOT / "hack" / "dashboard.json").read_text()
     built = (ROOT / "manifests" / "dashboards" / "m3fleet-fleet.json").read_text()

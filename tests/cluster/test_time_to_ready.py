@@ -20,7 +20,7 @@ from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
 from tests.support.cluster.fleet import advisory_fleet, delete, pods, renamed, sample, wait_ready, weight_volumes
 from tests.support.ports import free_port
 
-from m3fleet.autoscaling.readiness import epoch
+from m3fleet.autoscaling.time_to_ready import epoch
 
 NAMESPACE = "startup"
 TTR = "m3fleet_replica_time_to_ready_seconds"

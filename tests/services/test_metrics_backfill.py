@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from m3fleet.autoscaling.metrics import PrometheusAdapter
 from m3fleet.autoscaling.policy import Action, PolicyState, decide
+from m3fleet.autoscaling.prometheus import PrometheusAdapter
 from m3fleet.autoscaling.signals import FleetState, ReplicaSignals
 from tests.support.autoscaling.plans import config
 from tests.support.autoscaling.prom import prometheus, require_prometheus

@@ -16,8 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from m3fleet.autoscaling.metrics import Gateway, PrometheusAdapter, PrometheusHttp
 from m3fleet.autoscaling.policy import Action, Decision, PolicyConfig, PolicyState, decide
+from m3fleet.autoscaling.prometheus import PrometheusAdapter, PrometheusHttp
+from m3fleet.autoscaling.promql import Gateway
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
 from tests.support.autoscaling.plans import config
 from tests.support.autoscaling.prom import (

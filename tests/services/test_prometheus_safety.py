@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from m3fleet.autoscaling.metrics import MAX_ANSWER_BYTES, PrometheusAdapter, PrometheusError, PrometheusHttp, Tls
+from m3fleet.autoscaling.prometheus import MAX_ANSWER_BYTES, PrometheusAdapter, PrometheusError, PrometheusHttp, Tls
 from tests.support.autoscaling.prom import prometheus
 from tests.support.cluster.pki import Authority
 from tests.support.scripted_http import EMPTY_RESULT, SECRET, served, serving

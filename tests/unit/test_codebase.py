@@ -45,7 +45,7 @@ def _catalog_facts() -> dict[str, str]:
     import dataclasses
 
     from m3fleet.catalog import ACCELERATORS, ENGINES, KV_LAYOUT
-    from m3fleet.catalog.metrics import ENGINE_METRICS
+    from m3fleet.catalog.engine_metrics import ENGINE_METRICS
 
     facts: dict[str, str] = {str(KV_LAYOUT.block_size): "KV_LAYOUT.block_size"}
     for engine, metrics in ENGINE_METRICS.items():

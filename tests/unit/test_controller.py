@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from m3fleet.api import parse_resource
-from m3fleet.autoscaling.metrics import PrometheusAdapter, Tls
 from m3fleet.autoscaling.policy import RECORD_HEARTBEAT_SECONDS, replicas_to_apply, worth_recording
-from m3fleet.autoscaling.readiness import fleet_from
+from m3fleet.autoscaling.prometheus import PrometheusAdapter, Tls
+from m3fleet.autoscaling.time_to_ready import fleet_from
 from m3fleet.controller.autoscaler import interval_of, prometheus_adapter, source_spec
 from m3fleet.controller.cache import mounts_of, node_view
 from m3fleet.controller.manager import backoff, newer, worth_reconciling

@@ -21,7 +21,8 @@ from m3fleet.api.models import (
 )
 from m3fleet.catalog import ENGINES, PARALLEL_CANDIDATES
 from m3fleet.errors import SpecError, SpecErrors
-from m3fleet.planner import Layout, evaluate, kv_bytes_per_token_per_gpu, plan
+from m3fleet.planner import plan
+from m3fleet.sizing import Layout, evaluate, kv_bytes_per_token_per_gpu
 from tests.support.samples import SAMPLES_DIR, load_sample
 
 # file -> (engine, accelerator, variant, strategy, TP, DP, EP, nodes per replica).

@@ -1,5 +1,8 @@
 """The CRD's own admission contract, enforced offline: what `kubectl apply` would say, before the planner.
 
+One module (about 630 lines) on purpose: its four stages are the apiserver's one admission pipeline over one
+schema, sharing the field-path, type and message helpers; `judge`, `admit` and `admit_spec` run it whole.
+
 `m3fleet plan`/`render` and the operator judge a document exactly as the apiserver does with the CRD that
 `m3fleet crd` generates: the same openAPIV3Schema (read from `m3fleet.api.crd`, not a hand copy) and the
 same `x-kubernetes-validations` rules, evaluated with a CEL library (cel-python). The stages follow the

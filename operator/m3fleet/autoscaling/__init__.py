@@ -1,7 +1,8 @@
 """Context-length-aware autoscaling: engine signals, Prometheus adapters, the pure policy.
 
-Modules: `signals` (typed snapshots), `metrics` (Prometheus adapters; the only I/O), `policy` (pure
-decisions), `forecast` (forecast floor and scheduled bounds), `readiness` (time-to-ready from pods).
+Modules: `signals` (typed snapshots), `prometheus` (Prometheus adapters; the only I/O), `promql` (the queries
+they run), `policy` (pure decisions), `forecast` (forecast floor and scheduled bounds), `time_to_ready`
+(time-to-ready from pods).
 Nothing is imported here, so importing the pure policy never pulls in I/O.
 The simulator and `m3fleet simulate` are a distribution of their own (simulator/, `m3fleet[simulate]`), and
 the comparison with other autoscalers (baselines, oracle, report) lives in tests/bench/autoscaling.
@@ -10,16 +11,16 @@ How an operator drives it, per resource and tick:
 
 1. `config = PolicyConfig.from_spec(spec.autoscaling, plan)` (schedule, forecast period and margin
    included).
-2. Time-to-ready: whenever a pod is ready and not yet counted, `readiness.record(previous, pods, events,
+2. Time-to-ready: whenever a pod is ready and not yet counted, `time_to_ready.record(previous, pods, events,
    group_size)` measures the replicas that became ready (phases schedule / image / start / load from the
    pods' conditions, containerStatuses and the kubelet's Pulled events; each replica once) and the
    operator writes `record.to_status()` to `status.timeToReady` and observes the histograms (see
-   controller/startup.py). Per tick: `ages, remaining = readiness.starting(pods, record, now,
+   controller/time_to_ready_recorder.py). Per tick: `ages, remaining = time_to_ready.starting(pods, record, now,
    config.cold_start_seconds, group_size)`; `fleet = FleetState(now, current_replicas, ready_replicas,
    starting_ages=ages, time_to_ready_seconds=record.p90_seconds, starting_remaining=remaining)` — the p90
    of the last 10 replicas to become ready, None (the spec's coldStartSeconds) until one has.
 3. `snapshot = PrometheusAdapter.for_engine(engine, url, selector=..., gateway=...).read(now)` (`gateway`:
-   `metrics.Gateway(spec.autoscaling.gateway.request_sizes_metric, match_labels)` when the spec names one,
+   `promql.Gateway(spec.autoscaling.gateway.request_sizes_metric, match_labels)` when the spec names one,
    so the snapshot carries what it recorded as requests arrived); for the forecast,
    `snapshot = dataclasses.replace(snapshot, demand_history=record.history(now,
    config.forecast_period_seconds, config.forecast_look_ahead(fleet.time_to_ready_seconds)))` where

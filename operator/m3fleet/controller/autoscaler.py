@@ -32,9 +32,8 @@ from typing import Any, Protocol
 from m3fleet import kubeapi, permissions
 from m3fleet.api import parse_resource
 from m3fleet.api.models import AutoscalingSpec, PrometheusSpec
-from m3fleet.autoscaling import readiness
+from m3fleet.autoscaling import time_to_ready
 from m3fleet.autoscaling.forecast import DemandRecord, bucket_seconds, record_demand
-from m3fleet.autoscaling.metrics import Gateway, PrometheusAdapter, Tls
 from m3fleet.autoscaling.policy import (
     POD_DELETION_COST,
     Action,
@@ -44,6 +43,8 @@ from m3fleet.autoscaling.policy import (
     decide,
     worth_recording,
 )
+from m3fleet.autoscaling.prometheus import PrometheusAdapter, Tls
+from m3fleet.autoscaling.promql import Gateway
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
 from m3fleet.controller import metrics
 from m3fleet.controller.events import Events
@@ -56,7 +57,7 @@ from m3fleet.render import labels
 # `labelmap` of __meta_kubernetes_pod_label_(.+) for annotation-based scraping).
 FLEET_LABEL = "m3fleet_dev_name"
 
-log = logging.getLogger("m3fleet.autoscaler")
+log = logging.getLogger(__name__)
 
 
 class MetricsSource(Protocol):
@@ -275,7 +276,7 @@ class Autoscaler:
         previous = status.get("autoscaling") or {}
         state = self._states.get(key) or PolicyState.from_dict(previous.get("state") or {})
         config = PolicyConfig.from_spec(scaling, plan)
-        fleet = readiness.fleet_from(
+        fleet = time_to_ready.fleet_from(
             workload, pods, self.clock(), status.get("timeToReady"), plan.nodes_per_replica, config.cold_start_seconds
         )
         period = config.forecast_period_seconds

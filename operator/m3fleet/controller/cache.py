@@ -69,7 +69,7 @@ PATH_PREFIXES_VARIABLE = "M3FLEET_CACHE_PATH_PREFIXES"
 STAGER_IMAGES_VARIABLE = "M3FLEET_STAGER_IMAGES"
 TRIGGERS = ("uid", "generation", "labels", "deletionTimestamp")
 
-log = logging.getLogger("m3fleet.cache")
+log = logging.getLogger(__name__)
 
 
 def _epoch(stamp: str | None) -> float | None:

@@ -14,7 +14,7 @@ one resource at a time:
   the operator does not control, and so does not watch) asks to be retried after a fixed delay.
 * Resources whose spec has autoscaling enabled are ticked every `intervalSeconds`; the others are never
   looked at between events. There is no periodic resync: drift shows up as a child event.
-* A time-to-ready measurement (startup.py) is due when a watched engine pod is ready and not yet counted
+* A time-to-ready measurement (time_to_ready_recorder.py) is due when a watched engine pod is ready and not yet counted
   in the resource's `status.timeToReady`, also for the pods kopf lists at start; at rest nothing is due.
 * With peering, the queue stands still whenever kopf's peering would pause kopf, and whenever this peer does not
   hold the write Lease (see peering.py).
@@ -35,7 +35,7 @@ from m3fleet.controller.autoscaler import Autoscaler, interval_of
 from m3fleet.controller.peering import LeaseGate, PeeringGate
 from m3fleet.controller.queue import WorkQueue
 from m3fleet.controller.reconcile import Reconciler
-from m3fleet.controller.startup import StartupTimer, counted
+from m3fleet.controller.time_to_ready_recorder import TimeToReadyRecorder, counted
 from m3fleet.kubeapi import ApiError
 from m3fleet.render.labels import NAME
 
@@ -45,7 +45,7 @@ WORKERS = 8  # resources reconciled at once
 # Metadata whose change makes a resource due for a reconcile (anything but status).
 TRIGGERS = ("uid", "generation", "labels", "annotations", "deletionTimestamp")
 
-log = logging.getLogger("m3fleet.manager")
+log = logging.getLogger(__name__)
 
 
 def key_of(body: Mapping[str, Any]) -> Key:
@@ -96,11 +96,11 @@ class Work:
 
 class Manager:
     def __init__(
-        self, reconciler: Reconciler, autoscaler: Autoscaler, startup: StartupTimer, workers: int = WORKERS
+        self, reconciler: Reconciler, autoscaler: Autoscaler, time_to_ready: TimeToReadyRecorder, workers: int = WORKERS
     ) -> None:
         self.reconciler = reconciler
         self.autoscaler = autoscaler
-        self.startup = startup
+        self.time_to_ready = time_to_ready
         self._unmeasured: set[Key] = set()  # a ready pod not yet counted was seen before its resource
         self.queue: WorkQueue[Key] = WorkQueue(self._process, workers)
         self.gates: tuple[PeeringGate, LeaseGate] | None = None  # peering: who may run, and who may write
@@ -247,7 +247,7 @@ class Manager:
 
     async def _measure(self, key: Key, work: Work) -> None:
         try:
-            written = await self.startup.measure(self._bodies[key])
+            written = await self.time_to_ready.measure(self._bodies[key])
         except Exception as exc:  # measured again later; a failure never blocks reconciles
             work.measure_at = self._now() + BACKOFF[1]
             log.warning("%s/%s: time-to-ready measurement failed (retrying in %.0f s): %s", *key, BACKOFF[1], exc)

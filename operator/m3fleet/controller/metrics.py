@@ -44,20 +44,20 @@ AUTOSCALER_DESIRED = Gauge(
     registry=REGISTRY,
 )
 # Seconds: from pods on warm nodes with the image (seconds) to node provisioning and a cold weight read (an hour).
-STARTUP_BUCKETS = (1, 5, 15, 30, 60, 90, 120, 180, 240, 300, 420, 600, 900, 1200, 1800, 3600)
+TIME_TO_READY_BUCKETS = (1, 5, 15, 30, 60, 90, 120, 180, 240, 300, 420, 600, 900, 1200, 1800, 3600)
 TIME_TO_READY = Histogram(
     "m3fleet_replica_time_to_ready_seconds",
     "Pod created -> ready, per new engine replica (a multi-node group: all its pods ready).",
     ["namespace", "name"],
-    buckets=STARTUP_BUCKETS,
+    buckets=TIME_TO_READY_BUCKETS,
     registry=REGISTRY,
 )
-STARTUP_PHASE = Histogram(
+TIME_TO_READY_PHASE = Histogram(
     "m3fleet_replica_startup_phase_seconds",
     "Each phase of a new replica's start: schedule, image (only when the kubelet's Pulled event is known), "
     "start (containers started), load (started -> ready).",
     ["namespace", "name", "phase"],
-    buckets=STARTUP_BUCKETS,
+    buckets=TIME_TO_READY_BUCKETS,
     registry=REGISTRY,
 )
 
@@ -75,7 +75,7 @@ RETRIES = Counter(
 
 # The series labelled with one resource: removed with it, so a deleted fleet stops exporting its last values
 # (dashboards and alerts would read them as current) and the registry does not grow with every fleet ever seen.
-RESOURCE_SERIES = (DESIRED_REPLICAS, READY_REPLICAS, TIME_TO_READY, STARTUP_PHASE)
+RESOURCE_SERIES = (DESIRED_REPLICAS, READY_REPLICAS, TIME_TO_READY, TIME_TO_READY_PHASE)
 AUTOSCALER_SERIES = (AUTOSCALER_DECISIONS, AUTOSCALER_DESIRED)
 
 

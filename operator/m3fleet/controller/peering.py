@@ -32,7 +32,7 @@ from typing import Any
 from m3fleet.controller import metrics
 from m3fleet.kubeapi import CLUSTER_PEERING, LEASE, PEERING, ApiError, KubeApi
 
-log = logging.getLogger("m3fleet.peering")
+log = logging.getLogger(__name__)
 
 LEASE_NAME = "m3fleet-leader"
 LEASE_SECONDS = 15  # how long a holder's claim stands, unrenewed, before another peer may take the Lease

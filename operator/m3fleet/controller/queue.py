@@ -22,7 +22,7 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
-log = logging.getLogger("m3fleet.queue")
+log = logging.getLogger(__name__)
 
 
 class WorkQueue(Generic[K]):

@@ -57,7 +57,7 @@ CONFLICT_RETRY_SECONDS = 10.0  # a name held by a foreign object is looked at ag
 PODS_MISSING_RETRY_SECONDS = 30.0  # while a rollout lacks pods: a refusal to create them is only an Event
 FAILED_CREATE_EVENTS = f"reason={DeploymentReason.FAILED_CREATE}"
 
-log = logging.getLogger("m3fleet.reconcile")
+log = logging.getLogger(__name__)
 
 
 class SecretsForbidden(Exception):

@@ -36,7 +36,7 @@ from m3fleet.controller.handlers import PEERING_NAME, register
 from m3fleet.controller.manager import Manager
 from m3fleet.controller.peering import LeaseGate, PeeringGate
 from m3fleet.controller.reconcile import Reconciler
-from m3fleet.controller.startup import StartupTimer
+from m3fleet.controller.time_to_ready_recorder import TimeToReadyRecorder
 from m3fleet.controller.webhook import Webhook, WebhookError
 from m3fleet.controller.webhook import register as register_webhook
 from m3fleet.errors import ClusterUnreachable
@@ -132,7 +132,7 @@ def run(
     priority, identity = peering_priority(), peering_identity()
     api = KubeApi(api_client())
     reconciler = Reconciler(api)
-    manager = Manager(reconciler, Autoscaler(api, reconciler.events), StartupTimer(api))
+    manager = Manager(reconciler, Autoscaler(api, reconciler.events), TimeToReadyRecorder(api))
     stager_image = os.environ.get(STAGER_IMAGE_VARIABLE) or DEFAULT_STAGER_IMAGE
     try:  # the admin's rules for model caches: a bad setting is said at once, before anything starts
         prefixes = allowed_prefixes(os.environ.get(PATH_PREFIXES_VARIABLE))

@@ -27,7 +27,7 @@ STOP_SECONDS = 120.0  # the operator's pods are gone within their grace period (
 RELEASED = "Released"  # the Event's reason
 CONFLICT_TRIES = 5  # a cache changed between read and write (its status): read it again
 
-log = logging.getLogger("m3fleet.uninstall")
+log = logging.getLogger(__name__)
 
 
 class ReleaseError(Exception):

@@ -31,7 +31,7 @@ WEBHOOK_ID = "validate"  # kopf serves a handler at /<its id>: the chart's clien
 CERT_FILE, KEY_FILE = "tls.crt", "tls.key"
 REFUSED = 422  # Unprocessable: the request is well-formed, the spec is not one the operator can run
 
-log = logging.getLogger("m3fleet.webhook")
+log = logging.getLogger(__name__)
 
 
 class WebhookError(Exception):

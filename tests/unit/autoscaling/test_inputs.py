@@ -17,8 +17,8 @@ from m3fleet.autoscaling.forecast import (
     sustained,
 )
 from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, decide
-from m3fleet.autoscaling.readiness import Record, record, starting
 from m3fleet.autoscaling.signals import DemandHistory, Histogram, MetricsSnapshot
+from m3fleet.autoscaling.time_to_ready import Record, record, starting
 from tests.support.autoscaling.plans import sample_plan
 from tests.support.autoscaling.snapshots import MILLION, NOW, ROUND, fleet, replica, replicas, snapshot
 

@@ -21,8 +21,8 @@ from m3fleet.autoscaling.policy import (
     recommend,
     stabilize,
 )
-from m3fleet.autoscaling.readiness import Record, fleet_from, record
 from m3fleet.autoscaling.signals import DemandHistory, MetricsSnapshot
+from m3fleet.autoscaling.time_to_ready import Record, fleet_from, record
 from tests.support.autoscaling import pods
 from tests.support.autoscaling.plans import sample_plan
 from tests.support.autoscaling.snapshots import (

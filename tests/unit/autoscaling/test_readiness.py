@@ -4,7 +4,7 @@ LeaderWorkerSet groups, each replica counted once (also by a restarted operator)
 from __future__ import annotations
 
 from m3fleet.api.models import TimeToReadyStatus
-from m3fleet.autoscaling.readiness import (
+from m3fleet.autoscaling.time_to_ready import (
     WINDOW,
     Record,
     go_duration,

@@ -8,8 +8,8 @@ from typing import Any
 
 from m3fleet.api.models import AutoscalingMode, MiniMaxM3DeploymentSpec
 from m3fleet.autoscaling.policy.gateway import GATEWAY_WARMING_UP
-from m3fleet.autoscaling.readiness import epoch
 from m3fleet.autoscaling.signals import ReplicaSignals
+from m3fleet.autoscaling.time_to_ready import epoch
 
 # Read by the ReplicaSet controller when it picks the pods a scale-down deletes: the lowest cost goes first
 # (an integer in a string; an unannotated pod counts 0). Not-ready pods go before any ready one whatever it says.

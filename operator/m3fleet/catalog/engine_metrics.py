@@ -1,5 +1,5 @@
 """Where each pinned engine exports each serving signal on Prometheus: the one home of engine metric
-names. The autoscaler's Prometheus adapter (`m3fleet.autoscaling.metrics`) queries them and the chart
+names. The autoscaler's Prometheus adapter (`m3fleet.autoscaling.prometheus`) queries them and the chart
 generator builds the Grafana dashboard from them.
 
 Sources: VLLM-MET (vllm 0.33.0 `vllm/v1/metrics/loggers.py`), SGL-MET (sglang 0.5.23

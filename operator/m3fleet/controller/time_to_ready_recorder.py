@@ -1,4 +1,4 @@
-"""Time-to-ready of new replicas: read pods and events, measure (pure: autoscaling/readiness.py), record.
+"""Time-to-ready of new replicas: read pods and events, measure (pure: autoscaling/time_to_ready.py), record.
 
 The manager asks for a measurement when a watched engine pod is ready and not yet counted in the
 resource's `status.timeToReady` (also for the pods kopf lists when it starts, so replicas that became
@@ -18,7 +18,7 @@ from typing import Any
 
 from m3fleet import kubeapi
 from m3fleet.api import parse_resource
-from m3fleet.autoscaling import readiness
+from m3fleet.autoscaling import time_to_ready
 from m3fleet.controller import metrics
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.kubeapi import KubeApi
@@ -27,7 +27,7 @@ from m3fleet.render import labels
 
 PULLED_EVENTS = "involvedObject.kind=Pod,reason=Pulled"
 
-log = logging.getLogger("m3fleet.startup")
+log = logging.getLogger(__name__)
 
 
 def group_size(body: Mapping[str, Any]) -> int | None:
@@ -44,12 +44,12 @@ def counted(body: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
     if not ready or (pod.get("metadata") or {}).get("deletionTimestamp"):
         return True
-    record = readiness.Record.from_status((body.get("status") or {}).get("timeToReady"))
+    record = time_to_ready.Record.from_status((body.get("status") or {}).get("timeToReady"))
     return record.knows(str(pod["metadata"].get("uid") or ""))
 
 
 @dataclass
-class StartupTimer:
+class TimeToReadyRecorder:
     api: KubeApi
 
     async def measure(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -60,12 +60,12 @@ class StartupTimer:
         size = group_size(body)
         if size is None or meta.get("deletionTimestamp"):
             return None
-        previous = readiness.Record.from_status((body.get("status") or {}).get("timeToReady"))
+        previous = time_to_ready.Record.from_status((body.get("status") or {}).get("timeToReady"))
         pods = await self.api.list(kubeapi.POD, namespace, labels.owned_selector(name))
-        if not readiness.unmeasured(pods, previous, size):
+        if not time_to_ready.unmeasured(pods, previous, size):
             return None
         events = await self.api.list(kubeapi.EVENT, namespace, field_selector=PULLED_EVENTS)
-        measured = readiness.record(previous, pods, events, size)
+        measured = time_to_ready.record(previous, pods, events, size)
         written = await self.api.patch_status(namespace, name, {"timeToReady": measured.record.to_status()})
         if written is None:
             return None
@@ -73,7 +73,7 @@ class StartupTimer:
             metrics.TIME_TO_READY.labels(namespace, name).observe(sample.seconds)
             for phase, seconds in sample.phases.items():
                 if seconds is not None:
-                    metrics.STARTUP_PHASE.labels(namespace, name, phase).observe(seconds)
+                    metrics.TIME_TO_READY_PHASE.labels(namespace, name, phase).observe(seconds)
             log.info(
                 "%s/%s: replica %s ready in %.0f s (%s)",
                 namespace,
