@@ -13,9 +13,10 @@ from m3fleet.autoscaling.prometheus import PrometheusAdapter, Tls
 from m3fleet.autoscaling.time_to_ready import fleet_from
 from m3fleet.controller.autoscaler import interval_of, prometheus_adapter, source_spec
 from m3fleet.controller.cache import mounts_of, node_view
+from m3fleet.controller.decide import missing_api, understand
 from m3fleet.controller.manager import backoff, newer, worth_reconciling
 from m3fleet.controller.peering import verdict
-from m3fleet.controller.reconcile import digest, missing_api, what_matters
+from m3fleet.controller.reconcile import digest, what_matters
 from m3fleet.controller.status import (
     Blocked,
     Workload,
@@ -180,9 +181,9 @@ def test_peering_follows_kopfs_rule() -> None:
 
 
 def test_only_autoscaling_resources_have_an_interval() -> None:
-    assert interval_of(doc()) is None and interval_of(None) is None
-    assert interval_of(doc(autoscaling={"enabled": True, "intervalSeconds": 30})) == 30
-    assert interval_of(doc(autoscaling={"enabled": True, "intervalSeconds": 1})) is None  # invalid: no ticks
+    assert interval_of(understand(doc())) is None
+    assert interval_of(understand(doc(autoscaling={"enabled": True, "intervalSeconds": 30}))) == 30
+    assert interval_of(understand(doc(autoscaling={"enabled": True, "intervalSeconds": 1}))) is None  # invalid
 
 
 def iso(t: float) -> str:

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from m3fleet import kubeapi, permissions
-from m3fleet.api import parse_resource
 from m3fleet.api.models import AutoscalingSpec, PrometheusSpec
 from m3fleet.autoscaling import time_to_ready
 from m3fleet.autoscaling.forecast import DemandRecord, bucket_seconds, record_demand
@@ -47,10 +46,9 @@ from m3fleet.autoscaling.prometheus import PrometheusAdapter, Tls
 from m3fleet.autoscaling.promql import Gateway
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
 from m3fleet.controller import metrics
+from m3fleet.controller.decide import Understood
 from m3fleet.controller.events import Events
-from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.kubeapi import ApiError, KubeApi
-from m3fleet.planner import plan as make_plan
 from m3fleet.render import labels
 
 # Engine series carry the pod's labels as Prometheus labels (the chart's PodMonitor, or the usual
@@ -149,16 +147,12 @@ def ca_from_secret(secret: Mapping[str, Any] | None, name: str, key: str) -> str
         raise ValueError(f"{where} key {key!r} is not a PEM certificate") from None
 
 
-def interval_of(body: Mapping[str, Any] | None) -> float | None:
+def interval_of(understood: Understood) -> float | None:
     """Seconds between ticks of this resource; None when it does not autoscale (or its spec is invalid)."""
-    scaling = ((body or {}).get("spec") or {}).get("autoscaling")
-    if not isinstance(scaling, Mapping) or scaling.get("enabled") is not True:
-        return None  # the common case, decided without parsing the resource
-    try:
-        resource = parse_resource(dict(body or {}))
-    except (SpecError, SpecErrors):
+    resource = understood.resource
+    if resource is None or not resource.spec.autoscaling.enabled:
         return None
-    return float(resource.spec.autoscaling.interval_seconds) if resource.spec.autoscaling.enabled else None
+    return float(resource.spec.autoscaling.interval_seconds)
 
 
 @dataclass(frozen=True)
@@ -250,15 +244,13 @@ class Autoscaler:
                 log.warning("%s/%s: %s", namespace, body["metadata"]["name"], message)
                 return
 
-    async def tick(self, body: Mapping[str, Any]) -> Tick:
-        """One decision for one resource, as the watch last delivered it."""
+    async def tick(self, body: Mapping[str, Any], understood: Understood) -> Tick:
+        """One decision for one resource, as the watch last delivered it (`understood`: its spec parsed and planned)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         if body["metadata"].get("deletionTimestamp"):
             return Tick()
-        try:
-            resource = parse_resource(dict(body))
-            plan = make_plan(resource.spec)
-        except (SpecError, SpecErrors):
+        resource, plan = understood.resource, understood.plan
+        if resource is None or plan is None:
             return Tick()  # the reconcile reports it (Degraded/InvalidSpec); nothing to scale
         scaling = resource.spec.autoscaling
         if not scaling.enabled:

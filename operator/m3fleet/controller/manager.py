@@ -32,6 +32,7 @@ from typing import Any
 from m3fleet import kubeapi
 from m3fleet.controller import metrics
 from m3fleet.controller.autoscaler import Autoscaler, interval_of
+from m3fleet.controller.decide import Understood, understand
 from m3fleet.controller.peering import LeaseGate, PeeringGate
 from m3fleet.controller.queue import WorkQueue
 from m3fleet.controller.reconcile import Reconciler
@@ -105,6 +106,7 @@ class Manager:
         self.queue: WorkQueue[Key] = WorkQueue(self._process, workers)
         self.gates: tuple[PeeringGate, LeaseGate] | None = None  # peering: who may run, and who may write
         self._bodies: dict[Key, dict[str, Any]] = {}
+        self._understood: dict[Key, Understood] = {}  # each resource's spec, parsed and planned once per version
         self._seen: dict[str, str] = {}  # uid of a child or engine pod: the resourceVersion last delivered
         self._work: dict[Key, Work] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -197,12 +199,22 @@ class Manager:
 
     def _drop(self, key: Key) -> None:
         self._bodies.pop(key, None)
+        self._understood.pop(key, None)
         self._work.pop(key, None)
         self._unmeasured.discard(key)
         self.queue.forget(key)
         self.reconciler.forget(*key)
         self.autoscaler.forget(*key)
         metrics.forget(metrics.RESOURCE_SERIES, *key)
+
+    def _understanding(self, key: Key) -> Understood:
+        """The cached resource's spec parsed and planned: once per version of it (uid and generation), whatever
+        the reconciles, ticks and measurements that read it, and the status writes between them."""
+        body = self._bodies[key]
+        understood = self._understood.get(key)
+        if understood is None or not understood.of(body):
+            understood = self._understood[key] = understand(body)
+        return understood
 
     def _reconcile_soon(self, key: Key) -> None:
         self._work.setdefault(key, Work()).reconcile_at = self._now()
@@ -233,7 +245,7 @@ class Manager:
 
     async def _tick(self, key: Key, work: Work) -> None:
         try:
-            tick = await self.autoscaler.tick(self._bodies[key])
+            tick = await self.autoscaler.tick(self._bodies[key], self._understanding(key))
         except Exception as exc:  # the next tick tries again; one failure must not stop the others
             log.warning("%s/%s: autoscaler tick failed: %s", *key, exc)
             return
@@ -247,7 +259,7 @@ class Manager:
 
     async def _measure(self, key: Key, work: Work) -> None:
         try:
-            written = await self.time_to_ready.measure(self._bodies[key])
+            written = await self.time_to_ready.measure(self._bodies[key], self._understanding(key))
         except Exception as exc:  # measured again later; a failure never blocks reconciles
             work.measure_at = self._now() + BACKOFF[1]
             log.warning("%s/%s: time-to-ready measurement failed (retrying in %.0f s): %s", *key, BACKOFF[1], exc)
@@ -257,7 +269,7 @@ class Manager:
 
     async def _reconcile(self, key: Key, work: Work) -> None:
         try:
-            outcome = await self.reconciler.reconcile(self._bodies[key])
+            outcome = await self.reconciler.reconcile(self._bodies[key], self._understanding(key))
         except Exception as exc:
             work.failures += 1
             delay = backoff(work.failures, exc.retry_after if isinstance(exc, ApiError) else None)
@@ -280,7 +292,7 @@ class Manager:
 
     def _schedule(self, key: Key, work: Work) -> None:
         now = self._now()
-        interval = interval_of(self._bodies.get(key))
+        interval = interval_of(self._understanding(key))
         if interval is None:
             work.tick_at = work.ticked_at = None
             self.autoscaler.forget(*key)

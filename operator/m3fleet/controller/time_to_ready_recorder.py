@@ -17,25 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from m3fleet import kubeapi
-from m3fleet.api import parse_resource
 from m3fleet.autoscaling import time_to_ready
 from m3fleet.controller import metrics
-from m3fleet.errors import SpecError, SpecErrors
+from m3fleet.controller.decide import Understood
 from m3fleet.kubeapi import KubeApi
-from m3fleet.planner import plan as make_plan
 from m3fleet.render import labels
 
 PULLED_EVENTS = "involvedObject.kind=Pod,reason=Pulled"
 
 log = logging.getLogger(__name__)
-
-
-def group_size(body: Mapping[str, Any]) -> int | None:
-    """Pods per replica, from the plan; None for a resource the operator cannot plan (nothing to measure)."""
-    try:
-        return make_plan(parse_resource(dict(body)).spec).nodes_per_replica
-    except (SpecError, SpecErrors):
-        return None
 
 
 def counted(body: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
@@ -52,14 +42,15 @@ def counted(body: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
 class TimeToReadyRecorder:
     api: KubeApi
 
-    async def measure(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Measure the replicas of one resource that became ready since its status last said; the resource as
-        the status write returned it (None: nothing new, or it is gone)."""
+    async def measure(self, body: Mapping[str, Any], understood: Understood) -> dict[str, Any] | None:
+        """Measure the replicas of one resource that became ready since its status last said (`understood`: its spec
+        parsed and planned; a resource the operator cannot plan has nothing to measure); the resource as the status
+        write returned it (None: nothing new, or it is gone)."""
         meta = body["metadata"]
         namespace, name = meta["namespace"], meta["name"]
-        size = group_size(body)
-        if size is None or meta.get("deletionTimestamp"):
+        if understood.plan is None or meta.get("deletionTimestamp"):
             return None
+        size = understood.plan.nodes_per_replica  # pods per replica
         previous = time_to_ready.Record.from_status((body.get("status") or {}).get("timeToReady"))
         pods = await self.api.list(kubeapi.POD, namespace, labels.owned_selector(name))
         if not time_to_ready.unmeasured(pods, previous, size):

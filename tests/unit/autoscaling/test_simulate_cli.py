@@ -15,7 +15,7 @@ import yaml
 from m3fleet.cli import main
 from tests.support.samples import SAMPLES_DIR, load_sample
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def simulate(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
