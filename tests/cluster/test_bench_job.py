@@ -4,19 +4,25 @@ scheduled on the resource's pool without a GPU, completed by kwok, and collected
 
 kwok runs no containers and serves no pod logs, so the benchmark client never runs here and the command
 fails (exit 1) when it reads the Job's log, keeping the Job; parsing real client output is proven in the
-engine-parser tier (tests/engine_parsers/test_bench_clients.py)."""
+engine-parser tier (tests/engine_parsers/test_bench_clients.py). Through the proxy of the fault tier, standing in
+for the kubelet with a real vLLM client's log (tests/bench/fixtures), the command runs to its end: the result kept
+in a ConfigMap owned by the resource, the Job cleaned up."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from tests.support.bench_results import FIXTURES
 from tests.support.cluster.cluster import BIN, Cluster, OperatorProcess, eventually
+from tests.support.cluster.faultproxy import FaultProxy
 from tests.support.cluster.fleet import (
     NODE_POOL,
     delete,
@@ -27,7 +33,9 @@ from tests.support.cluster.fleet import (
     write_manifest,
 )
 
+from m3fleet.bench.results import RESULT_KEY, BenchResult
 from m3fleet.exitcodes import EXIT_BENCH_FAILED
+from m3fleet.render import service_name
 
 NAMESPACE = "benchjob"
 BENCH_SELECTOR = "app.kubernetes.io/managed-by=m3fleet-bench"
@@ -39,8 +47,10 @@ def operator(chart: Cluster) -> Iterator[OperatorProcess]:
         yield running
 
 
-def bench(cluster: Cluster, manifest: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+def bench(
+    cluster: Cluster, manifest: Path, *args: str, kubeconfig: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig or cluster.kubeconfig)}
     command = [str(BIN / "m3fleet"), "bench", "-f", str(manifest), *args]
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
 
@@ -95,6 +105,43 @@ def test_a_resource_that_is_not_ready_is_refused_and_nothing_is_created(
         assert chart.list("jobs", NAMESPACE, f"{BENCH_SELECTOR},m3fleet.dev/name=no-such-resource") == []
     finally:
         delete(chart, "bench-pending", NAMESPACE)
+
+
+def test_a_benchmark_that_runs_to_its_end_keeps_its_result_and_cleans_up_its_job(
+    chart: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    name = "bench-done"
+    document = renamed(sample("vllm-h200-tp8"), name, NAMESPACE)
+    chart.apply(document)
+    try:
+        body = wait_ready(chart, name, NAMESPACE)
+        with FaultProxy(chart.control_plane, chart.workdir).running() as proxy:
+            log = (FIXTURES / "vllm-standin.log").read_bytes()  # input 32, output 8, concurrency 1 then 4, 8 prompts
+            proxy.stand_in("get", "pods", log, subresource="log", namespace=NAMESPACE, times=None)
+            config = yaml.safe_load(chart.kubeconfig.read_text())
+            config["clusters"][0]["cluster"]["server"] = proxy.server
+            kubeconfig = tmp_path / "through-proxy"
+            kubeconfig.write_text(yaml.safe_dump(config))
+            args = ("--input-len", "32", "--output-len", "8", "--concurrency", "1,4", "--num-prompts", "8")
+            result = bench(chart, write_manifest(tmp_path, document), *args, kubeconfig=kubeconfig)
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert lines[0] == "============ Serving Benchmark Result ============"
+        assert lines[1].split() == ["Max", "concurrency:", "1", "4"]
+        job = re.search(rf"Job {NAMESPACE}/(\S+)", result.stderr)
+        assert job is not None, result.stderr
+        job_name = job.group(1)
+        assert "result kept in configmap" in result.stderr
+        kept = chart.get("configmap", job_name, NAMESPACE)
+        assert kept is not None
+        [owner] = kept["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["uid"]) == ("MiniMaxM3Deployment", body["metadata"]["uid"])
+        measured = BenchResult.from_document(json.loads(kept["data"][RESULT_KEY]))
+        assert [r.completed for r in measured.runs] == [8, 8] and measured.complete and measured.ready_replicas == 1
+        assert measured.target["url"] == f"http://{service_name(name)}.{NAMESPACE}.svc:8000"
+        eventually("the Job cleaned up", lambda: chart.get("job", job_name, NAMESPACE) is None, 60)
+    finally:
+        delete(chart, name, NAMESPACE)
 
 
 def _engine_image(cluster: Cluster, name: str) -> Any:
