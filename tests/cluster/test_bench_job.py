@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from tests.support.bench_results import FIXTURES
 from tests.support.cluster.cluster import BIN, Cluster, OperatorProcess, eventually
 from tests.support.cluster.faultproxy import FaultProxy
@@ -118,10 +117,17 @@ def test_a_benchmark_that_runs_to_its_end_keeps_its_result_and_cleans_up_its_job
         with FaultProxy(chart.control_plane, chart.workdir).running() as proxy:
             log = (FIXTURES / "vllm-standin.log").read_bytes()  # input 32, output 8, concurrency 1 then 4, 8 prompts
             proxy.stand_in("get", "pods", log, subresource="log", namespace=NAMESPACE, times=None)
-            config = yaml.safe_load(chart.kubeconfig.read_text())
-            config["clusters"][0]["cluster"]["server"] = proxy.server
-            kubeconfig = tmp_path / "through-proxy"
-            kubeconfig.write_text(yaml.safe_dump(config))
+            # A user with a token (the proxy passes headers, not client certificates): this namespace's admin.
+            chart.kubectl("create", "serviceaccount", "bench-user", "-n", NAMESPACE, check=False)
+            grant = [
+                "create",
+                "rolebinding",
+                "bench-user",
+                "--clusterrole=admin",
+                f"--serviceaccount={NAMESPACE}:bench-user",
+            ]
+            chart.kubectl(*grant, "-n", NAMESPACE, check=False)
+            kubeconfig, _, _ = chart.service_account_kubeconfig(NAMESPACE, "bench-user", proxy.server)
             args = ("--input-len", "32", "--output-len", "8", "--concurrency", "1,4", "--num-prompts", "8")
             result = bench(chart, write_manifest(tmp_path, document), *args, kubeconfig=kubeconfig)
         assert result.returncode == 0, result.stderr

@@ -34,7 +34,8 @@ def test_a_fleet_blocked_on_a_missing_api_is_applied_once_the_api_is_installed(c
             )
             assert cluster.get("leaderworkerset", name, NAMESPACE) is None  # nothing half-applied
             dra.install(cluster)
-            eventually("the ComputeDomain applied", lambda: cluster.get("computedomain", name, NAMESPACE), 90)
+            domain = f"{name}-compute-domain"
+            eventually("the ComputeDomain applied", lambda: cluster.get("computedomain", domain, NAMESPACE), 90)
             eventually("no longer degraded", lambda: degraded_reason(cluster, name) == "AsExpected", 60)
             assert cluster.get("leaderworkerset", name, NAMESPACE) is not None
             assert "Traceback" not in operator.log()
