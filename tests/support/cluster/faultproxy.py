@@ -13,7 +13,8 @@ credentials (the audit log still says who made it). A test scripts faults per re
   resourceVersion is too old: history compacted); the client must list again.
 * `cut(resource, after=N)`: the next watch is forwarded for N events, then its connection is closed mid-stream.
 * `stand_in(verb, resource, body)`: answer 200 with `body`, for what no kubelet here can give (kwok runs no
-  containers: a pod's log).
+  containers: a pod's log); `rewrite(verb, resource, edit)`: the apiserver's answer, edited in place by `edit`
+  (what a kubelet would report that kwok does not: a container that cannot start).
 * `cut_off()` / `restore()`: a partition between this client and the apiserver: open streams are torn down and
   every new request is dropped unanswered (the connection is closed) until restored.
 
@@ -29,7 +30,7 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,7 @@ class Fault:
     cut_after: int | None = None  # a watch cut after this many events
     dry_run: bool | None = None  # True: only dry runs (?dryRun=All); False: only real writes; None: both
     body: bytes | None = None  # the answer's body instead of a Status (`stand_in`)
+    edit: Callable[[dict[str, Any]], None] | None = None  # edits the apiserver's answer (`rewrite`)
     hits: int = 0
 
     def matches(self, verb: str, resource: str, subresource: str, namespace: str, dry_run: bool) -> bool:
@@ -155,6 +157,9 @@ class FaultProxy:
 
     def stand_in(self, verb: str, resource: str, body: bytes, **options: Any) -> Fault:
         return self._add(Fault(verb, resource, 200, body=body, **options))
+
+    def rewrite(self, verb: str, resource: str, edit: Callable[[dict[str, Any]], None], **options: Any) -> Fault:
+        return self._add(Fault(verb, resource, edit=edit, **options))
 
     def clear(self) -> None:
         with self._lock:
@@ -268,6 +273,11 @@ class FaultProxy:
             if fault is not None and fault.status:  # forwarded: the apiserver acted, the client hears otherwise
                 await upstream.read()
                 return self._answer(call, fault, dry_run)
+            if fault is not None and fault.edit is not None and upstream.status == 200:
+                answer = json.loads(await upstream.read())
+                fault.edit(answer)
+                self._record(call, 200, dry_run)
+                return web.Response(status=200, body=json.dumps(answer).encode(), content_type="application/json")
             if fault is not None and fault.gone and upstream.status == 200:
                 self._record(call, 410)
                 gone = {"type": "ERROR", "object": json.loads(status_body(410, "too old resource version"))}
