@@ -15,10 +15,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# Tiers whose files are slow and mostly wait (a real control plane, the engines' parsers, operator processes) run
-# first: spread over xdist workers one file at a time (.ci/test), the quick CPU-bound files then fill in behind
-# them instead of leaving one worker a long tail of cluster tests.
-SLOW_TIERS_FIRST = ("faults", "cluster", "engine_parsers", "operator")
+# Tiers whose files are slow and mostly wait (a real control plane, behind the fault proxy or not; the engines'
+# parsers) run first: spread over xdist workers one file at a time (.ci/test), the quick CPU-bound files then fill
+# in behind them instead of leaving one worker a long tail of cluster tests.
+SLOW_TIERS_FIRST = ("faults", "cluster", "engine_parsers")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,16 +10,21 @@ cuts watches, and cuts one operator off. Each test says what must converge and t
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.support.cluster.cluster import BIN, Cluster, OperatorProcess, describe, eventually, is_dry_run
+from tests.support.cluster.cluster import (
+    Cluster,
+    OperatorProcess,
+    assert_no_tracebacks,
+    describe,
+    eventually,
+    is_dry_run,
+)
 from tests.support.cluster.faultproxy import FaultProxy
-from tests.support.cluster.fleet import delete, renamed, sample, wait_ready, weight_volumes, write_manifest
+from tests.support.cluster.fleet import delete, renamed, rendered, sample, wait_ready, weight_volumes
 
 NAMESPACE = "faults"
 POOL_LABEL = "m3fleet.test/faults-pool"
@@ -35,18 +40,6 @@ def faults_namespace(chart: Cluster) -> None:
     chart.namespace(NAMESPACE)
     weight_volumes(chart, NAMESPACE)
     chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x")
-
-
-@pytest.fixture()
-def proxy(cluster: Cluster) -> Iterator[FaultProxy]:
-    with FaultProxy(cluster.control_plane, cluster.workdir).running() as running:
-        yield running
-
-
-@pytest.fixture()
-def operator(cluster: Cluster, proxy: FaultProxy) -> Iterator[OperatorProcess]:
-    with cluster.operator("--all-namespaces", "--standalone", name="operator-faults", server=proxy.server) as running:
-        yield running
 
 
 def model_cache(name: str) -> dict[str, Any]:
@@ -81,11 +74,6 @@ def created(operator: OperatorProcess, resource: str) -> list[str]:
         and (e.get("responseStatus") or {}).get("code") == 201
         and not is_dry_run(e)
     ]
-
-
-def no_tracebacks(operator: OperatorProcess) -> None:
-    operator.process.check_alive()
-    assert "Traceback" not in operator.log(), operator.log()[-5000:]
 
 
 def test_the_model_cache_converges_under_faults_and_stages_each_node_once(
@@ -144,22 +132,16 @@ def test_the_model_cache_converges_under_faults_and_stages_each_node_once(
         assert all(f.hits == 1 for f in removal), [str(c) for c in proxy.calls()]
         cleanups = created(operator, "jobs")[len(POOL) :]
         assert len(cleanups) == len(set(cleanups)) == len(POOL), f"cleanup Jobs created: {cleanups}"
-        no_tracebacks(operator)
+        assert_no_tracebacks(operator)
     finally:
         cluster.kubectl("delete", "m3cache", "m3", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         for node in POOL:
             cluster.kubectl("label", "node", node, f"{POOL_LABEL}-", check=False)
 
 
-def rendered(document: dict[str, Any], kind: str, tmp: Any) -> dict[str, Any]:
+def rendered_kind(document: dict[str, Any], kind: str, tmp: Path) -> dict[str, Any]:
     """What `m3fleet render` says the operator creates of `kind` for the document."""
-    out = subprocess.run(
-        [str(BIN / "m3fleet"), "render", "-f", str(write_manifest(tmp, document))],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    [found] = [d for d in yaml.safe_load_all(out) if d and d.get("kind") == kind]
+    [found] = [d for d in rendered(document, tmp) if d.get("kind") == kind]
     return found
 
 
@@ -175,7 +157,8 @@ def test_network_policy_and_disruption_budget_converge_under_faults(
     then is undone from the re-list."""
     name = "guarded"
     document = renamed(sample("vllm-h200-tp8"), name, NAMESPACE)
-    policy, budget = rendered(document, "NetworkPolicy", tmp_path), rendered(document, "PodDisruptionBudget", tmp_path)
+    policy = rendered_kind(document, "NetworkPolicy", tmp_path)
+    budget = rendered_kind(document, "PodDisruptionBudget", tmp_path)
     faults = [
         proxy.fail("patch", "networkpolicies", 409),
         proxy.fail("patch", "networkpolicies", 429, retry_after=1),
@@ -198,7 +181,7 @@ def test_network_policy_and_disruption_budget_converge_under_faults(
         proxy.drop_watches()
         document["spec"]["network"] = {"allowFrom": [{"namespaceSelector": {"matchLabels": {"team": "gateway"}}}]}
         cluster.apply(document)
-        changed = rendered(document, "NetworkPolicy", tmp_path)
+        changed = rendered_kind(document, "NetworkPolicy", tmp_path)
         assert changed["spec"] != policy["spec"]
         eventually(
             "the changed NetworkPolicy",
@@ -211,7 +194,7 @@ def test_network_policy_and_disruption_budget_converge_under_faults(
         )
         eventually("the hand edit undone", lambda: live_spec(cluster, "pdb", budget_name) == budget["spec"], 120)
         assert again.hits == 1 and cut.hits >= 1 and all(f.hits for f in gone), [str(c) for c in proxy.calls("watch")]
-        no_tracebacks(operator)
+        assert_no_tracebacks(operator)
     finally:
         delete(cluster, name, NAMESPACE)
 
@@ -300,7 +283,7 @@ def test_deleting_a_namespace_with_a_fleet_and_a_cache_leaves_no_finalizer_and_n
             eventually("the namespace gone", lambda: cluster.get("namespace", team) is None, 180)
             assert labelled(cluster, POOL[0], label) is None
             assert f"the files in /mnt/nvme/m3fleet/faults stay on {POOL[0]}" in op.log()
-            no_tracebacks(op)
+            assert_no_tracebacks(op)
             # The apiserver refuses new objects in a namespace being deleted (Forbidden): nothing else may be.
             outside = [f for f in op.forbidden() if f.split(" ")[1].split("/")[1:2] != [team]]  # "verb res/ns/name"
             assert outside == []

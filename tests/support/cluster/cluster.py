@@ -93,6 +93,12 @@ class OperatorProcess:
         return self.process.log.read_text(errors="replace") if self.process.log.exists() else ""
 
 
+def assert_no_tracebacks(operator: OperatorProcess) -> None:
+    """The operator still runs and never logged a traceback (a fault it handles is one line, not a stack)."""
+    operator.process.check_alive()
+    assert "Traceback" not in operator.log(), operator.log()[-5000:]
+
+
 def _healthy(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:

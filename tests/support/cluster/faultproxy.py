@@ -7,10 +7,14 @@ credentials (the audit log still says who made it). A test scripts faults per re
 
 * `fail(verb, resource, status)`: answer 409 / 422 / 429 (with Retry-After) / 500 / 503 instead of the apiserver,
   before anything changes (the write is rejected, not lost); with `forward=True` the request reaches the
-  apiserver and only its answer is replaced (the write happened, the client is told it failed).
+  apiserver and only its answer is replaced (the write happened, the client is told it failed); `dry_run=True`
+  (or False) hits only dry runs (or only real writes).
 * `expire(resource)`: the next watch of a resource ends with the apiserver's own "410 Gone" event (its
   resourceVersion is too old: history compacted); the client must list again.
 * `cut(resource, after=N)`: the next watch is forwarded for N events, then its connection is closed mid-stream.
+* `stand_in(verb, resource, body)`: answer 200 with `body`, for what no kubelet here can give (kwok runs no
+  containers: a pod's log); `rewrite(verb, resource, edit)`: the apiserver's answer, edited in place by `edit`
+  (what a kubelet would report that kwok does not: a container that cannot start).
 * `cut_off()` / `restore()`: a partition between this client and the apiserver: open streams are torn down and
   every new request is dropped unanswered (the connection is closed) until restored.
 
@@ -26,7 +30,7 @@ import json
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +63,7 @@ class Call:
     namespace: str
     name: str
     status: int  # 0: dropped (cut off) or cut mid-stream
+    dry_run: bool = False
     at: float = field(default_factory=time.monotonic)  # when it was answered (a Retry-After is honoured or not)
 
     def __str__(self) -> str:
@@ -102,11 +107,15 @@ class Fault:
     forward: bool = False  # the apiserver gets the request; the client gets the fault
     gone: bool = False  # a watch answered with the 410 Gone event
     cut_after: int | None = None  # a watch cut after this many events
+    dry_run: bool | None = None  # True: only dry runs (?dryRun=All); False: only real writes; None: both
+    body: bytes | None = None  # the answer's body instead of a Status (`stand_in`)
+    edit: Callable[[dict[str, Any]], None] | None = None  # edits the apiserver's answer (`rewrite`)
     hits: int = 0
 
-    def matches(self, verb: str, resource: str, subresource: str, namespace: str) -> bool:
+    def matches(self, verb: str, resource: str, subresource: str, namespace: str, dry_run: bool) -> bool:
         return (
             (self.times is None or self.hits < self.times)
+            and self.dry_run in (None, dry_run)
             and self.verb in (verb, "*")
             and self.resource in (resource, "*")
             and self.subresource == subresource
@@ -145,6 +154,12 @@ class FaultProxy:
 
     def cut(self, resource: str, after: int = 0, **options: Any) -> Fault:
         return self._add(Fault("watch", resource, cut_after=after, **options))
+
+    def stand_in(self, verb: str, resource: str, body: bytes, **options: Any) -> Fault:
+        return self._add(Fault(verb, resource, 200, body=body, **options))
+
+    def rewrite(self, verb: str, resource: str, edit: Callable[[dict[str, Any]], None], **options: Any) -> Fault:
+        return self._add(Fault(verb, resource, edit=edit, **options))
 
     def clear(self) -> None:
         with self._lock:
@@ -222,18 +237,18 @@ class FaultProxy:
                 transport.abort()
                 self._open.pop(transport, None)
 
-    def _fault_for(self, call: tuple[str, str, str, str, str]) -> Fault | None:
+    def _fault_for(self, call: tuple[str, str, str, str, str], dry_run: bool) -> Fault | None:
         verb, resource, subresource, namespace, _ = call
         with self._lock:
             for fault in self.faults:
-                if fault.matches(verb, resource, subresource, namespace):
+                if fault.matches(verb, resource, subresource, namespace, dry_run):
                     fault.hits += 1
                     return fault
         return None
 
-    def _record(self, call: tuple[str, str, str, str, str], status: int) -> None:
+    def _record(self, call: tuple[str, str, str, str, str], status: int, dry_run: bool = False) -> None:
         with self._lock:
-            self.requests.append(Call(*call, status))
+            self.requests.append(Call(*call, status, dry_run))
 
     async def _handle(
         self, request: web.Request, session: aiohttp.ClientSession, upstream_tls: ssl.SSLContext
@@ -245,10 +260,11 @@ class FaultProxy:
             if transport is not None:
                 transport.abort()
             raise asyncio.CancelledError  # nothing is answered: the client sees its connection dropped
-        fault = self._fault_for(call)
+        dry_run = "dryRun" in request.query
+        fault = self._fault_for(call, dry_run)
         body = await request.read()
         if fault is not None and fault.status and not fault.forward:
-            return self._answer(call, fault)
+            return self._answer(call, fault, dry_run)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         url = f"{self.control_plane.server}{request.path_qs}"
         async with session.request(
@@ -256,7 +272,12 @@ class FaultProxy:
         ) as upstream:
             if fault is not None and fault.status:  # forwarded: the apiserver acted, the client hears otherwise
                 await upstream.read()
-                return self._answer(call, fault)
+                return self._answer(call, fault, dry_run)
+            if fault is not None and fault.edit is not None and upstream.status == 200:
+                answer = json.loads(await upstream.read())
+                fault.edit(answer)
+                self._record(call, 200, dry_run)
+                return web.Response(status=200, body=json.dumps(answer).encode(), content_type="application/json")
             if fault is not None and fault.gone and upstream.status == 200:
                 self._record(call, 410)
                 gone = {"type": "ERROR", "object": json.loads(status_body(410, "too old resource version"))}
@@ -279,12 +300,14 @@ class FaultProxy:
                 await response.write_eof()
             finally:
                 self._open.pop(transport, None)
-            self._record(call, upstream.status)
+            self._record(call, upstream.status, dry_run)
             return response
 
-    def _answer(self, call: tuple[str, str, str, str, str], fault: Fault) -> web.Response:
-        self._record(call, fault.status)
+    def _answer(self, call: tuple[str, str, str, str, str], fault: Fault, dry_run: bool) -> web.Response:
+        self._record(call, fault.status, dry_run)
         headers = {"Retry-After": str(fault.retry_after)} if fault.retry_after is not None else {}
+        if fault.body is not None:
+            return web.Response(status=fault.status, body=fault.body, headers=headers, content_type="text/plain")
         message = f"injected by the fault proxy: {REASONS.get(fault.status, fault.status)}"
         body = status_body(fault.status, message)
         return web.Response(status=fault.status, body=body, headers=headers, content_type="application/json")

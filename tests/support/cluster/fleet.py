@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.support.cluster.cluster import SAMPLES, Cluster, OperatorProcess, eventually
+from tests.support.cluster.cluster import BIN, SAMPLES, Cluster, OperatorProcess, eventually
 from tests.support.cluster.nodes import NODES
 
 WEIGHT_CLAIMS = ("m3-weights", "m3-weights-mxfp8", "m3-weights-mxfp4")
@@ -178,3 +179,14 @@ def operated_namespace(
     weight_volumes(cluster, namespace)
     with cluster.operator("--all-namespaces", "--standalone", name=name, env=env) as running:
         yield running
+
+
+def rendered(document: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
+    """The objects `m3fleet render` says the operator makes for the document."""
+    out = subprocess.run(
+        [str(BIN / "m3fleet"), "render", "-f", str(write_manifest(tmp, document))],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
