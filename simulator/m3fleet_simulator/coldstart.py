@@ -1,4 +1,4 @@
-"""A new replica's time-to-ready built from the phases the operator measures (readiness.py), for the simulator.
+"""A new replica's time-to-ready built from the phases the operator measures (time_to_ready.py), for the simulator.
 
 `schedule` (a node is free in the pool: seconds) + `image` (the engine image pulled from a registry, or 0
 when pre-pulled on the node) + `start` (container created: seconds) + `load` (the weights each node holds
