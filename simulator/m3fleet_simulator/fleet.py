@@ -1,5 +1,8 @@
 """Seeded discrete-event simulation of one deployment under an autoscaler. Pure Python, no clock.
 
+One module of ~900 lines on purpose: the engine, the fleet, the router and the scrapes advance on one event
+queue and read each other's state at every event; split, each part would reach into the others' internals.
+
 The engine model (one KV pool per DP rank, `Engine`) is a fluid version of vLLM's scheduler that
 stays event-driven, so an hour of traffic runs in well under a second:
 
