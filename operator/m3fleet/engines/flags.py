@@ -4,7 +4,7 @@ m3fleet owns some engine flags (parallel sizes, context length, parsers, the API
 or another spec field, and a second spelling in `spec.engine.extraArgs` would silently override them. vLLM and
 SGLang cannot be imported here, so their parsers are read from `engine-options.json`, a table of every option string
 -> the attribute (argparse dest) it sets, dumped from the pinned engines' own parsers by
-tests/engine_parsers/option_table.py (the engine-parser tier fails when the file differs from the parsers).
+tests/support/engines/option_table.py (the engine-parser tier fails when the file differs from the parsers).
 
 A token is matched as the engines match it (argparse of Python 3.11, the engines' interpreter, plus vLLM's
 FlexibleArgumentParser rewriting before it):
