@@ -49,8 +49,9 @@ SOURCES: Final[dict[str, str]] = {
     "SGL-NVFP4": "sglang 0.5.23 wheel: srt/arg_groups/model_overrides/minimax_m3.py (_resolve_quant_method: the M3 "
     "NVFP4 path minimax_m3_nvfp4 is chosen only for a checkpoint declaring mxfp8 with moe_quant_algo NVFP4 and "
     "moe_quant_format nvfp4-pack-quantized, the M3.1 mixed checkpoint)",
-    "MODELOPT-NVFP4": "NVIDIA ModelOpt NVFP4 format (docs.nvidia.com/nemo/automodel .../quantization/nvfp4.md): "
-    "e2m1 values, one float8_e4m3 scale per 16 values, one fp32 scale per tensor",
+    "MODELOPT-NVFP4": "vllm 0.33.0 wheel: model_executor/layers/quantization/modelopt.py ModelOptNvFp4FusedMoE "
+    "(two FP4 values per uint8, one float8_e4m3fn weight_scale per group_size 16, one per-tensor weight_scale_2); "
+    "the same layout in NVIDIA NeMo AutoModel's nvfp4 docs (docs.nvidia.com/nemo/automodel)",
     "3P-NVFP4": "third-party M3 NVFP4 quantization huggingface.co/Mapika/MiniMax-M3-NVFP4 (model card): routed and "
     "shared experts NVFP4 group 16, attention/indexer/router/embeddings/lm_head/vision tower BF16, ~256 GB on disk",
     "DERIVED": "computed in this file from the sourced numbers above it",
