@@ -79,23 +79,6 @@ class KvLayout:
     sources: tuple[str, ...] = ("HF-CFG", "3P-CALC", "VLLM-IDX", "VLLM-SPA", "VLLM-RCP")
 
 
-@dataclass(frozen=True)
-class ModelVariant:
-    name: Variant
-    checkpoint: str
-    weights_gb: float  # whole checkpoint, decimal GB
-    replicated_gb: float  # attention, dense layers, shared experts, embeddings, vision encoder
-    vision_encoder_gb: float
-    native_max_model_len: int
-    native_context_verified: bool
-    kv_scales_calibrated: bool  # without calibrated scales fp8 KV is never chosen automatically
-    sources: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def routed_experts_gb(self) -> float:
-        return self.weights_gb - self.replicated_gb
-
-
 TOTAL_PARAMS_B: Final = 427.04  # VLLM-RCP
 ACTIVE_PARAMS_B: Final = 26.0  # VLLM-RCP ("about 26B active")
 ROUTED_EXPERTS, EXPERTS_PER_TOKEN = 128, 4  # HF-CFG
@@ -106,6 +89,26 @@ VISION_ENCODER_PARAMS_B: Final = 0.6  # NV-BLOG table: "vision encoder parameter
 # Non-expert weights stay BF16 in the MX checkpoints (UNVERIFIED for MXFP4: assumed like MXFP8).
 REPLICATED_GB_BF16: Final = REPLICATED_PARAMS_B * 2
 
+
+@dataclass(frozen=True, kw_only=True)
+class ModelVariant:
+    name: Variant
+    checkpoint: str
+    weights_gb: float  # whole checkpoint, decimal GB
+    native_max_model_len: int
+    native_context_verified: bool
+    kv_scales_calibrated: bool  # without calibrated scales fp8 KV is never chosen automatically
+    # Attention, dense layers, shared experts, embeddings, vision encoder: BF16 in every variant (UNVERIFIED for
+    # the quantized ones; each says so in its sources).
+    replicated_gb: float = REPLICATED_GB_BF16
+    vision_encoder_gb: float = VISION_ENCODER_PARAMS_B * 2
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def routed_experts_gb(self) -> float:
+        return self.weights_gb - self.replicated_gb
+
+
 # NVFP4 (MODELOPT-NVFP4): 4-bit values plus one 8-bit FP8 scale per 16 => 4.5 bits per weight (the per-tensor
 # fp32 scale is negligible).
 NVFP4_BITS_PER_WEIGHT: Final = 4 + 8 / 16
@@ -115,8 +118,6 @@ VARIANTS: Final[dict[Variant, ModelVariant]] = {
         name=Variant.BF16,
         checkpoint="MiniMaxAI/MiniMax-M3",
         weights_gb=TOTAL_PARAMS_B * 2,  # 854.08 GB
-        replicated_gb=REPLICATED_GB_BF16,
-        vision_encoder_gb=VISION_ENCODER_PARAMS_B * 2,
         native_max_model_len=524_288,
         native_context_verified=True,
         kv_scales_calibrated=True,
@@ -130,8 +131,6 @@ VARIANTS: Final[dict[Variant, ModelVariant]] = {
         name=Variant.MXFP8,
         checkpoint="MiniMaxAI/MiniMax-M3-MXFP8",
         weights_gb=440.0,
-        replicated_gb=REPLICATED_GB_BF16,
-        vision_encoder_gb=VISION_ENCODER_PARAMS_B * 2,
         native_max_model_len=1_048_576,
         native_context_verified=True,
         kv_scales_calibrated=True,
@@ -146,8 +145,6 @@ VARIANTS: Final[dict[Variant, ModelVariant]] = {
         checkpoint="amd/MiniMax-M3-MXFP4",
         # Routed experts at 4.25 bits (4-bit values + one 8-bit scale per 32), the rest BF16.
         weights_gb=ROUTED_PARAMS_B * 4.25 / 8 + REPLICATED_GB_BF16,
-        replicated_gb=REPLICATED_GB_BF16,
-        vision_encoder_gb=VISION_ENCODER_PARAMS_B * 2,
         native_max_model_len=524_288,
         native_context_verified=False,
         kv_scales_calibrated=False,
@@ -164,8 +161,6 @@ VARIANTS: Final[dict[Variant, ModelVariant]] = {
         # hf_quant_config.json is not in our sources, so which modules it excludes is UNVERIFIED). Shared experts are
         # counted at BF16 with the replicated weights: an upper bound if the checkpoint quantizes them too.
         weights_gb=ROUTED_PARAMS_B * NVFP4_BITS_PER_WEIGHT / 8 + REPLICATED_GB_BF16,  # about 259 GB
-        replicated_gb=REPLICATED_GB_BF16,
-        vision_encoder_gb=VISION_ENCODER_PARAMS_B * 2,
         native_max_model_len=524_288,
         native_context_verified=False,
         kv_scales_calibrated=False,
