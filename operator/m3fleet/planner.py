@@ -268,9 +268,11 @@ def _check_support(engine: EngineFacts, accel: Accelerator, variant: Variant) ->
     if variant not in engine.support[accel]:
         others = [e.name.value for e in ENGINES.values() if variant in e.support.get(accel, ())]
         hint = f", or engine {' or '.join(others)}" if others else ""
+        known_reason = engine.unserved_variants.get(variant)
         raise SpecError(
             "spec.model.variant",
-            f"{variant.value} is not served by {engine.name.value} on {accel.value}",
+            f"{variant.value} is not served by {engine.name.value} on {accel.value}"
+            + (f": {known_reason}" if known_reason else ""),
             f"use variant {' or '.join(v.value for v in engine.support[accel])}{hint}",
         )
 

@@ -38,10 +38,12 @@ RECIPE_SHAPES = {
     "sglang-mi355x-mxfp8-tp8-ep8": ("sglang", "mi355x", "mxfp8", "tp-ep", 8, 1, 8, 1),
     "sglang-gb200-mxfp8-2x4-tp8-ep8": ("sglang", "gb200", "mxfp8", "tp-ep", 8, 1, 8, 2),
     "trtllm-gb200-2x4-tep": ("trtllm", "gb200", "bf16", "tp-ep", 8, 1, 8, 2),
+    "vllm-gb200-nvfp4-tp4": ("vllm", "gb200", "nvfp4", "tp", 4, 1, 1, 1),
 }
 # Samples whose shape no published recipe runs exactly: NV-BLOG's SGLang TP8+EP8 command is CUDA-only on one
 # 8-GPU Blackwell node, so neither its MI355X nor its 2 x 4 GB200 form is `validated`.
-NOT_PUBLISHED = {"sglang-mi355x-mxfp8-tp8-ep8", "sglang-gb200-mxfp8-2x4-tp8-ep8"}
+# No published recipe serves nvidia/MiniMax-M3-NVFP4 on the pinned engines either.
+NOT_PUBLISHED = {"sglang-mi355x-mxfp8-tp8-ep8", "sglang-gb200-mxfp8-2x4-tp8-ep8", "vllm-gb200-nvfp4-tp4"}
 
 
 def test_every_sample_has_a_recipe_shape() -> None:
@@ -100,6 +102,11 @@ HAND_CHECKED = [
     ("sglang", "h200", "bf16", "tp", 8, False, "bf16", 65536, 108_900),
     # TensorRT-LLM GB200 TEP8: (184-100.405-4) x 0.7 = 55.717 GiB / 45,312 -> 1,320.3k
     ("trtllm", "gb200", "bf16", "tp-ep", 8, False, "bf16", 131072, 1_320_300),
+    # NVFP4 on one GB200 tray: routed 413.977B x 4.5 bits / 8 = 232.862 GB + 26.126 GB BF16 = 258.988 GB;
+    # (258.988-1.2)/4+1.2 = 65.647 GB = 61.138 GiB; 169.28-61.138-4-1.5 = 102.642 GiB / 45,312 -> 2,432.3k
+    ("vllm", "gb200", "nvfp4", "tp", 4, False, "bf16", 131072, 2_432_300),
+    # The same on H200 (Marlin, FP4 weights with BF16 activations): 128.8-61.138-4-1.5 = 62.162 GiB -> 1,473.0k
+    ("vllm", "h200", "nvfp4", "tp", 4, False, "bf16", 131072, 1_473_000),
 ]
 
 
@@ -259,6 +266,40 @@ def test_the_planner_refuses_what_admission_refuses_too() -> None:
     with pytest.raises(SpecError, match="does not run on") as info:
         plan(spec)
     assert info.value.field == "spec.accelerator" and info.value.fix
+
+
+def test_nvfp4_fits_one_gb200_tray_where_bf16_needs_two() -> None:
+    # BF16 at TP4 is (854.08-1.2)/4+1.2 = 214.42 GB = 199.7 GiB of weights per GPU, more than a GB200 holds.
+    bf16 = plan(spec_for("vllm", "gb200", "bf16", "tp", None, False, "bf16", 131072))
+    nvfp4 = plan(spec_for("vllm", "gb200", "nvfp4", "tp", 4, False, "bf16", 131072))
+    assert (bf16.gpus_per_replica, bf16.nodes_per_replica) == (8, 2)
+    assert (nvfp4.gpus_per_replica, nvfp4.nodes_per_replica) == (4, 1)
+    with pytest.raises(SpecError):
+        plan(spec_for("vllm", "gb200", "bf16", "tp", 4, False, "bf16", 131072))
+
+
+@pytest.mark.parametrize(
+    ("engine", "accel", "reason"),
+    [
+        ("vllm", "mi355x", "MI355X's FP4 tensor cores take MXFP4"),
+        ("sglang", "gb200", "M3.1 checkpoint"),
+        ("sglang", "h200", "M3.1 checkpoint"),
+        ("trtllm", "h200", "guide serves BF16 only"),
+    ],
+)
+def test_nvfp4_is_refused_with_the_reason_where_it_is_not_served(engine: str, accel: str, reason: str) -> None:
+    spec = MiniMaxM3DeploymentSpec.model_validate(
+        {
+            "model": {"variant": "nvfp4", "source": {"pvc": {"claimName": "w"}}},
+            "engine": {"name": engine},
+            "accelerator": accel,
+        }
+    )
+    with pytest.raises(SpecError) as info:
+        plan(spec)
+    assert info.value.field == "spec.model.variant"
+    assert reason in info.value.problem
+    assert "nvfp4" not in info.value.fix.split("use variant ")[1].split(",")[0]  # the fix names a served variant
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,7 @@ class Variant(StrEnum):
     BF16 = "bf16"
     MXFP8 = "mxfp8"
     MXFP4 = "mxfp4"
+    NVFP4 = "nvfp4"
 
 
 class EngineName(StrEnum):

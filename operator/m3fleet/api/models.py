@@ -200,7 +200,7 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                 cel(
                     "self.engine.name != 'trtllm' || self.model.variant == 'bf16'",
                     "the pinned TensorRT-LLM release serves MiniMax-M3 in bf16 only; fix: use variant bf16, or engine "
-                    "vllm or sglang for the other variants",
+                    "vllm for the other variants (sglang serves bf16 and mxfp8)",
                     ".model.variant",
                     "FieldValueForbidden",
                 ),

@@ -119,12 +119,12 @@ class ModelSpec(CamelModel):
             ]
         }
     )
-    variant: Variant = Field(default=Variant.BF16, description="Checkpoint precision: bf16, mxfp8 or mxfp4.")
+    variant: Variant = Field(default=Variant.BF16, description="Checkpoint precision: bf16, mxfp8, mxfp4 or nvfp4.")
     checkpoint: str = Field(
         default="",
         max_length=512,
         description="Checkpoint id or path; empty means the variant's default (MiniMaxAI/MiniMax-M3, "
-        "MiniMaxAI/MiniMax-M3-MXFP8, amd/MiniMax-M3-MXFP4).",
+        "MiniMaxAI/MiniMax-M3-MXFP8, amd/MiniMax-M3-MXFP4, nvidia/MiniMax-M3-NVFP4).",
         json_schema_extra=children.no_dot_dot_rules("checkpoint"),
     )
     source: ModelSource = Field(description="Where the weights are.")

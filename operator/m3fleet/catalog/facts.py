@@ -41,6 +41,19 @@ SOURCES: Final[dict[str, str]] = {
     "config/cache.py",
     "SGL-SRC": "sglang 0.5.23 wheel: srt/models/minimax_m3{,_vl}.py, srt/arg_groups/model_overrides/minimax_m3.py, "
     "srt/utils/hf_transformers/{config,common}.py, srt/arg_groups/fields/{parallel,disagg}.py",
+    "VLLM-NVFP4": "vllm 0.33.0 wheel: model_executor/layers/quantization/modelopt.py (ModelOptNvFp4Config: "
+    "modelopt_fp4 chosen from the checkpoint's hf_quant_config.json, group_size 16, get_min_capability 75), "
+    "fused_moe/oracle/nvfp4.py (select_nvfp4_moe_backend: FlashInfer/CUTLASS FP4 kernels, then MARLIN), "
+    "fused_moe/experts/marlin_moe.py (Marlin: CUDA only, compute capability >= 7.5), utils/torch_utils.py "
+    "(resolve_kv_cache_dtype_string: kv dtype 'auto' takes the checkpoint's kv_cache_quant_algo)",
+    "SGL-NVFP4": "sglang 0.5.23 wheel: srt/arg_groups/model_overrides/minimax_m3.py (_resolve_quant_method: the M3 "
+    "NVFP4 path minimax_m3_nvfp4 is chosen only for a checkpoint declaring mxfp8 with moe_quant_algo NVFP4 and "
+    "moe_quant_format nvfp4-pack-quantized, the M3.1 mixed checkpoint)",
+    "MODELOPT-NVFP4": "vllm 0.33.0 wheel: model_executor/layers/quantization/modelopt.py ModelOptNvFp4FusedMoE "
+    "(two FP4 values per uint8, one float8_e4m3fn weight_scale per group_size 16, one per-tensor weight_scale_2); "
+    "the same layout in NVIDIA NeMo AutoModel's nvfp4 docs (docs.nvidia.com/nemo/automodel)",
+    "3P-NVFP4": "third-party M3 NVFP4 quantization huggingface.co/Mapika/MiniMax-M3-NVFP4 (model card): routed and "
+    "shared experts NVFP4 group 16, attention/indexer/router/embeddings/lm_head/vision tower BF16, ~256 GB on disk",
     "DERIVED": "computed in this file from the sourced numbers above it",
 }
 
@@ -66,23 +79,6 @@ class KvLayout:
     sources: tuple[str, ...] = ("HF-CFG", "3P-CALC", "VLLM-IDX", "VLLM-SPA", "VLLM-RCP")
 
 
-@dataclass(frozen=True)
-class ModelVariant:
-    name: Variant
-    checkpoint: str
-    weights_gb: float  # whole checkpoint, decimal GB
-    replicated_gb: float  # attention, dense layers, shared experts, embeddings, vision encoder
-    vision_encoder_gb: float
-    native_max_model_len: int
-    native_context_verified: bool
-    kv_scales_calibrated: bool  # without calibrated scales fp8 KV is never chosen automatically
-    sources: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def routed_experts_gb(self) -> float:
-        return self.weights_gb - self.replicated_gb
-
-
 TOTAL_PARAMS_B: Final = 427.04  # VLLM-RCP
 ACTIVE_PARAMS_B: Final = 26.0  # VLLM-RCP ("about 26B active")
 ROUTED_EXPERTS, EXPERTS_PER_TOKEN = 128, 4  # HF-CFG
@@ -93,13 +89,35 @@ VISION_ENCODER_PARAMS_B: Final = 0.6  # NV-BLOG table: "vision encoder parameter
 # Non-expert weights stay BF16 in the MX checkpoints (UNVERIFIED for MXFP4: assumed like MXFP8).
 REPLICATED_GB_BF16: Final = REPLICATED_PARAMS_B * 2
 
+
+@dataclass(frozen=True, kw_only=True)
+class ModelVariant:
+    name: Variant
+    checkpoint: str
+    weights_gb: float  # whole checkpoint, decimal GB
+    native_max_model_len: int
+    native_context_verified: bool
+    kv_scales_calibrated: bool  # without calibrated scales fp8 KV is never chosen automatically
+    # Attention, dense layers, shared experts, embeddings, vision encoder: BF16 in every variant (UNVERIFIED for
+    # the quantized ones; each says so in its sources).
+    replicated_gb: float = REPLICATED_GB_BF16
+    vision_encoder_gb: float = VISION_ENCODER_PARAMS_B * 2
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def routed_experts_gb(self) -> float:
+        return self.weights_gb - self.replicated_gb
+
+
+# NVFP4 (MODELOPT-NVFP4): 4-bit values plus one 8-bit FP8 scale per 16 => 4.5 bits per weight (the per-tensor
+# fp32 scale is negligible).
+NVFP4_BITS_PER_WEIGHT: Final = 4 + 8 / 16
+
 VARIANTS: Final[dict[Variant, ModelVariant]] = {
     Variant.BF16: ModelVariant(
         name=Variant.BF16,
         checkpoint="MiniMaxAI/MiniMax-M3",
         weights_gb=TOTAL_PARAMS_B * 2,  # 854.08 GB
-        replicated_gb=REPLICATED_GB_BF16,
-        vision_encoder_gb=VISION_ENCODER_PARAMS_B * 2,
         native_max_model_len=524_288,
         native_context_verified=True,
         kv_scales_calibrated=True,
@@ -113,8 +131,6 @@ VARIANTS: Final[dict[Variant, ModelVariant]] = {
         name=Variant.MXFP8,
         checkpoint="MiniMaxAI/MiniMax-M3-MXFP8",
         weights_gb=440.0,
-        replicated_gb=REPLICATED_GB_BF16,
-        vision_encoder_gb=VISION_ENCODER_PARAMS_B * 2,
         native_max_model_len=1_048_576,
         native_context_verified=True,
         kv_scales_calibrated=True,
@@ -129,8 +145,6 @@ VARIANTS: Final[dict[Variant, ModelVariant]] = {
         checkpoint="amd/MiniMax-M3-MXFP4",
         # Routed experts at 4.25 bits (4-bit values + one 8-bit scale per 32), the rest BF16.
         weights_gb=ROUTED_PARAMS_B * 4.25 / 8 + REPLICATED_GB_BF16,
-        replicated_gb=REPLICATED_GB_BF16,
-        vision_encoder_gb=VISION_ENCODER_PARAMS_B * 2,
         native_max_model_len=524_288,
         native_context_verified=False,
         kv_scales_calibrated=False,
@@ -138,6 +152,25 @@ VARIANTS: Final[dict[Variant, ModelVariant]] = {
             "weights_gb": "DERIVED (OCP MXFP4 experts, BF16 rest); VLLM-RCP says 'roughly half of MXFP8'",
             "native_max_model_len": "UNVERIFIED: assumed equal to the BF16 checkpoint it was quantized from",
             "kv_scales_calibrated": "VLLM-RCP ('ships no calibrated KV scales')",
+        },
+    ),
+    Variant.NVFP4: ModelVariant(
+        name=Variant.NVFP4,
+        checkpoint="nvidia/MiniMax-M3-NVFP4",
+        # Routed experts in NVFP4, everything else BF16 (as 3P-NVFP4's experts-only recipe; the nvidia checkpoint's
+        # hf_quant_config.json is not in our sources, so which modules it excludes is UNVERIFIED). Shared experts are
+        # counted at BF16 with the replicated weights: an upper bound if the checkpoint quantizes them too.
+        weights_gb=ROUTED_PARAMS_B * NVFP4_BITS_PER_WEIGHT / 8 + REPLICATED_GB_BF16,  # about 259 GB
+        native_max_model_len=524_288,
+        native_context_verified=False,
+        kv_scales_calibrated=False,
+        sources={
+            "weights_gb": "DERIVED: 413.98B routed params x 4.5 bits (MODELOPT-NVFP4) + 13.06B BF16; UNVERIFIED for "
+            "nvidia/MiniMax-M3-NVFP4 (no published size); 3P-NVFP4's experts-only NVFP4 of the same model is ~256 GB",
+            "replicated_gb": "DERIVED; attention, indexer, router, embeddings and vision tower BF16 as in 3P-NVFP4",
+            "native_max_model_len": "UNVERIFIED: assumed equal to the BF16 checkpoint it was quantized from",
+            "kv_scales_calibrated": "UNVERIFIED: no published kv_cache_quant_algo for the checkpoint; m3fleet "
+            "renders the KV dtype explicitly so vLLM's 'auto' cannot pick one the plan did not count (VLLM-NVFP4)",
         },
     ),
 }
@@ -317,6 +350,8 @@ class EngineFacts:
     sparse_attention_algorithm: str | None = None
     # Where m3fleet departs from the engine's published command on an accelerator, and why: repeated in the plan.
     deviations: dict[Accelerator, tuple[str, ...]] = field(default_factory=dict)
+    # Why the engine does not serve a variant, where the reason is known: the planner's refusal says it.
+    unserved_variants: dict[Variant, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -327,8 +362,10 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         name=EngineName.VLLM,
         version=VLLM_VERSION,
         support={
-            Accelerator.H200: (Variant.BF16, Variant.MXFP8),
-            Accelerator.GB200: (Variant.BF16, Variant.MXFP8),
+            # NVFP4 on Hopper runs through vLLM's Marlin kernels (FP4 weights, BF16 activations: no FP4 tensor
+            # cores); on Blackwell through the FlashInfer/CUTLASS FP4 kernels (VLLM-NVFP4).
+            Accelerator.H200: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
+            Accelerator.GB200: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
             Accelerator.MI355X: ALL_VARIANTS,
         },
         images={
@@ -354,8 +391,13 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         yarn_vendors=("amd",),
         language_model_only="skips_encoder",
         reserves_encoder_cache=True,
+        unserved_variants={
+            Variant.NVFP4: "vLLM 0.33.0 has no NVFP4 kernel for AMD GPUs (its Marlin path is CUDA-only; only a "
+            "correctness emulation remains) and MI355X's FP4 tensor cores take MXFP4",
+        },
         sources={
-            "support": "VLLM-RCP (NVIDIA Hopper/Blackwell; AMD CDNA4 incl. MXFP4)",
+            "support": "VLLM-RCP (NVIDIA Hopper/Blackwell; AMD CDNA4 incl. MXFP4); VLLM-NVFP4 (modelopt_fp4 from "
+            "compute capability 7.5: Marlin W4A16 on H200, FP4 kernels on GB200)",
             "images": "ENGINE-ARGPARSE: 0.33.0 has the M3 model classes and minimax_m3 parsers",
             "memory_fraction": "VLLM-SRC config/cache.py: gpu_memory_utilization default 0.92",
             "activation_reserve_gib": "DERIVED: about 4 GiB of non-KV overhead per GPU (UNVERIFIED)",
@@ -399,6 +441,11 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         # SGLang's --language-model-only refuses image/video requests, but MiniMaxM3SparseForConditionalGeneration
         # builds and loads its vision tower regardless, and the text-only class cannot load the VL checkpoint.
         language_model_only="refuses_media",
+        unserved_variants={
+            Variant.NVFP4: "SGLang 0.5.23's MiniMax-M3 NVFP4 path (minimax_m3_nvfp4) is built for the M3.1 "
+            "checkpoint that packs NVFP4 experts under MXFP8; the ModelOpt nvidia/MiniMax-M3-NVFP4 checkpoint is not "
+            "a layout its M3 code documents",
+        },
         deviations={
             Accelerator.GB200: (
                 "sglang on gb200 follows the NVIDIA blog's Blackwell command (--tp-size 8 --ep-size 8 --quantization "
@@ -428,6 +475,7 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             "language_model_only": "SGL-SRC fields/disagg.py --language-model-only (tokenizer refuses media) vs "
             "models/minimax_m3_vl.py (vision tower built unconditionally)",
             "deviations": "NV-BLOG; SGL-SRC arg_groups/model_overrides/minimax_m3.py; SGL-CB",
+            "unserved_variants": "SGL-NVFP4",
         },
     ),
     EngineName.TRTLLM: EngineFacts(
@@ -453,6 +501,10 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         # published checkpoints name MiniMaxM3SparseForConditionalGeneration and trtllm-serve has no override.
         language_model_only="unsupported",
         sparse_attention_algorithm="minimax_m3",
+        unserved_variants={
+            Variant.NVFP4: f"TensorRT-LLM {TRTLLM_VERSION}'s MiniMax-M3 guide serves BF16 only (NVFP4 arrives in "
+            "later releases' guides)",
+        },
         sources={
             "sparse_attention_algorithm": "TRT-GUIDE, TRT-YAML (sparse_attention_config.algorithm)",
             "pipeline_parallel": "TRT-GUIDE ('TEP or DEP'); the curated YAML sets no pipeline_parallel_size",

@@ -110,6 +110,10 @@ def serve_args(ctx: Context) -> list[str]:
     ]
     if plan.kv_cache_dtype == "fp8":
         args += ["--kv-cache-dtype", "fp8"]
+    elif plan.variant == Variant.NVFP4:
+        # A ModelOpt checkpoint may name a KV algorithm that vLLM's 'auto' then takes (VLLM-NVFP4): keep the KV the
+        # plan counted.
+        args += ["--kv-cache-dtype", "bfloat16"]
     if amd:
         args += ["--attention-backend", "TRITON_ATTN"]
     backend = moe_backend(ctx)
