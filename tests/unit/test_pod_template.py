@@ -12,6 +12,7 @@ import pytest
 
 from m3fleet.api import parse_resource
 from m3fleet.api.spec_pod import OWNED_MOUNT_PATHS, OWNED_VOLUMES
+from m3fleet.controller.status import unschedulable
 from m3fleet.engines.base import CacheMount
 from m3fleet.planner import plan
 from m3fleet.render import POD_SECURITY_ANNOTATION, render
@@ -168,3 +169,18 @@ def test_every_name_m3fleet_renders_is_refused_in_pod_template() -> None:
         failed = failed_rules(with_spec(podTemplate=template))
         assert len(failed) == 1 and fragment in failed[0].message, (template, [r.message for r in failed])
         assert admit(with_spec(podTemplate=template)) != []
+
+
+def _pending(scheduler: str | None, conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    spec = {"schedulerName": scheduler} if scheduler else {}
+    return {"metadata": {"name": "p"}, "spec": spec, "status": {"phase": "Pending", "conditions": conditions or []}}
+
+
+def test_status_says_when_the_named_scheduler_has_not_placed_the_pods() -> None:
+    said = unschedulable([_pending("volcano"), _pending("volcano")])
+    assert said is not None and said.startswith("2 of 2 pods cannot be scheduled: they name scheduler volcano"), said
+    assert "fix: check that volcano runs" in said
+    # The default scheduler, or a scheduler that has looked at the pod (it sets PodScheduled), says nothing new.
+    assert unschedulable([_pending(None), _pending("default-scheduler")]) is None
+    tried = {"type": "PodScheduled", "status": "False", "reason": "Pending", "message": "gang of 2 not ready"}
+    assert unschedulable([_pending("volcano", [tried])]) is None
