@@ -201,8 +201,7 @@ class PodTemplateSpec(CamelModel):
                 cel(
                     "!has(self.volumes) || self.volumes.all(v, self.volumes.filter(w, w.name == v.name).size() == 1)",
                     "volumes has two volumes of one name; fix: give each volume its own name",
-                    ".volumes",
-                    "FieldValueDuplicate",
+                    ".volumes",  # not FieldValueDuplicate: kubectl then prints "Duplicate value" without the message
                 ),
             ]
         }
