@@ -111,6 +111,55 @@ PEERS_ADMITTED: list[dict[str, Any]] = [
     {"namespaceSelector": {"matchExpressions": [{"key": "example.com/team", "operator": "DoesNotExist"}]}},
     {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}},
 ]
+# spec.podTemplate: (podTemplate, fragment of the CRD's message, the field under spec.podTemplate). m3fleet's own
+# names are refused (the CLI and the webhook say the same, tests/unit/test_crd.py); what platforms set is admitted.
+SCRATCH = {"name": "scratch", "emptyDir": {}}
+POD_TEMPLATES_REFUSED: list[tuple[dict[str, Any], str, str]] = [
+    ({"metadata": {"labels": {"m3fleet.dev/name": "x"}}}, "is m3fleet's", "metadata.labels"),
+    ({"metadata": {"labels": {"app.kubernetes.io/instance": "x"}}}, "is m3fleet's", "metadata.labels"),
+    ({"metadata": {"labels": {"leaderworkerset.sigs.k8s.io/group-key": "x"}}}, "is m3fleet's", "metadata.labels"),
+    ({"metadata": {"labels": {"team": "a b"}}}, "not a label value", "metadata.labels"),
+    ({"metadata": {"labels": {"bad key": "x"}}}, "not a label key", "metadata.labels"),
+    ({"metadata": {"annotations": {"m3fleet.dev/engine-config-digest": "x"}}}, "is m3fleet's", "metadata.annotations"),
+    ({"metadata": {"annotations": {"prometheus.io/port": "1"}}}, "is m3fleet's", "metadata.annotations"),
+    ({"metadata": {"annotations": {"bad key": "x"}}}, "not a label key", "metadata.annotations"),
+    ({"priorityClassName": "High"}, "DNS-1123 subdomain", "priorityClassName"),
+    ({"schedulerName": "my scheduler"}, "DNS-1123 subdomain", "schedulerName"),
+    ({"volumes": [{"name": "model", "emptyDir": {}}]}, "a volume m3fleet mounts", "volumes[0].name"),
+    ({"volumes": [{"name": "Scratch", "emptyDir": {}}]}, "not a DNS-1123 label", "volumes[0].name"),
+    ({"volumes": [SCRATCH, SCRATCH]}, "two volumes of one name", "volumes"),
+    ({"volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}, "does not declare", "volumeMounts"),
+    (
+        {"volumes": [SCRATCH], "volumeMounts": [{"name": "scratch", "mountPath": "scratch"}]},
+        "not an absolute path",
+        "volumeMounts[0].mountPath",
+    ),
+    *[
+        (
+            {"volumes": [SCRATCH], "volumeMounts": [{"name": "scratch", "mountPath": path}]},
+            "would mount over",
+            "volumeMounts[0].mountPath",
+        )
+        for path in ("/models", "/models/", "/hf-cache/hub", "/dev", "/", "/etc/m3fleet-ssh", "/home/m3fleet/.cache")
+    ],
+]
+POD_TEMPLATES_ADMITTED: list[dict[str, Any]] = [
+    {
+        "metadata": {
+            "labels": {"kueue.x-k8s.io/queue-name": "gpu-queue", "example.com/cost-center": "ml-42"},
+            "annotations": {"scheduling.volcano.sh/queue-name": "serving", "sidecar.istio.io/inject": "false"},
+        },
+        "priorityClassName": "serving-high",
+        "schedulerName": "volcano",
+        "volumes": [SCRATCH, {"name": "site-ca", "configMap": {"name": "site-ca"}}],
+        "volumeMounts": [
+            {"name": "scratch", "mountPath": "/scratch"},
+            {"name": "site-ca", "mountPath": "/etc/ssl/site", "readOnly": True, "subPath": "certs"},
+            {"name": "scratch", "mountPath": "/models-extra"},
+        ],
+    },
+    {"metadata": {"labels": {"example.com/m3fleet.dev": "x", "app.kubernetes.io/part-of": "search"}}},
+]
 CHILD_VALUE_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(model__source={"pvc": {"claimName": "other/k"}}), "DNS-1123", "spec.model.source.pvc.claimName"),
     (
@@ -161,6 +210,10 @@ CHILD_VALUE_CASES: list[tuple[dict[str, Any], str, str]] = [
     *[
         (with_spec(network__allowFrom=[peer]), fragment, f"spec.network.allowFrom[0]{field}")
         for peer, fragment, field in PEERS_REFUSED
+    ],
+    *[
+        (with_spec(podTemplate=template), fragment, f"spec.podTemplate.{field}")
+        for template, fragment, field in POD_TEMPLATES_REFUSED
     ],
 ]
 

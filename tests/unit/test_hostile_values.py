@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from m3fleet.api import parse_resource
-from m3fleet.engines.base import CONFIG_MOUNT, HOME_MOUNT, SSH_MOUNT
+from m3fleet.api.spec_pod import CONFIG_MOUNT, HOME_MOUNT, SSH_MOUNT
 from m3fleet.planner import plan
 from m3fleet.render import render
 from tests.support.engines.grid import expand

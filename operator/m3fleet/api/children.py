@@ -31,6 +31,7 @@ from typing import Any
 from m3fleet.api.rules import cel
 
 DNS_SUBDOMAIN_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_LABEL_PATTERN = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a volume's name (IsDNS1123Label)
 KEY_PATTERN = "^[-._a-zA-Z0-9]+$"
 ENV_NAME_PATTERN = "^[ -<>-~]+$"  # printable ASCII but =
 _PATH_COMPONENT = "[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
@@ -88,10 +89,14 @@ def _matches(pattern: str) -> str:
     return f"self.matches('{pattern}')"
 
 
-def name_rules(field: str) -> dict[str, Any]:
-    """A Secret, ConfigMap or claim name (`field` is how a message names it)."""
+def name_rules(field: str, fix: str = NAME_FIX, optional: bool = False) -> dict[str, Any]:
+    """A Secret, ConfigMap, claim, PriorityClass or scheduler name (`field` is how a message names it); `optional`:
+    empty is admitted too (the cluster's default)."""
+    rule = _matches(DNS_SUBDOMAIN_PATTERN)
     return {
-        "x-kubernetes-validations": [cel(_matches(DNS_SUBDOMAIN_PATTERN), f"{field} {NAME_PROBLEM}; fix: {NAME_FIX}")]
+        "x-kubernetes-validations": [
+            cel(f"self == '' || {rule}" if optional else rule, f"{field} {NAME_PROBLEM}; fix: {fix}")
+        ]
     }
 
 
@@ -137,7 +142,7 @@ def no_dot_dot_rules(field: str) -> dict[str, Any]:
     }
 
 
-def _label_key(variable: str) -> str:
+def label_key(variable: str) -> str:
     return f"{variable}.matches('{LABEL_KEY_PATTERN}') && !{variable}.matches('{LONG_PREFIX_PATTERN}')"
 
 
@@ -151,7 +156,7 @@ def label_map_rules(field: str) -> dict[str, Any]:
         "maxProperties": LABEL_MAP_MAX,
         "additionalProperties": {"type": "string", "maxLength": LABEL_VALUE_MAX},
         "x-kubernetes-validations": [
-            cel(f"self.all(k, {_label_key('k')})", f"{field} has a key that {LABEL_KEY_PROBLEM}; fix: {LABEL_KEY_FIX}"),
+            cel(f"self.all(k, {label_key('k')})", f"{field} has a key that {LABEL_KEY_PROBLEM}; fix: {LABEL_KEY_FIX}"),
             cel(
                 f"self.all(k, {_label_value('self[k]')})",
                 f"{field} has a value that {LABEL_VALUE_PROBLEM}; fix: {LABEL_VALUE_FIX}",
@@ -205,7 +210,7 @@ def toleration_schema() -> dict[str, Any]:
         },
         "x-kubernetes-validations": [
             cel(
-                f"!{key_set} || {_label_key('self.key')}",
+                f"!{key_set} || {label_key('self.key')}",
                 f"key {LABEL_KEY_PROBLEM}; fix: give the taint's key as `kubectl describe node` lists it, e.g. "
                 "nvidia.com/gpu",
                 ".key",
@@ -278,7 +283,7 @@ def label_selector_schema(description: str) -> dict[str, Any]:
                         },
                     },
                     "x-kubernetes-validations": [
-                        cel(_label_key("self.key"), f"key {LABEL_KEY_PROBLEM}; fix: {LABEL_KEY_FIX}", ".key"),
+                        cel(label_key("self.key"), f"key {LABEL_KEY_PROBLEM}; fix: {LABEL_KEY_FIX}", ".key"),
                         cel(
                             f"self.operator in {list(SELECTOR_OPERATORS)}",
                             "operator must be In, NotIn, Exists or DoesNotExist; fix: use one of those",

@@ -121,7 +121,8 @@ DEPLOYMENT_REASON_MEANINGS: Final[Mapping[Reason, str]] = {
     _D.ROLLOUT_IN_PROGRESS: "A rollout or scale is under way; the message counts ready and updated replicas.",
     _D.ROLLOUT_COMPLETE: "The rollout is done: every replica is ready.",
     _D.UNSCHEDULABLE: "Pods wait for a node; the message is the scheduler's (which nodes failed which check), plus "
-    "the Ready condition of a model cache whose nodes the pods require when it is not Ready.",
+    "the Ready condition of a model cache whose nodes the pods require when it is not Ready; or that the scheduler "
+    "spec.podTemplate.schedulerName names has not placed them (it is not running, or not serving the namespace).",
     _D.MINIMUM_REPLICAS_AVAILABLE: "At least one replica serves.",
     _D.NO_REPLICAS_READY: "Replicas are asked for and none is ready.",
     _D.AS_EXPECTED: "The spec is valid and applied.",

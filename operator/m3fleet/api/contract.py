@@ -377,9 +377,7 @@ def schema_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[
     if expected and not _type_ok(expected, value):
         yield _type_error(path, expected, value)
         return
-    if isinstance(value, Mapping):
-        if _preserves(schema):
-            return
+    if isinstance(value, Mapping):  # a preserved object's declared fields too (spec.podTemplate.volumes[].name)
         properties: Mapping[str, Any] = schema.get("properties") or {}
         for name in schema.get("required") or []:
             if name not in value:
@@ -502,12 +500,11 @@ def to_cel(schema: Mapping[str, Any], value: Any) -> Any:
 
 
 def _members(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[tuple[Mapping[str, Any], Any, str]]:
-    """(schema, value, path) of each declared field or list item of a value (none under preserved fields)."""
-    if _preserves(schema):
-        return
+    """(schema, value, path) of each declared field or list item of a value; of a preserved object (its unknown
+    fields kept as written), only the fields its schema declares, which the apiserver still validates."""
     if isinstance(value, Mapping):
         properties: Mapping[str, Any] = schema.get("properties") or {}
-        additional = schema.get("additionalProperties")
+        additional = None if _preserves(schema) else schema.get("additionalProperties")
         for key, item in value.items():
             sub = properties.get(key) or (additional if isinstance(additional, Mapping) else None)
             if sub is not None:

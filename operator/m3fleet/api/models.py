@@ -109,6 +109,7 @@ from m3fleet.api.spec_placement import (
     PodResourcesSpec,
     RolloutSpec,
 )
+from m3fleet.api.spec_pod import PodTemplateMetadata, PodTemplateSpec, VolumeMount
 
 # --- metadata.name -------------------------------------------------------------------------
 #
@@ -224,6 +225,12 @@ class MiniMaxM3DeploymentSpec(CamelModel):
     )
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="Context-length-aware autoscaling from Prometheus."
+    )
+    pod_template: PodTemplateSpec = Field(
+        default_factory=PodTemplateSpec,
+        description="What a platform adds to the engine pods and their workload: labels, annotations, "
+        "priorityClassName, schedulerName, extra volumes and mounts (Kueue, Volcano, site policy). Never changes "
+        "the plan or the engine's flags.",
     )
 
 
@@ -473,6 +480,8 @@ __all__ = [
     "PhaseSummary",
     "Plan",
     "PodResourcesSpec",
+    "PodTemplateMetadata",
+    "PodTemplateSpec",
     "PrometheusSpec",
     "PvcSource",
     "ResourceFieldSelector",
@@ -486,6 +495,7 @@ __all__ = [
     "TimeToReadySample",
     "TimeToReadyStatus",
     "Variant",
+    "VolumeMount",
     "Weekday",
     "cel",
     "invalid",

@@ -4,12 +4,18 @@ MiniMaxM3ModelCache)."""
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import ConfigDict, Field
 
 from m3fleet.api import children
 from m3fleet.api.base import CamelModel, Variant
 from m3fleet.api.rules import cel
+
+
+def sub_path_field(description: str) -> Any:
+    """A volume sub-path (a pvc's, a volume mount's): relative, inside the volume."""
+    return Field(default="", max_length=1024, description=description, json_schema_extra=children.sub_path_rules())
 
 
 class PvcSource(CamelModel):
@@ -19,12 +25,7 @@ class PvcSource(CamelModel):
         description="PersistentVolumeClaim holding the checkpoint.",
         json_schema_extra=children.name_rules("claimName"),
     )
-    sub_path: str = Field(
-        default="",
-        max_length=1024,
-        description="Directory inside the claim that holds the checkpoint (relative, no '..').",
-        json_schema_extra=children.sub_path_rules(),
-    )
+    sub_path: str = sub_path_field("Directory inside the claim that holds the checkpoint (relative, no '..').")
 
 
 class SecretKeyRef(CamelModel):

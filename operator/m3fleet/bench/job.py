@@ -25,7 +25,8 @@ from enum import StrEnum
 from typing import Any, Final
 
 from m3fleet.api.models import EngineName, MiniMaxM3Deployment, Plan, SecretKeyRef
-from m3fleet.engines.base import MODEL_MOUNT, Context
+from m3fleet.api.spec_pod import MODEL_MOUNT
+from m3fleet.engines.base import Context
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.render import context_for, service_name
 from m3fleet.render.pod import model_env, model_volumes, placement

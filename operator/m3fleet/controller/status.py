@@ -118,6 +118,8 @@ def unschedulable(pods: list[dict[str, Any]]) -> str | None:
     for pod in pods:
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
+        if other := unplaced_by_other_scheduler(pod):
+            waiting.append(other)
         for cond in (pod.get("status") or {}).get("conditions") or []:
             if (
                 cond.get("type") == "PodScheduled"
@@ -128,6 +130,28 @@ def unschedulable(pods: list[dict[str, Any]]) -> str | None:
     if not waiting:
         return None
     return f"{len(waiting)} of {len(pods)} pods cannot be scheduled: {waiting[0]}"
+
+
+DEFAULT_SCHEDULER = "default-scheduler"  # the apiserver's default for spec.schedulerName
+
+
+def unplaced_by_other_scheduler(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod of spec.podTemplate.schedulerName (e.g. volcano) waits, when that scheduler has not looked at it:
+    no node, no PodScheduled condition (a scheduler sets one on every pod it tries). Without it status would only
+    say the rollout is in progress; a missing scheduler never reports anything itself."""
+    spec = pod.get("spec") or {}
+    scheduler = spec.get("schedulerName") or DEFAULT_SCHEDULER
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    if (
+        scheduler == DEFAULT_SCHEDULER
+        or spec.get("nodeName")
+        or any(c.get("type") == "PodScheduled" for c in conditions)
+    ):
+        return None
+    return (
+        f"they name scheduler {scheduler} (spec.podTemplate.schedulerName) and no scheduler of that name has placed "
+        f"them yet; fix: check that {scheduler} runs and serves this namespace, or remove schedulerName"
+    )
 
 
 @dataclass(frozen=True)

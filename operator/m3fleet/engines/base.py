@@ -17,18 +17,10 @@ from typing import Any
 import jinja2
 
 from m3fleet.api.models import MiniMaxM3DeploymentSpec, Plan
+from m3fleet.api.spec_pod import MODEL_LINK_DIR, MODEL_MOUNT  # the container's paths are the API's
 from m3fleet.catalog import ACCELERATORS, ENGINES, ROPE, AcceleratorFacts, EngineFacts
 
-MODEL_MOUNT = "/models"
-CACHE_MOUNT = (
-    "/model-cache"  # the node-local copy of a MiniMaxM3ModelCache (Preferred; Required mounts it at MODEL_MOUNT)
-)
-MODEL_LINK_DIR = "/m3fleet-model"  # Preferred: an emptyDir whose `checkpoint` symlink the init container points
 MODEL_LINK = f"{MODEL_LINK_DIR}/checkpoint"
-HF_CACHE_MOUNT = "/hf-cache"
-CONFIG_MOUNT = "/etc/m3fleet"
-SSH_MOUNT = "/etc/m3fleet-ssh"
-HOME_MOUNT = "/home/m3fleet"  # HOME of every engine container: a writable emptyDir (caches, compiled kernels)
 # Launch scripts run with no startup files and in privileged mode (-p): bash then ignores BASH_ENV, ENV, exported
 # functions and SHELLOPTS/BASHOPTS from the environment, whoever set them.
 BASH = ("/bin/bash", "--noprofile", "--norc", "-p")

@@ -18,12 +18,11 @@ from typing import Any
 import yaml
 
 from m3fleet.api.models import Strategy
+from m3fleet.api.spec_pod import CONFIG_MOUNT, SSH_MOUNT
 from m3fleet.catalog import TRTLLM_VERSION
 from m3fleet.engines import flags
 from m3fleet.engines.base import (
     BASH,
-    CONFIG_MOUNT,
-    SSH_MOUNT,
     Container,
     Context,
     EngineLaunch,

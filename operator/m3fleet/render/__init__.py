@@ -83,6 +83,18 @@ def _security_annotation(ctx: Context, engine: EngineLaunch) -> dict[str, str]:
     return {POD_SECURITY_ANNOTATION: pod_security_level(ctx, list(engine.containers.values())).value}
 
 
+def _workload_meta(ctx: Context, engine: EngineLaunch) -> dict[str, Any]:
+    """The Deployment's or LeaderWorkerSet's metadata: spec.podTemplate's labels and annotations go here too, where
+    the integrations read them on the workload object itself. Kueue (kueue.sigs.k8s.io, "Run LeaderWorkerSet")
+    admits a LeaderWorkerSet group as one Workload from `kueue.x-k8s.io/queue-name` in the LeaderWorkerSet's
+    metadata.labels; "Run Deployment" reads it from the pod template (the pod integration), where pod_template
+    puts it on every engine pod as well."""
+    passthrough = ctx.spec.pod_template.metadata
+    meta = _meta(ctx, ctx.name, annotations={**passthrough.annotations, **_security_annotation(ctx, engine)})
+    meta["labels"] = {**passthrough.labels, **meta["labels"]}
+    return meta
+
+
 def _rolling(ctx: Context) -> dict[str, int]:
     # maxSurge 0 by default: replace a replica in place rather than needing a spare GPU node.
     return {"maxSurge": ctx.spec.rollout.max_surge, "maxUnavailable": ctx.spec.rollout.max_unavailable}
@@ -94,7 +106,7 @@ def _deployment(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, 
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(ctx, ctx.name, annotations=_security_annotation(ctx, engine)),
+        "metadata": _workload_meta(ctx, engine),
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": {labels.NAME: ctx.name, labels.ROLE: Role.SINGLE.value}},
@@ -113,7 +125,7 @@ def _leader_worker_set(ctx: Context, engine: EngineLaunch, replicas: int) -> dic
     return {
         "apiVersion": LWS_API,
         "kind": "LeaderWorkerSet",
-        "metadata": _meta(ctx, ctx.name, annotations=_security_annotation(ctx, engine)),
+        "metadata": _workload_meta(ctx, engine),
         "spec": {
             "replicas": replicas,
             "startupPolicy": "LeaderCreated",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from m3fleet.api.spec_pod import LABEL_PREFIX
 from m3fleet.engines.base import Context, Role
 
-PREFIX = "m3fleet.dev/"
+PREFIX = LABEL_PREFIX
 NAME = f"{PREFIX}name"
 ENGINE = f"{PREFIX}engine"
 ACCELERATOR = f"{PREFIX}accelerator"

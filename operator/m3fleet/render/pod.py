@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import copy
 from enum import StrEnum
 from functools import cache
 from importlib import resources
 from typing import Any
 
 from m3fleet.api.models import Accelerator
-from m3fleet.catalog.facts import POD_SHM_GIB
-from m3fleet.engines.base import (
+from m3fleet.api.spec_pod import (
     CACHE_MOUNT,
     CONFIG_MOUNT,
-    DRAIN_SECONDS,
     HF_CACHE_MOUNT,
     HOME_MOUNT,
-    MODEL_LINK,
     MODEL_LINK_DIR,
     MODEL_MOUNT,
+    SHM_MOUNT,
     SSH_MOUNT,
+)
+from m3fleet.catalog.facts import POD_SHM_GIB
+from m3fleet.engines.base import (
+    DRAIN_SECONDS,
+    MODEL_LINK,
     TERMINATION_GRACE_SECONDS,
     Container,
     Context,
@@ -137,7 +141,7 @@ def _volumes(ctx: Context, launch_config: bool, ssh_secret: str | None) -> tuple
         *model,
     ]
     mounts: list[dict[str, Any]] = [
-        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "dshm", "mountPath": SHM_MOUNT},
         {"name": "home", "mountPath": HOME_MOUNT},
         *model_mounts,
     ]
@@ -169,9 +173,12 @@ def pod_security_level(ctx: Context, containers: list[Container]) -> PodSecurity
     """Restricted for non-root pods with no added capability; baseline for root with baseline's capabilities
     (sshd's); privileged for SYS_PTRACE/Unconfined (AMD), IPC_LOCK (RDMA) or a model cache's hostPath volume,
     which baseline forbids (and restricted with it)."""
+    volumes = _user_volume_level(ctx)  # spec.podTemplate.volumes: a hostPath is privileged, a nfs baseline
     if ctx.accelerator.vendor == "amd" or ctx.spec.node_pool.extra_resources or ctx.cache is not None:
         return PodSecurityLevel.PRIVILEGED
-    if any(runs_as_root(ctx, c) or c.capabilities for c in containers):
+    if volumes == PodSecurityLevel.PRIVILEGED:
+        return volumes
+    if volumes == PodSecurityLevel.BASELINE or any(runs_as_root(ctx, c) or c.capabilities for c in containers):
         return PodSecurityLevel.BASELINE
     return PodSecurityLevel.RESTRICTED
 
@@ -383,6 +390,32 @@ def key_guard_container(ctx: Context, guard: KeyGuard, engine: dict[str, Any]) -
     }
 
 
+def user_mounts(ctx: Context) -> list[dict[str, Any]]:
+    """spec.podTemplate.volumeMounts as the engine container carries them (empty fields left out)."""
+    return [m.model_dump(by_alias=True, exclude_defaults=True) for m in ctx.spec.pod_template.volume_mounts]
+
+
+def scheduling(ctx: Context) -> dict[str, str]:
+    """spec.podTemplate's priorityClassName and schedulerName, on every engine pod (Volcano and the scheduler read
+    them there); nothing when unset, so the cluster's defaults apply."""
+    template = ctx.spec.pod_template
+    fields = {"priorityClassName": template.priority_class_name, "schedulerName": template.scheduler_name}
+    return {k: v for k, v in fields.items() if v}
+
+
+# Volume sources Pod Security's restricted level admits (the others are baseline; hostPath is privileged).
+RESTRICTED_VOLUME_SOURCES = frozenset(
+    {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+)
+
+
+def _user_volume_level(ctx: Context) -> PodSecurityLevel:
+    sources = {k for volume in ctx.spec.pod_template.volumes for k in volume if k != "name"}
+    if "hostPath" in sources:
+        return PodSecurityLevel.PRIVILEGED
+    return PodSecurityLevel.BASELINE if sources - RESTRICTED_VOLUME_SOURCES else PodSecurityLevel.RESTRICTED
+
+
 def pod_template(
     ctx: Context, role: Role, container: Container, config: str | None, ssh_secret: str | None
 ) -> dict[str, Any]:
@@ -397,7 +430,7 @@ def pod_template(
         "env": _env(ctx, container),
         "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in sorted(container.ports.items())],
         "resources": _resources(ctx),
-        "volumeMounts": mounts,
+        "volumeMounts": [*mounts, *user_mounts(ctx)],
         "securityContext": _security(ctx, container),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(DRAIN_SECONDS)]}}},
     }
@@ -413,8 +446,9 @@ def pod_template(
     pod_spec: dict[str, Any] = {
         **({"initContainers": init} if init else {}),
         "containers": containers,
-        "volumes": volumes,
+        "volumes": [*volumes, *copy.deepcopy(ctx.spec.pod_template.volumes)],
         **_placement(ctx),
+        **scheduling(ctx),
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         **({"securityContext": _pod_security(ctx, container)} if not runs_as_root(ctx, container) else {}),
         "automountServiceAccountToken": False,  # engines never talk to the API server
@@ -423,8 +457,9 @@ def pod_template(
     if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
         template = ctx.resource_name("compute-domain-channel")
         pod_spec["resourceClaims"] = [{"name": COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": template}]
-    metadata: dict[str, Any] = {"labels": pod_labels(ctx, role, container.serves_http)}
-    annotations: dict[str, str] = {}
+    passthrough = ctx.spec.pod_template.metadata
+    metadata: dict[str, Any] = {"labels": {**passthrough.labels, **pod_labels(ctx, role, container.serves_http)}}
+    annotations: dict[str, str] = dict(passthrough.annotations)
     if config is not None:
         # A changed ConfigMap alone changes no pod (the kubelet only swaps the mounted files under running engines,
         # which read them at start): its digest in the template rolls the pods, as a changed flag would.
