@@ -30,8 +30,9 @@ stays event-driven, so an hour of traffic runs in well under a second:
   `MetricsSnapshot` a Prometheus adapter would build from them (rates over 60 s, histograms of
   finished requests over 300 s). No autoscaler sees a request's true size or timing.
 
-The SLO per request: TTFT <= 2 s + 1.5 x its unloaded prefill time on one replica, and mean
-inter-token latency <= 1.5 x the unloaded inter-token latency at its context.
+The SLO per request is the resource's (spec.autoscaling.slo; by default TTFT <= 2 s + 1.5 x its unloaded
+prefill time on one replica, and mean inter-token latency <= 1.5 x the unloaded inter-token latency at its
+context).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol, TypeVar
 
-from m3fleet.api.models import Plan
+from m3fleet.api.models import Plan, SloSpec
 from m3fleet.autoscaling.signals import (
     HISTOGRAM_WINDOW_SECONDS,
     RATE_WINDOW_SECONDS,
@@ -69,7 +70,6 @@ DECODE_STEP_SCALE: Final[dict[str, float]] = {"h200": 1.0, "gb200": 0.65, "mi355
 MULTI_NODE_PREFILL_EFFICIENCY: Final = 0.85
 MULTI_NODE_DECODE_PENALTY: Final = 1.15
 ENGINE_CAPACITY_FACTOR: Final = 0.95
-SLO_TTFT_SLACK, SLO_TTFT_FACTOR, SLO_ITL_FACTOR = 2.0, 1.5, 1.5
 
 
 @dataclass(frozen=True)
@@ -531,8 +531,10 @@ class Simulation:
         measured_cold_starts: Sequence[float],
         settings: SimSettings = SimSettings(),
         clock_offset: float = 0.0,
+        slo: SloSpec | None = None,
     ) -> None:
         self.plan = plan
+        self.slo = slo or SloSpec()  # what a finished request is scored against
         self.model = model
         self.requests = requests
         self.autoscaler = autoscaler
@@ -671,8 +673,8 @@ class Simulation:
         assert r.first_token is not None and r.finish is not None
         ttft = r.first_token - spec.arrival
         itl = (r.finish - r.first_token) / (spec.output - 1) if spec.output > 1 else 0.0
-        ttft_ok = ttft <= SLO_TTFT_SLACK + SLO_TTFT_FACTOR * m.unloaded_prefill_seconds(spec.prompt)
-        itl_ok = itl <= SLO_ITL_FACTOR * m.unloaded_itl(spec.prompt + spec.output / 2)
+        ttft_ok = ttft <= self.slo.ttft_seconds(spec.prompt, m.unloaded_prefill_seconds(spec.prompt))
+        itl_ok = itl <= self.slo.itl_seconds(m.unloaded_itl(spec.prompt + spec.output / 2))
         if ttft_ok and itl_ok:
             self.met += 1
 

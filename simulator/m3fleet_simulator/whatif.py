@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from m3fleet.api.models import MiniMaxM3Deployment, Plan, Variant
+from m3fleet.api.models import MiniMaxM3Deployment, Plan, SloSpec, Variant
 from m3fleet.api.parse import parse_resource
 from m3fleet.autoscaling.forecast import DAY, DemandRecord, bucket_seconds, record_demand
 from m3fleet.autoscaling.policy import DEFAULT_SCALE_DOWN_PER_STEP, PolicyConfig, PolicyState, decide
@@ -31,9 +31,6 @@ from m3fleet.planner import plan as make_plan
 from m3fleet_simulator.calibration import calibrate
 from m3fleet_simulator.coldstart import ColdStartModel
 from m3fleet_simulator.fleet import (
-    SLO_ITL_FACTOR,
-    SLO_TTFT_FACTOR,
-    SLO_TTFT_SLACK,
     Autoscaler,
     GatewayModel,
     PerfModel,
@@ -297,6 +294,7 @@ def simulate(
         measured_cold_starts=setup.streams.measured,
         settings=setup.settings,
         clock_offset=setup.clock_offset if clock_offset is None else clock_offset,
+        slo=setup.resource.spec.autoscaling.slo,
     ).run()
 
 
@@ -373,10 +371,7 @@ def parameters(setup: Setup) -> dict[str, Any]:
             f"requests with prompt + output > {limit} tokens (maxModelLen, or the engine's KV if smaller) are "
             "rejected by the engine, counted as rejected, and excluded from the sloAttainment denominator"
         ),
-        "slo": (
-            f"TTFT <= {SLO_TTFT_SLACK:g} s + {SLO_TTFT_FACTOR:g} x unloaded prefill time on one replica, and mean "
-            f"inter-token latency <= {SLO_ITL_FACTOR:g} x the unloaded inter-token latency at prompt + output/2"
-        ),
+        "slo": describe_slo(setup.resource.spec.autoscaling.slo),
         "replicas": {
             "min": setup.replicas.min,
             "max": setup.replicas.max,
@@ -393,6 +388,32 @@ def parameters(setup: Setup) -> dict[str, Any]:
     }
 
 
+def describe_ttft(slo: SloSpec) -> str:
+    """The TTFT bound in words (only the parts the resource sets)."""
+    ttft = f"{slo.ttft.seconds:g} s"
+    if slo.ttft.per_prompt_token_seconds:
+        ttft += f" + {slo.ttft.per_prompt_token_seconds:g} s per prompt token"
+    if slo.ttft.unloaded_prefill_factor:
+        ttft += f" + {slo.ttft.unloaded_prefill_factor:g} x unloaded prefill time on one replica"
+    return ttft
+
+
+def describe_slo(slo: SloSpec) -> str:
+    """The SLO a finished request is scored against, in words."""
+    itl = " + ".join(
+        part
+        for part in (
+            f"{slo.itl.seconds:g} s" if slo.itl.seconds else "",
+            f"{slo.itl.unloaded_factor:g} x the unloaded inter-token latency at prompt + output/2"
+            if slo.itl.unloaded_factor
+            else "",
+        )
+        if part
+    )
+    objective = f"objective: {slo.percentile:g}% of requests"
+    return f"TTFT <= {describe_ttft(slo)}, and mean inter-token latency <= {itl}; {objective}"
+
+
 def config_summary(config: PolicyConfig) -> dict[str, Any]:
     return {
         "gatewayHoldsRequests": config.gateway_holds_requests,
@@ -406,7 +427,7 @@ def config_summary(config: PolicyConfig) -> dict[str, Any]:
         "schedule": [w.name for w in config.schedule],
         "kvTarget": config.kv_target,
         "prefillTarget": config.prefill_target if config.prefill_target is not None else "from the TTFT objective",
-        "ttftObjective": f"{config.ttft_slack_seconds:g} s + {config.ttft_factor:g} x unloaded prefill",
+        "ttftObjective": describe_ttft(config.slo),
         "prefillSafety": config.prefill_safety,
         "prefillTokensPerSecondPerReplicaPrior": round(config.prefill_tokens_per_second),
         "learnPrefillThroughput": config.learn_prefill,

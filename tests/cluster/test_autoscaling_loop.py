@@ -131,6 +131,12 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
                 True,
             ), decided
             assert decided["terms"]["kvReplicas"] > 2, decided  # the KV term decided
+            # The SLO attainment the engines' TTFT histograms show (every stand-in request takes 0.5 s), counted up
+            # to the histogram boundary under the default bound (2 s + 1.5x the 8k prompt's prefill time).
+            measured = decided["slo"]
+            assert measured["percentile"] == 95.0 and measured["requests"] > 0, decided
+            assert measured["ttft"]["bucketSeconds"] == 1.0 and 2.0 < measured["ttft"]["boundSeconds"] < 2.5, decided
+            assert (measured["ttft"]["attainment"], measured["ttft"]["met"]) == (1.0, True), decided
 
             # Advisory: the same load recommends more, and nothing is changed.
             advised = eventually(

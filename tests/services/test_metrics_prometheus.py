@@ -16,6 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from m3fleet.api.models import SloSpec
+from m3fleet.autoscaling import slo
 from m3fleet.autoscaling.policy import Action, Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.prometheus import PrometheusAdapter, PrometheusHttp
 from m3fleet.autoscaling.promql import Gateway
@@ -201,6 +203,32 @@ def test_long_context_burst_scales_up_at_once(prom: str) -> None:
     assert action == Action.SCALE_UP and desired >= 3, decision
     assert decision.panic  # need >= 2x the one ready replica: no waiting for the step limit
     assert decision.terms["prefillReplicas"] >= 2.0
+
+
+def test_slo_attainment_is_read_from_the_engines_per_request_histograms(prom: str) -> None:
+    # Steady: 4k-token prompts, every TTFT 0.5 s. At 40k tokens/s the default bound is 2 + 1.5 x 0.1 = 2.15 s,
+    # counted up to vLLM's 1.0 s boundary: every request.
+    steady = slo.measure(SloSpec(), adapter(prom, "vllm", "steady").read().replicas, 40_000, WINDOW)
+    assert steady.mean_prompt_tokens == pytest.approx(4_000)
+    assert steady.ttft.bound_seconds == pytest.approx(2.15) and steady.ttft.bucket_seconds == 1.0
+    assert steady.requests == pytest.approx(2 * 4 * WINDOW, rel=0.3)  # two replicas at 4 requests/s
+    assert steady.ttft.attainment == pytest.approx(1.0) and steady.to_status()["ttft"]["met"] is True
+    assert steady.itl == slo.ITL_RELATIVE  # the default ITL bound: relative to an idle decode step
+    # The burst: 300k-token prompts waiting 30 s. Bound 2 + 1.5 x 7.5 = 13.25 s, counted to 10 s: none met.
+    burst = adapter(prom, "vllm", "burst").read().replicas
+    missed = slo.measure(SloSpec(), burst, 40_000, WINDOW)
+    assert missed.ttft.bucket_seconds == 10.0 and missed.ttft.attainment == 0.0
+    assert missed.to_status()["ttft"]["met"] is False
+    # A user who allows 45 s whatever the prompt and 40 ms per token: TTFT counted to the 40 s boundary, every
+    # request; each request's 30 ms per output token (vllm:request_time_per_output_token_seconds) counted to 25 ms:
+    # none; at 50 ms, all.
+    patient = {"ttft": {"seconds": 45, "unloadedPrefillFactor": 0}, "itl": {"seconds": 0.04, "unloadedFactor": 0}}
+    met = slo.measure(SloSpec.model_validate(patient), burst, 40_000, WINDOW)
+    assert met.ttft.bucket_seconds == 40.0 and met.ttft.attainment == pytest.approx(1.0)
+    assert not isinstance(met.itl, str) and (met.itl.bucket_seconds, met.itl.attainment) == (0.025, 0.0)
+    loose = SloSpec.model_validate({**patient, "itl": {"seconds": 0.05, "unloadedFactor": 0}})
+    itl = slo.measure(loose, burst, 40_000, WINDOW).itl
+    assert not isinstance(itl, str) and (itl.bucket_seconds, itl.attainment) == (0.05, pytest.approx(1.0))
 
 
 def test_metrics_outage_holds_and_never_scales_down(prom: str) -> None:

@@ -294,6 +294,16 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
         "not a Prometheus label name",
         "spec.autoscaling.gateway.matchLabels",
     ),
+    (
+        with_spec(autoscaling__slo={"ttft": {"seconds": 0, "unloadedPrefillFactor": 0}}),
+        "allows no time to first token",
+        "spec.autoscaling.slo.ttft.seconds",
+    ),
+    (
+        with_spec(autoscaling__slo={"itl": {"unloadedFactor": 0}}),
+        "allows no inter-token latency",
+        "spec.autoscaling.slo.itl.seconds",
+    ),
     (with_name(LONGEST_NAME + "x"), f"longer than {MAX_NAME_LENGTH}", "metadata.name"),
     (with_name("Chat"), "lowercase", "metadata.name"),
     (with_name("chat.v2"), "no dots", "metadata.name"),

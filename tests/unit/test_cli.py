@@ -62,6 +62,45 @@ def test_plan_table_and_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert code == 0 and yaml.safe_load(out)["tensorParallelSize"] == 8
 
 
+AUTOSCALED = (
+    GOOD
+    + """  autoscaling:
+    enabled: true
+    slo: {percentile: 99, ttft: {seconds: 1, perPromptTokenSeconds: 0.0001, unloadedPrefillFactor: 0}}
+"""
+)
+
+
+def test_plan_shows_the_slo_of_an_autoscaled_resource(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = write(tmp_path, AUTOSCALED + "---\n" + GOOD.replace("name: good", "name: fixed"))
+    code, out, _ = run(capsys, "plan", "-f", path, "-o", "json")
+    scaled, fixed = json.loads(out)
+    assert code == 0 and "autoscaling" not in fixed  # a fixed fleet's plan is as before
+    assert scaled["autoscaling"] == {
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "slo": {
+            "percentile": 99.0,
+            "ttft": {"seconds": 1.0, "perPromptTokenSeconds": 0.0001, "unloadedPrefillFactor": 0.0},
+            "itl": {"seconds": 0.0, "unloadedFactor": 1.5},  # the defaults the apiserver fills in
+        },
+    }
+    code, out, _ = run(capsys, "plan", "-f", path, "-o", "yaml")
+    assert next(yaml.safe_load_all(out))["autoscaling"]["slo"]["percentile"] == 99.0
+    code, out, _ = run(capsys, "plan", "-f", path)
+    header, scaled_row, fixed_row = (line.split() for line in out.splitlines())
+    assert header[-2:] == ["REPLICAS", "SLO"]
+    assert out.splitlines()[1].endswith("1-4       p99 TTFT<=1s+0.0001s/tok ITL<=1.5xidle")
+    assert fixed_row[-2:] == ["-", "-"] and scaled_row[0] == "good"
+
+
+def test_plan_refuses_an_slo_that_allows_nothing(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = GOOD + "  autoscaling: {enabled: true, slo: {ttft: {seconds: 0, unloadedPrefillFactor: 0}}}\n"
+    code, out, err = run(capsys, "plan", "-f", write(tmp_path, bad))
+    assert code != 0 and out == "" and len(err.strip().splitlines()) == 1
+    assert "spec.autoscaling.slo.ttft.seconds" in err and "allows no time to first token" in err and "fix:" in err
+
+
 @pytest.mark.parametrize(
     ("text", "fragments"),
     [

@@ -72,6 +72,7 @@ from m3fleet.api.spec_autoscaling import (
     ScaleDownBehavior,
     ScaleUpBehavior,
     ScheduleWindowSpec,
+    SloSpec,
     Weekday,
 )
 from m3fleet.api.spec_engine import (
@@ -490,6 +491,7 @@ __all__ = [
     "ScaleUpBehavior",
     "ScheduleWindowSpec",
     "SecretKeyRef",
+    "SloSpec",
     "Strategy",
     "TimeToReadyPhases",
     "TimeToReadySample",

@@ -1,5 +1,5 @@
-"""`spec.autoscaling`: the built-in autoscaler's bounds, Prometheus, target, behaviour, schedule, forecast and
-gateway."""
+"""`spec.autoscaling`: the built-in autoscaler's bounds, Prometheus, target, behaviour, schedule, forecast,
+gateway and SLO."""
 
 from __future__ import annotations
 
@@ -221,6 +221,91 @@ class GatewaySpec(CamelModel):
     )
 
 
+SLO_TTFT_EMPTY_PROBLEM = (
+    "allows no time to first token: seconds, perPromptTokenSeconds and unloadedPrefillFactor are all 0"
+)
+SLO_TTFT_EMPTY_FIX = "give slo.ttft.seconds (e.g. 2) and/or a per-prompt-token allowance"
+SLO_ITL_EMPTY_PROBLEM = "allows no inter-token latency: seconds and unloadedFactor are both 0"
+SLO_ITL_EMPTY_FIX = "give slo.itl.seconds (e.g. 0.05) and/or unloadedFactor (e.g. 1.5)"
+
+
+def _allows_something(bound: str, parts: tuple[str, ...], problem: str, fix: str) -> ConfigDict:
+    """A bound whose parts add up must have one part above 0: a bound of 0 s would fail every request."""
+    rule = " || ".join(f"self.{part} > 0.0" for part in parts)
+    return ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [cel(rule, f"slo.{bound} {problem}; fix: {fix}", ".seconds")]}
+    )
+
+
+class TtftObjective(CamelModel):
+    """A request's time-to-first-token bound: seconds + perPromptTokenSeconds x its prompt tokens +
+    unloadedPrefillFactor x its prompt's prefill time on one idle replica (the parts add up)."""
+
+    model_config = _allows_something(
+        "ttft",
+        ("seconds", "perPromptTokenSeconds", "unloadedPrefillFactor"),
+        SLO_TTFT_EMPTY_PROBLEM,
+        SLO_TTFT_EMPTY_FIX,
+    )
+    seconds: float = Field(default=2.0, ge=0.0, le=600.0, description="Fixed allowance, seconds.")
+    per_prompt_token_seconds: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=0.01,
+        description="Seconds allowed per prompt token (e.g. 0.0001: 10 s more for a 100k-token prompt).",
+    )
+    unloaded_prefill_factor: float = Field(
+        default=1.5,
+        ge=0.0,
+        le=100.0,
+        description="Multiple of the prompt's prefill time on one idle replica (the throughput the policy plans "
+        "with: its prior, or what it learned). 0 makes the bound independent of the hardware.",
+    )
+
+
+class ItlObjective(CamelModel):
+    """A request's mean inter-token latency bound: seconds + unloadedFactor x one idle replica's decode step
+    at the request's context."""
+
+    model_config = _allows_something("itl", ("seconds", "unloadedFactor"), SLO_ITL_EMPTY_PROBLEM, SLO_ITL_EMPTY_FIX)
+    seconds: float = Field(default=0.0, ge=0.0, le=10.0, description="Fixed allowance, seconds per output token.")
+    unloaded_factor: float = Field(
+        default=1.5,
+        ge=0.0,
+        le=100.0,
+        description="Multiple of the unloaded inter-token latency at the request's context (prompt + half its "
+        "output). 0 makes the bound absolute (seconds alone).",
+    )
+
+
+class SloSpec(CamelModel):
+    """The service level the fleet is sized for and judged by: a request meets it when its TTFT and its mean
+    inter-token latency are both within bounds; the objective is that `percentile` % of requests do."""
+
+    percentile: float = Field(
+        default=95.0,
+        ge=50.0,
+        le=99.99,
+        description="Share of requests, in percent, that must meet the TTFT and ITL bounds (95: the p95 "
+        "TTFT and ITL are within them). Status reports the measured share against it.",
+    )
+    ttft: TtftObjective = Field(default_factory=TtftObjective, description="Time-to-first-token bound.")
+    itl: ItlObjective = Field(default_factory=ItlObjective, description="Mean inter-token latency bound.")
+
+    def ttft_seconds(self, prompt_tokens: float, unloaded_prefill_seconds: float) -> float:
+        """The TTFT a prompt of this length is allowed, given its prefill time on one idle replica."""
+        ttft = self.ttft
+        return (
+            ttft.seconds
+            + ttft.per_prompt_token_seconds * prompt_tokens
+            + (ttft.unloaded_prefill_factor * unloaded_prefill_seconds)
+        )
+
+    def itl_seconds(self, unloaded_itl_seconds: float) -> float:
+        """The mean inter-token latency a request is allowed, given the idle decode step at its context."""
+        return self.itl.seconds + self.itl.unloaded_factor * unloaded_itl_seconds
+
+
 class AutoscalingSpec(CamelModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -296,4 +381,10 @@ class AutoscalingSpec(CamelModel):
         default=None,
         description="An inference gateway in front of the fleet whose request sizes, read from the same Prometheus "
         "when requests arrive, size a burst of long prompts before any engine has prefilled one.",
+    )
+    slo: SloSpec = Field(
+        default_factory=SloSpec,
+        description="The latency objective: what the policy sizes prefill for, what m3fleet simulate scores, "
+        "and what status.autoscaling.slo measures. The default is 2 s + 1.5x the unloaded prefill time for "
+        "TTFT and 1.5x the unloaded inter-token latency, for 95% of requests.",
     )

@@ -467,6 +467,7 @@ class PrometheusAdapter:
                     prompt_tokens=histograms.get("promptTokens", {}).get(name),
                     ttft_seconds=histograms.get("ttftSeconds", {}).get(name),
                     queue_seconds=histograms.get("queueSeconds", {}).get(name),
+                    itl_seconds=histograms.get("itlSeconds", {}).get(name),
                 )
             )
         return replace(base, replicas=tuple(signals), gateway=self._gateway(at))

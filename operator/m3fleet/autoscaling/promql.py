@@ -121,6 +121,8 @@ def build_queries(
     histograms = {"ttftSeconds": histogram(metrics.ttft), "queueSeconds": histogram(metrics.queue_time)}
     if metrics.prompt_histogram:
         histograms["promptTokens"] = histogram(metrics.prompt_histogram)
+    if metrics.time_per_output_token:
+        histograms["itlSeconds"] = histogram(metrics.time_per_output_token)
 
     overridden = set()
     for name, template in (overrides or {}).items():

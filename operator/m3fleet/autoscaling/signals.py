@@ -138,6 +138,7 @@ class ReplicaSignals:
     prompt_tokens: Histogram | None = None  # prompt lengths of requests finished in the window
     ttft_seconds: Histogram | None = None
     queue_seconds: Histogram | None = None  # time requests waited before being scheduled (their TTFT's queue part)
+    itl_seconds: Histogram | None = None  # each finished request's mean seconds per output token after the first
 
     def used_tokens(self, plan_capacity: float) -> float | None:
         """Resident KV tokens: the engine's own count, else usage x the capacity it reports (the plan's if none)."""

@@ -30,6 +30,9 @@ class EngineMetrics:
     e2e_latency: Names  # histogram base names: seconds from arrival to the last token
     ttft: Names  # histogram base names
     queue_time: Names  # histogram: seconds a request waited before it was scheduled
+    # histogram, one observation per request: its mean seconds per output token after the first
+    # ((finished - first token) / (output tokens - 1)): the request's inter-token latency
+    time_per_output_token: Names = ()
     prompt_histogram: Names = ()
     preemptions: Names = ()
     kv_used: Names = ()  # resident KV per rank, in tokens (or blocks, see block_size)
@@ -50,6 +53,7 @@ VLLM: Final = EngineMetrics(
     e2e_latency=("vllm:e2e_request_latency_seconds",),
     ttft=("vllm:time_to_first_token_seconds",),
     queue_time=("vllm:request_queue_time_seconds",),
+    time_per_output_token=("vllm:request_time_per_output_token_seconds",),
     prompt_histogram=("vllm:request_prompt_tokens",),
     preemptions=("vllm:num_preemptions_total",),
     capacity_info="vllm:cache_config_info",
@@ -66,6 +70,7 @@ SGLANG: Final = EngineMetrics(
     e2e_latency=("sglang:e2e_request_latency_seconds",),
     ttft=("sglang:time_to_first_token_seconds",),
     queue_time=("sglang:queue_time_seconds",),
+    time_per_output_token=("sglang:request_time_per_output_token_seconds",),
     prompt_histogram=("sglang:prompt_tokens_histogram",),
     preemptions=("sglang:num_retracted_requests_total",),
     kv_used=("sglang:num_used_tokens",),

@@ -1,4 +1,5 @@
-"""`m3fleet plan -f FILE [-o table|json|yaml]`: the GPU layout of each MiniMaxM3Deployment in FILE."""
+"""`m3fleet plan -f FILE [-o table|json|yaml]`: the GPU layout of each MiniMaxM3Deployment in FILE, and the
+autoscaler's bounds and SLO where spec.autoscaling is enabled."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from m3fleet.api import MiniMaxM3Deployment, Plan
+from m3fleet.api.models import AutoscalingSpec, SloSpec
 from m3fleet.cli.inputs import Caches, cache_of, input_flags, process
 from m3fleet.documents import dump
 from m3fleet.exitcodes import EXIT_INVALID, EXIT_OK
@@ -22,11 +24,35 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def plan_dict(p: Plan) -> dict[str, Any]:
-    return p.model_dump(by_alias=True, mode="json", exclude_none=True)
+Row = tuple[str, Plan, AutoscalingSpec | None]  # name, plan, spec.autoscaling when enabled
 
 
-PLAN_COLUMNS: Sequence[tuple[str, Callable[[str, Plan], object]]] = (
+def plan_dict(p: Plan, autoscaling: AutoscalingSpec | None = None) -> dict[str, Any]:
+    out = p.model_dump(by_alias=True, mode="json", exclude_none=True)
+    if autoscaling is not None:
+        out["autoscaling"] = {
+            "minReplicas": autoscaling.min_replicas,
+            "maxReplicas": autoscaling.max_replicas,
+            "slo": autoscaling.slo.model_dump(by_alias=True, mode="json"),
+        }
+    return out
+
+
+def slo_text(slo: SloSpec) -> str:
+    """The SLO in one table cell, e.g. p95 TTFT<=2s+1.5xprefill ITL<=1.5xidle."""
+    ttft = [f"{slo.ttft.seconds:g}s"] if slo.ttft.seconds or not slo.ttft.unloaded_prefill_factor else []
+    if slo.ttft.per_prompt_token_seconds:
+        ttft.append(f"{slo.ttft.per_prompt_token_seconds:g}s/tok")
+    if slo.ttft.unloaded_prefill_factor:
+        ttft.append(f"{slo.ttft.unloaded_prefill_factor:g}xprefill")
+    itl = [f"{slo.itl.seconds:g}s"] if slo.itl.seconds else []
+    if slo.itl.unloaded_factor:
+        itl.append(f"{slo.itl.unloaded_factor:g}xidle")
+    return f"p{slo.percentile:g} TTFT<={'+'.join(ttft)} ITL<={'+'.join(itl)}"
+
+
+Column = tuple[str, Callable[[str, Plan], object]]
+PLAN_COLUMNS: Sequence[Column] = (
     ("NAME", lambda n, p: n),
     ("ENGINE", lambda n, p: p.engine),
     ("ACCEL", lambda n, p: p.accelerator),
@@ -45,24 +71,29 @@ PLAN_COLUMNS: Sequence[tuple[str, Callable[[str, Plan], object]]] = (
 )
 
 
-CACHE_COLUMN: tuple[str, Callable[[str, Plan], object]] = (
+CACHE_COLUMN: Column = (
     "CACHE",
     lambda n, p: f"{p.model_cache} ({p.model_cache_node_affinity})" if p.model_cache else "-",
 )
 
 
-def format_table(rows: list[tuple[str, Plan]]) -> str:
-    columns = [*PLAN_COLUMNS, *([CACHE_COLUMN] if any(p.model_cache for _, p in rows) else [])]
-    cells = [[h for h, _ in columns]] + [[str(f(n, p)) for _, f in columns] for n, p in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+def format_table(rows: list[Row]) -> str:
+    columns = [*PLAN_COLUMNS, *([CACHE_COLUMN] if any(p.model_cache for _, p, _ in rows) else [])]
+    cells = [[h for h, _ in columns]] + [[str(f(n, p)) for _, f in columns] for n, p, _ in rows]
+    if any(a is not None for _, _, a in rows):  # as the cache: a column only when a row has something in it
+        cells[0] += ["REPLICAS", "SLO"]
+        for row, (_, _, a) in zip(cells[1:], rows, strict=True):
+            row += [f"{a.min_replicas}-{a.max_replicas}", slo_text(a.slo)] if a is not None else ["-", "-"]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells) + "\n"
 
 
-def _plan(resource: MiniMaxM3Deployment, caches: Caches) -> tuple[str, Plan]:
+def _plan(resource: MiniMaxM3Deployment, caches: Caches) -> Row:
     """The plan, once everything `render` (and so the admission webhook) would refuse is ruled out."""
     planned = plan(resource.spec)
     check(resource, planned, cache_of(resource, caches))
-    return resource.metadata.name, planned
+    autoscaling = resource.spec.autoscaling
+    return resource.metadata.name, planned, autoscaling if autoscaling.enabled else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "table":
         sys.stdout.write(format_table(results) if results else "")  # as kubectl: no header over nothing
     elif args.output == "json":
-        sys.stdout.write(dump([plan_dict(p) for _, p in results], "json"))
+        sys.stdout.write(dump([plan_dict(p, a) for _, p, a in results], "json"))
     else:
-        sys.stdout.write(dump([plan_dict(p) for _, p in results], "yaml"))
+        sys.stdout.write(dump([plan_dict(p, a) for _, p, a in results], "yaml"))
     return EXIT_OK

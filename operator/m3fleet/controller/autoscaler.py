@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from m3fleet import kubeapi, permissions
 from m3fleet.api.models import AutoscalingSpec, PrometheusSpec
-from m3fleet.autoscaling import time_to_ready
+from m3fleet.autoscaling import slo, time_to_ready
 from m3fleet.autoscaling.forecast import DemandRecord, bucket_seconds, record_demand
 from m3fleet.autoscaling.policy import (
     POD_DELETION_COST,
@@ -107,8 +107,24 @@ def prometheus_adapter(source: SourceSpec) -> MetricsSource:
         gateway=source.gateway,
         workers_of=source.workers_of,
         rate_window=source.rate_window_seconds,
-        histogram_window=max(HISTOGRAM_WINDOW_SECONDS, source.rate_window_seconds),
+        histogram_window=histogram_window(source.rate_window_seconds),
     )
+
+
+def histogram_window(rate_window_seconds: float) -> float:
+    """Window of the histograms read (finished requests): at least the rate window."""
+    return max(HISTOGRAM_WINDOW_SECONDS, rate_window_seconds)
+
+
+def slo_status(
+    scaling: AutoscalingSpec, config: PolicyConfig, terms: Mapping[str, float], snapshot: MetricsSnapshot
+) -> dict[str, Any]:
+    """`status.autoscaling.slo`: the SLO attainment the engines' TTFT histograms show; nothing without metrics."""
+    if snapshot.error is not None or not snapshot.replicas:
+        return {}
+    per_replica = terms.get("prefillTokensPerSecondPerReplica") or config.prefill_tokens_per_second
+    window = histogram_window(float(scaling.prometheus.rate_window_seconds))
+    return {"slo": slo.measure(scaling.slo, snapshot.replicas, per_replica, window).to_status()}
 
 
 def gateway_of(scaling: AutoscalingSpec) -> Gateway | None:
@@ -285,7 +301,7 @@ class Autoscaler:
             # Before the new count is written: the ReplicaSet must find the marks when it picks whom to delete.
             await self._mark_removal_order(body, pods, decision.removal_costs)
         sampled = demand.worth_saving(previous.get("demand"))
-        record = decision.to_status()
+        record = {**decision.to_status(), **slo_status(scaling, config, decision.terms, snapshot)}
         metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decision.desired_replicas)
         if not worth_recording(previous, record, decision.time) and not sampled:
             return Tick(decision)

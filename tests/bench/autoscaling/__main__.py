@@ -1,4 +1,5 @@
-"""`python -m tests.bench.autoscaling --scenario NAME [--seeds A-B] [--cold-start S] [--gateway] [-o json|text]`.
+"""`python -m tests.bench.autoscaling --scenario NAME [--seeds A-B] [--cold-start S] [--gateway] [--slo-ttft S]
+[-o json|text]`.
 
 Runs the policy, the swept baselines and the oracle on each seed and prints the per-seed table and the
 summary of per-seed minimums (text), or the JSON list of per-seed objects (`-o json`: the
@@ -8,7 +9,8 @@ from phases (simulator/m3fleet_simulator/coldstart.py); `--compare-cold-start-mo
 each model side by side (same requests; the policy, the default baselines and the oracle; no sweep) and
 prints one row per seed and model. `--gateway` puts an inference gateway in front of the built-in resource
 (spec.autoscaling.gateway): the policy also reads the request sizes it records as requests arrive; the baselines
-and the oracle do not change.
+and the oracle do not change. `--slo-ttft S` sets the resource's spec.autoscaling.slo.ttft.seconds: the policy
+sizes prefill for it and every policy is scored against it (each seed's `slo` says which SLO was used).
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
+from m3fleet.api.parse import parse_resource
+from m3fleet.documents import InputError
+from m3fleet.errors import SpecError, SpecErrors
 from m3fleet_simulator.scenarios import SCENARIOS
-from m3fleet_simulator.whatif import prepare
+from m3fleet_simulator.whatif import Setup, prepare
 
 from .report import _pct, format_text, seed_report, summarize
 
@@ -45,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sweep", action="store_true", help="defaults and the oracle only")
     parser.add_argument("--priors-off", action="store_true", help="also run ours with its priors x0.5 and x2")
     parser.add_argument("--gateway", action="store_true", help="a gateway exports request sizes (autoscaling.gateway)")
+    parser.add_argument("--slo-ttft", type=float, help="the SLO's fixed TTFT allowance (slo.ttft.seconds)")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--summary-json", help="also write the summary (per-seed min/mean/max, checks) here")
     args = parser.parse_args(argv)
@@ -64,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             cold_start_model=args.cold_start_model,
             gateway=args.gateway,
         )
+        if args.slo_ttft is not None:
+            setup = with_slo_ttft(setup, args.slo_ttft)
         reports.append(
             seed_report(setup, with_sweep=not args.no_sweep, prior_scales=(0.5, 2.0) if args.priors_off else ())
         )
@@ -77,6 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         sys.stdout.write(format_text(reports, summary))
     return 0
+
+
+def with_slo_ttft(setup: Setup, seconds: float) -> Setup:
+    """The same run with spec.autoscaling.slo.ttft.seconds set, validated as `kubectl apply` would."""
+    body = setup.resource.model_dump(by_alias=True, mode="json", exclude_none=True)
+    body["spec"]["autoscaling"]["slo"]["ttft"]["seconds"] = seconds
+    try:
+        resource = parse_resource(body)
+    except (InputError, SpecError, SpecErrors) as error:
+        raise SystemExit(f"--slo-ttft: {error}") from None
+    return replace(setup, resource=resource)
 
 
 def compare_models(args: argparse.Namespace, models: list[str]) -> int:

@@ -187,6 +187,7 @@ def seed_report(setup: Setup, with_sweep: bool = True, prior_scales: Sequence[fl
         "scenario": setup.scenario.name,
         "seed": setup.seed,
         "coldStartSeconds": setup.cold_start,
+        "slo": setup.resource.spec.autoscaling.slo.model_dump(by_alias=True, mode="json"),
         "policies": policies,
         "learnedPrefill": learned_prefill_report(recording),
     }

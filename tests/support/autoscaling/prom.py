@@ -26,6 +26,12 @@ import requests
 from m3fleet.autoscaling.signals import TTFT_BUCKETS, one_two_five_buckets
 from tests.support.ports import free_port
 
+# vLLM's inter-token latency buckets (vllm/v1/metrics/buckets.py INTER_TOKEN_LATENCY_BUCKETS), which its per-request
+# vllm:request_time_per_output_token_seconds uses.
+ITL_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+
 INSTALL_HINT = "apt-get install prometheus (the Debian package also ships promtool)"
 
 
@@ -138,6 +144,8 @@ class Reading:
     prompt_sum: float
     ttft_buckets: tuple[float, ...]
     ttft_sum: float
+    itl_buckets: tuple[float, ...] = ()  # per request (its mean time per output token) over ITL_BUCKETS; () = none
+    itl_sum: float = 0.0
 
     @classmethod
     def idle(cls, capacity_tokens: float, prompt_bounds: tuple[float, ...]) -> Reading:
@@ -161,6 +169,7 @@ class EngineState:
     prompt_tokens: float  # every request's prompt length (histogram)
     ttft_seconds: float = 0.5
     preemption_rate: float = 0.0
+    itl_seconds: float = 0.03  # every request's mean time per output token
 
     def reading(self, elapsed: float, prompt_bounds: tuple[float, ...]) -> Reading:
         """What the replica exports after `elapsed` seconds at this load (counters grow at the rates)."""
@@ -179,6 +188,8 @@ class EngineState:
             prompt_sum=self.prompt_tokens * requests_,
             ttft_buckets=_all_at(TTFT_BUCKETS, self.ttft_seconds, requests_),
             ttft_sum=self.ttft_seconds * requests_,
+            itl_buckets=_all_at(ITL_BUCKETS, self.itl_seconds, requests_),
+            itl_sum=self.itl_seconds * requests_,
         )
 
 
@@ -193,7 +204,7 @@ def _histogram(
     """A histogram's lines from its cumulative bucket counts (+Inf last), `share` of them (one DP engine's)."""
     lines = [f"# HELP {name} histogram", f"# TYPE {name} histogram"]
     for bound, count in zip((*bounds, math.inf), buckets, strict=True):
-        le = "+Inf" if bound == math.inf else f"{bound:.1f}"
+        le = "+Inf" if bound == math.inf else f"{bound:g}"
         lines.append(f'{name}_bucket{{{labels},le="{le}"}} {count * share}')
     lines += [f"{name}_sum{{{labels}}} {total * share}", f"{name}_count{{{labels}}} {buckets[-1] * share}"]
     return lines
@@ -248,6 +259,15 @@ def vllm_exposition(reading: Reading, dp: int = 1) -> str:
         lines += _histogram(
             "vllm:time_to_first_token_seconds", labels, TTFT_BUCKETS, reading.ttft_buckets, reading.ttft_sum, 1 / dp
         )
+        if reading.itl_buckets:
+            lines += _histogram(
+                "vllm:request_time_per_output_token_seconds",
+                labels,
+                ITL_BUCKETS,
+                reading.itl_buckets,
+                reading.itl_sum,
+                1 / dp,
+            )
         lines += _histogram(
             "vllm:request_prompt_tokens",
             labels,

@@ -160,6 +160,39 @@ def test_an_autoscaled_resource_is_simulated_within_its_own_bounds(
     assert builtin["parameters"]["replicas"]["max"] > 1 and "scenario's" in builtin["parameters"]["replicas"]["source"]
 
 
+def test_the_resources_slo_is_what_requests_are_scored_against(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The same fleet of one replica (no autoscaling decision differs), scored against the default SLO and a
+    user's absolute one of 0.1 s TTFT and 10 ms ITL: the stricter SLO meets fewer requests, and says so."""
+    document = load_sample(SAMPLES_DIR / "vllm-h200-tp8.yaml")
+    document["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 1, "maxReplicas": 1}
+    reports = []
+    for slo in (
+        {},
+        {
+            "percentile": 99,
+            "ttft": {"seconds": 0.1, "unloadedPrefillFactor": 0},
+            "itl": {"seconds": 0.01, "unloadedFactor": 0},
+        },
+    ):
+        document["spec"]["autoscaling"]["slo"] = slo
+        path = tmp_path / "one.yaml"
+        path.write_text(yaml.safe_dump(document))
+        code, out, _ = simulate(capsys, "-f", str(path), "--scenario", "steady-chat", "--minutes", "10", "-o", "json")
+        assert code == 0
+        reports.append(json.loads(out)[0])
+    default, strict = reports
+    assert default["parameters"]["slo"].startswith("TTFT <= 2 s + 1.5 x unloaded prefill time on one replica")
+    assert (
+        strict["parameters"]["slo"]
+        == "TTFT <= 0.1 s, and mean inter-token latency <= 0.01 s; objective: 99% of requests"
+    )
+    ours, theirs = default["policies"]["context-aware"], strict["policies"]["context-aware"]
+    assert theirs["requests"] == ours["requests"] and theirs["gpuHours"] == ours["gpuHours"]
+    assert theirs["metSlo"] < ours["metSlo"]
+
+
 def test_seed_and_seeds_together_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     """Also --seed 1, the default (argparse tells them apart only by identity with the default)."""
     with pytest.raises(SystemExit) as exc:

@@ -4,10 +4,10 @@ from."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
-from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, Plan
+from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, Plan, SloSpec
 from m3fleet.autoscaling.forecast import Bounds, ScheduleWindow, bounds_at, parse_hhmm
 
 # Prefill throughput prior, prompt tokens per second per GPU at long context (a stand-in for a
@@ -33,13 +33,13 @@ class PolicyConfig:
     mode: str = AutoscalingMode.ACT.value
     interval_seconds: float = 15.0
     kv_target: float = 0.8
-    # Prefill utilisation to plan for. None derives it from the TTFT objective (slack + factor x the
-    # unloaded prefill time t): prompts queueing for one prefill at a time (as the engines run them) wait
-    # on average about t/(1-u) in all (M/M/1; less if they are all one length), so u <= 1 - t/(slack +
-    # factor t), times a safety margin for the tail, capped. Long prompts land near 1/3, chat near the cap.
+    # Prefill utilisation to plan for. None derives it from the TTFT objective (`slo`: slack + factor x
+    # the unloaded prefill time t, + any allowance per prompt token): prompts queueing for one prefill at
+    # a time (as the engines run them) wait on average about t/(1-u) in all (M/M/1; less if they are all
+    # one length), so u <= 1 - t/(slack + factor t), times a safety margin for the tail, capped. Long
+    # prompts land near 1/3, chat near the cap.
     prefill_target: float | None = None
-    ttft_slack_seconds: float = 2.0
-    ttft_factor: float = 1.5
+    slo: SloSpec = field(default_factory=SloSpec)  # spec.autoscaling.slo: its TTFT bound sizes prefill
     prefill_safety: float = 0.85
     prefill_target_cap: float = 0.6
     tolerance: float = 0.1
@@ -111,6 +111,7 @@ class PolicyConfig:
             "max_scale_down_per_step": autoscaling.behavior.scale_down.max_replicas_per_step,
             "panic_threshold": autoscaling.panic_threshold,
             "cold_start_seconds": float(autoscaling.cold_start_seconds),
+            "slo": autoscaling.slo,
             "stale_after_seconds": max(60.0, 4.0 * autoscaling.interval_seconds),
             "forecast": autoscaling.forecast.enabled,
             "forecast_margin_seconds": float(autoscaling.forecast.margin_seconds),
@@ -147,9 +148,9 @@ class PolicyConfig:
         if self.prefill_target is not None:
             return self.prefill_target
         t = prompt_tokens / (per_replica or self.prefill_tokens_per_second)
-        allowed = 1.0 - t / self.ttft_objective_seconds(t)
+        allowed = 1.0 - t / self.ttft_objective_seconds(prompt_tokens, t)
         return max(0.05, min(self.prefill_target_cap, self.prefill_safety * allowed))
 
-    def ttft_objective_seconds(self, unloaded_prefill_seconds: float) -> float:
-        """The TTFT a prompt is planned to meet: slack + factor x its unloaded prefill time."""
-        return self.ttft_slack_seconds + self.ttft_factor * unloaded_prefill_seconds
+    def ttft_objective_seconds(self, prompt_tokens: float, unloaded_prefill_seconds: float) -> float:
+        """The TTFT a prompt is planned to meet: the SLO's bound at its length and unloaded prefill time."""
+        return self.slo.ttft_seconds(prompt_tokens, unloaded_prefill_seconds)

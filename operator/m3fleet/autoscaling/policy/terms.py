@@ -142,7 +142,7 @@ def prefill_term(
     # long prompts that takes longer than the arriving prompt's TTFT objective to prefill makes its replica
     # useless to new arrivals, whatever share of the horizon it takes: it counts as a whole replica. A
     # queue of chat requests turns over in seconds and counts by its share, as before.
-    objective_tokens = config.ttft_objective_seconds(prompt_tokens / per_replica) * per_replica
+    objective_tokens = config.ttft_objective_seconds(prompt_tokens, prompt_tokens / per_replica) * per_replica
     busy = sum(
         1.0
         if _blocks_new_arrivals(config, tokens, replica.waiting or 0.0, objective_tokens)
