@@ -154,6 +154,8 @@ LWS_LEADER_LOGS = "kubectl logs -n llm -l m3fleet.dev/name=m3-sglang-gb200,m3fle
 LWS_WORKER_LOGS = "kubectl logs -n llm m3-sglang-gb200-0-1 -c engine --tail=100"
 # docs/autoscaling.md: the decision's reason (status.autoscaling, written by the operator: tests/cluster).
 AUTOSCALING_REASON = "kubectl get m3d -n llm m3-vllm-h200-tp8 -o jsonpath='{.status.autoscaling.reason}'"
+# docs/autoscaling.md: the measured SLO attainment (status.autoscaling.slo: tests/cluster/test_autoscaling_loop.py).
+AUTOSCALING_SLO = "kubectl get m3d -n llm m3-vllm-h200-tp8 -o jsonpath='{.status.autoscaling.slo.ttft}'"
 
 EXERCISED = {
     INSTALL,
@@ -236,6 +238,7 @@ NEEDS_CLUSTER = {
     LWS_LEADER_LOGS,
     LWS_WORKER_LOGS,
     AUTOSCALING_REASON,
+    AUTOSCALING_SLO,
 }
 
 

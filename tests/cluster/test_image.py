@@ -52,7 +52,7 @@ def test_the_image_carries_no_simulator_and_says_how_to_get_one(image: Image) ->
     has neither its package nor the modules it once was, and its `m3fleet simulate` says so in one line, exit 2."""
     site_packages = sorted(image.rootfs.glob("opt/m3fleet/lib/python3*/site-packages"))
     assert site_packages, "the image has no /opt/m3fleet venv"
-    assert (site_packages[0] / "m3fleet" / "autoscaling" / "policy.py").is_file()  # the policy ships: it scales
+    assert (site_packages[0] / "m3fleet" / "autoscaling" / "policy" / "__init__.py").is_file()  # the policy ships
     carried = [
         str(path.relative_to(image.rootfs))
         for pattern in ("m3fleet_simulator*", "m3fleet*simulator*", "m3fleet/autoscaling/simulat*.py")
