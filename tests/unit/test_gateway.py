@@ -10,7 +10,10 @@ import pytest
 import yaml
 
 from m3fleet.api import parse_resource
+from m3fleet.api.conditions import DeploymentReason
 from m3fleet.catalog.engine_metrics import ENGINE_METRICS
+from m3fleet.controller.decide import gateway_report, planned_gateway, serving_path_served
+from m3fleet.controller.status import gateway_condition
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
 from m3fleet.render import render
@@ -246,3 +249,59 @@ def test_a_tier_that_cannot_work_is_refused_naming_the_field_and_the_fix(
 ) -> None:
     problem = _problem(_gatewayed("vllm-h200-tp8", tiers=tiers))
     assert field in problem and words in problem and "fix:" in problem
+
+
+# --- the reconcile's decisions (controller/decide.py, pure) ---------------------------------
+
+
+def _tiered() -> tuple[Any, list[dict[str, Any]]]:
+    resource = parse_resource(load_sample(GATEWAY_SAMPLE))
+    return resource, render(resource, plan(resource.spec))
+
+
+def test_without_the_gateway_apis_the_engines_are_applied_and_the_path_is_not() -> None:
+    _, objs = _tiered()
+    engines = {"Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget"}
+    kept, missing = serving_path_served(objs, frozenset(engines))
+    assert missing is not None and "inferencepools" in missing
+    assert not POOL_KINDS & {o["kind"] for o in kept}
+    assert {o["metadata"]["name"] for o in kept if o["kind"] == "Deployment"} == {
+        "m3-vllm-h200-gateway",
+        "m3-vllm-h200-gateway-short",
+    }  # both tiers; not the picker, which would have no pool to serve
+    kept, missing = serving_path_served(objs, frozenset({*engines, "InferencePool", "ServiceAccount", "Role"}))
+    assert missing is not None and "httproutes" in missing
+    assert {o["kind"] for o in kept} >= {"InferencePool"} and "HTTPRoute" not in {o["kind"] for o in kept}
+    everything = frozenset({o["kind"] for o in objs})
+    assert serving_path_served(objs, everything) == (objs, None)
+
+
+def _route_status(gateway: str, status: str, reason: str) -> dict[str, Any]:
+    condition = {"type": "Accepted", "status": status, "reason": reason, "message": "m"}
+    return {"status": {"parents": [{"parentRef": {"name": gateway}, "conditions": [condition]}]}}
+
+
+def test_the_gateway_report_reads_the_routes_verdict_and_every_tiers_endpoints() -> None:
+    resource, _ = _tiered()
+    draft = planned_gateway(resource, None, True)
+    assert draft is not None and draft.gateway == "llm/inference-gateway"
+    name = resource.metadata.name
+    live: dict[tuple[str, str, str], dict[str, Any]] = {
+        ("gateway.networking.k8s.io/v1", "HTTPRoute", name): _route_status("inference-gateway", "True", "Accepted"),
+        ("apps/v1", "Deployment", f"{name}-short"): {"spec": {"replicas": 2}, "status": {"readyReplicas": 1}},
+    }
+    report = gateway_report(draft, resource, live, main_ready=1)
+    assert report.endpoints == 2 and [(t.name, t.desired, t.ready) for t in report.tiers] == [("short", 2, 1)]
+    assert gateway_condition(report)[:2] == (True, DeploymentReason.ROUTE_ACCEPTED)
+    # Another Gateway's verdict on the route is not this one's.
+    live[("gateway.networking.k8s.io/v1", "HTTPRoute", name)] = _route_status("other", "False", "NotAllowedByListeners")
+    assert gateway_condition(gateway_report(draft, resource, live, 1))[1] == DeploymentReason.ROUTE_PENDING
+    live[("gateway.networking.k8s.io/v1", "HTTPRoute", name)] = _route_status(
+        "inference-gateway", "False", "NotAllowedByListeners"
+    )
+    ok, reason, message = gateway_condition(gateway_report(draft, resource, live, 1))
+    assert (ok, reason) == (False, DeploymentReason.ROUTE_NOT_ACCEPTED) and "NotAllowedByListeners" in message
+    missing = planned_gateway(resource, None, False)
+    assert missing is not None
+    ok, reason, message = gateway_condition(gateway_report(missing, resource, live, 1))
+    assert reason == DeploymentReason.GATEWAY_NOT_FOUND and "spec.gateway.gatewayRef" in message
