@@ -102,42 +102,64 @@ def health_serving(address: str) -> bool:
     return bytes(answer) == b"\x08\x01"
 
 
+PORT_FLAGS = ("--grpc-port", "--grpc-health-port", "--metrics-port")
+
+
+def with_values(args: list[str], values: dict[str, str]) -> list[str]:
+    """`args` (`--flag value` pairs, as rendered) with each flag of `values` given its new value; each must be there."""
+    missing = [flag for flag in values if flag not in args]
+    assert not missing, f"the rendered EPP args lack {missing}: {args}"
+    return [values[args[i - 1]] if i and args[i - 1] in values else arg for i, arg in enumerate(args)]
+
+
 @contextlib.contextmanager
-def endpoint_picker(
-    cluster: Cluster, epp: Build, namespace: str, pool: str, service_account: str, args: list[str], config: str
+def rendered_endpoint_picker(
+    cluster: Cluster, epp: Build, namespace: str, fleet: str, metrics_port: int | None = None
 ) -> Iterator[EndpointPicker]:
-    """Run bin/epp for InferencePool `namespace`/`pool` as `service_account` (a TokenRequest token, so the apiserver
-    enforces the RBAC its pod would have), with `args` (the container's, without ports and files) and `config` (the
-    EndpointPickerConfig), on loopback ports, serving TLS with a certificate the test's CA signed."""
-    workdir = cluster.workdir / f"epp-{namespace}-{pool}-{int(time.time() * 1000)}"
+    """Run bin/epp as the operator's Deployment `<fleet>-epp` says: its container's args (ports moved to free loopback
+    ones, `metrics_port` if given; the config file to the rendered ConfigMap's content), its env, as its
+    ServiceAccount (a TokenRequest token, so the apiserver enforces the rendered Role), serving TLS with a certificate
+    the test's CA signed (--cert-path, the one flag added: see tests/cluster/test_gateway_epp.py)."""
+    deployment = cluster.get("deployment", f"{fleet}-epp", namespace)
+    assert deployment is not None, f"the operator rendered no endpoint picker Deployment {fleet}-epp"
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args: list[str] = container["args"]
+    config_file = args[args.index("--config-file") + 1]
+    mount = next(m for m in container["volumeMounts"] if config_file.startswith(m["mountPath"].rstrip("/") + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    config_map = cluster.get("configmap", volume["configMap"]["name"], namespace)
+    assert config_map is not None, f"the rendered EPP mounts ConfigMap {volume['configMap']['name']}, which is missing"
+
+    workdir = cluster.workdir / f"epp-{namespace}-{fleet}-{int(time.time() * 1000)}"
     authority = Authority(workdir / "pki")
     pair = authority.serving("epp")
     certs = workdir / "certs"
     certs.mkdir()
     (certs / "tls.crt").write_bytes(pair.cert.read_bytes())
     (certs / "tls.key").write_bytes(pair.key.read_bytes())
-    (workdir / "config.yaml").write_text(config)
-    kubeconfig, _, _ = cluster.service_account_kubeconfig(namespace, service_account)
-    grpc_port, health_port, metrics_port = free_port(), free_port(), free_port()
-    command = [
-        str(epp.binary),
-        *args,
-        f"--pool-name={pool}",
-        f"--pool-namespace={namespace}",
-        f"--config-file={workdir / 'config.yaml'}",
-        f"--grpc-port={grpc_port}",
-        f"--grpc-health-port={health_port}",
-        f"--metrics-port={metrics_port}",
-        f"--cert-path={certs}",
-        "--metrics-endpoint-auth=false",  # the test reads its /metrics without a token
-    ]
+    config = workdir / "config"
+    config.mkdir()
+    for key, text in config_map["data"].items():
+        (config / key).write_text(text)
+    ports = {flag: str(free_port()) for flag in PORT_FLAGS} | (
+        {"--metrics-port": str(metrics_port)} if metrics_port else {}
+    )
+    local_config = str(config / config_file.removeprefix(mount["mountPath"]).lstrip("/"))
+    command = [str(epp.binary), *with_values(args, {**ports, "--config-file": local_config}), f"--cert-path={certs}"]
+    fields = {"metadata.namespace": namespace, "metadata.name": f"{fleet}-epp-0-local"}
+    env = {
+        e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        for e in container.get("env") or []
+    }
+    kubeconfig, _, _ = cluster.service_account_kubeconfig(namespace, pod["serviceAccountName"])
     process = Process("epp", command, workdir / "epp.log")
-    process.start(env={"KUBECONFIG": str(kubeconfig), "NAMESPACE": namespace})
-    picker = EndpointPicker(process, f"127.0.0.1:{grpc_port}", metrics_port, authority.cert)
+    process.start(env={**env, "KUBECONFIG": str(kubeconfig)})
+    picker = EndpointPicker(process, f"127.0.0.1:{ports['--grpc-port']}", int(ports["--metrics-port"]), authority.cert)
     try:
         eventually(
-            "the EPP serving (gRPC health SERVING: its InferencePool synced)",
-            lambda: process.check_alive() or health_serving(f"127.0.0.1:{health_port}"),
+            f"{fleet}'s EPP serving (gRPC health SERVING: its InferencePool synced)",
+            lambda: process.check_alive() or health_serving(f"127.0.0.1:{ports['--grpc-health-port']}"),
             60,
         )
         yield picker
