@@ -61,6 +61,7 @@ def _picker_pod_labels(resource_name: str) -> dict[str, str]:
         "app.kubernetes.io/name": "m3fleet-endpoint-picker",
         "app.kubernetes.io/instance": resource_name,
         "app.kubernetes.io/component": EPP_COMPONENT,
+        labels.MANAGED_BY: labels.MANAGER,  # the chart's PodMonitor scrapes its held-request gauge
         EPP_LABEL: resource_name,
     }
 
