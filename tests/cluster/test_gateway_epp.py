@@ -5,17 +5,17 @@ the endpoint picker's Deployment, Service, ServiceAccount, Role and config, and 
 v1.3.0's EPP with the m3fleet-context-tier filter, .ci/epp.sh) then runs as the rendered Deployment's container says
 (its args and config, as its ServiceAccount: a TokenRequest token, so the apiserver enforces the rendered Role), as a
 process on loopback against the real apiserver, with the GIE CRDs installed from the module it pins. Its serving pods
-run on kwok nodes with loopback pod IPs, and on each pod's own IP and engine port an engine stand-in exports vLLM's real
-metric format (which the EPP scrapes) and answers completions with its pod's name. The test drives the EPP through
-Envoy's ext-proc protocol as a Gateway does (tests/support/cluster/extproc.py) and forwards each request to the
-endpoint it picked.
+run on kwok nodes with loopback pod IPs, and on each pod's own IP and engine port an engine stand-in exports its
+engine's real metric format (vLLM's or SGLang's), which the EPP scrapes, and answers completions with its pod's name.
+The test drives the EPP through Envoy's ext-proc protocol as a Gateway does (tests/support/cluster/extproc.py) and
+forwards each request to the endpoint it picked.
 
-Shown: it picks only its fleet's endpoints though another gatewayed fleet's pods run beside them; a repeated prefix (a
-session resending its growing history) goes back to the replica that holds it; a replica whose engine reports a full
-KV cache and a long queue is avoided; a long prompt goes to the long-context tier and a short one to the short tier; a
-fleet at zero replicas holds its requests in the EPP's flow control, the operator's autoscaler reads the held count
-from Prometheus and scales from zero, and the requests are served by the new replica; a deleted fleet leaves no pool,
-picker or route behind.
+Shown: it picks only its fleet's endpoints though another gatewayed fleet's pods (SGLang's) run beside them, and each
+picker reads its engine's own metric names; a repeated prefix (a session resending its growing history) goes back to
+the replica that holds it; a replica whose engine reports a full KV cache and a long queue is avoided; a long prompt
+goes to the long-context tier and a short one to the short tier; a fleet at zero replicas holds its requests in the
+EPP's flow control, the operator's autoscaler reads the held count from Prometheus and scales from zero, and the
+requests are served by the new replica; a deleted fleet leaves no pool, picker or route behind.
 
 One flag is added to the rendered args: --cert-path, a serving certificate the test's CA signed. The EPP's default
 self-signed certificate names no host, which a Gateway does not check but gRPC's Python client cannot be told to skip.
@@ -69,6 +69,13 @@ def gatewayed(name: str, replicas: int, short_replicas: int | None = None) -> di
     return document
 
 
+def sglang_gatewayed(name: str) -> dict[str, Any]:
+    """SGLang on H200 (its sample) behind the same Gateway: its picker reads SGLang's own metric names."""
+    document = renamed(sample("sglang-h200-bf16-tp8"), name, NAMESPACE)
+    document["spec"]["gateway"] = {"gatewayRef": {"name": GATEWAY["metadata"]["name"]}}
+    return document
+
+
 def scaling_from_zero(prometheus_url: str) -> dict[str, Any]:
     """A fleet at zero replicas whose autoscaler may scale it from zero (minReplicas 0 behind a gateway)."""
     document = gatewayed(COLD, 0)
@@ -117,13 +124,16 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def served(cluster: Cluster, epp: Build, name: str, pods: int, metrics_port: int | None = None) -> Iterator[Fleet]:
-    """Stand-ins on the fleet's serving pods (`pods` of them first), and its picker as rendered, with a client."""
+def served(
+    cluster: Cluster, epp: Build, name: str, pods: int, engine: str = "vllm", metrics_port: int | None = None
+) -> Iterator[Fleet]:
+    """Stand-ins of `engine` on the fleet's serving pods (`pods` of them first), and its picker as rendered, with a
+    client."""
     pool = cluster.get("inferencepool.inference.networking.k8s.io", name, NAMESPACE)
     assert pool is not None, f"the operator rendered no InferencePool {name}"
     selector = ",".join(f"{k}={v}" for k, v in pool["spec"]["selector"]["matchLabels"].items())
     port = pool["spec"]["targetPorts"][0]["number"]
-    with EngineStandIns(cluster, NAMESPACE, selector, port, "vllm") as engines:
+    with EngineStandIns(cluster, NAMESPACE, selector, port, engine) as engines:
         eventually(f"{pods} stand-ins on {name}'s pods", lambda: len(engines.pods()) == pods, 90)
         with rendered_endpoint_picker(cluster, epp, NAMESPACE, name, metrics_port) as picker:
             gateway = Gateway(picker.grpc_address, epp.descriptors, picker.ca)
@@ -151,10 +161,10 @@ def operator(chart: Cluster, epp_build: Build) -> Iterator[OperatorProcess]:
 @pytest.fixture(scope="module")
 def fleets(chart: Cluster, operator: OperatorProcess, epp_build: Build) -> Iterator[tuple[Fleet, Fleet]]:
     chart.apply(gatewayed(CHAT, 1, short_replicas=2))
-    chart.apply(gatewayed(OTHER, 1))
+    chart.apply(sglang_gatewayed(OTHER))
     for name in (CHAT, OTHER):
         wait_ready(chart, name, NAMESPACE)
-    with served(chart, epp_build, CHAT, 3) as chat, served(chart, epp_build, OTHER, 1) as other:
+    with served(chart, epp_build, CHAT, 3) as chat, served(chart, epp_build, OTHER, 1, "sglang") as other:
         yield chat, other
 
 
@@ -196,6 +206,29 @@ def test_a_loaded_replica_is_avoided(fleets: tuple[Fleet, Fleet]) -> None:
         chat.engines.set_reading(loaded, IDLE)
 
 
+def test_each_picker_reads_its_engines_own_metric_names(fleets: tuple[Fleet, Fleet]) -> None:
+    """The SGLang fleet's picker is rendered with SGLang's names (sglang:token_usage, sglang:num_queue_reqs): what its
+    engine reports is what the picker sees; the vLLM fleet's sees vLLM's (test_a_loaded_replica_is_avoided)."""
+    _, other = fleets
+    (pod,) = other.engines.pods()
+    other.engines.set_reading(pod, LOADED)
+    try:
+        seen = {
+            "average_kv_cache_utilization": LOADED.kv_usage,
+            "average_queue_size": LOADED.waiting,
+        }
+        eventually(
+            f"the SGLang fleet's picker reads KV {LOADED.kv_usage} and {LOADED.waiting} queued",
+            lambda: all(
+                other.picker.sample(f'inference_pool_{metric}{{name="{OTHER}"}}') == value
+                for metric, value in seen.items()
+            ),
+            30,
+        )
+    finally:
+        other.engines.set_reading(pod, IDLE)
+
+
 def test_a_long_prompt_goes_to_the_long_tier(fleets: tuple[Fleet, Fleet]) -> None:
     chat, _ = fleets
     # About 150k tokens (450 kB at the filter's 3 bytes a token): past the short tier's 131072, within 524288.
@@ -211,7 +244,7 @@ def test_requests_are_held_at_zero_and_served_after_the_autoscaler_scales_from_z
         chart.apply(scaling_from_zero(url))
         eventually("the cold fleet's picker rendered", lambda: chart.get("deployment", f"{COLD}-epp", NAMESPACE), 60)
         with (
-            served(chart, epp_build, COLD, 0, picker_metrics) as cold,
+            served(chart, epp_build, COLD, 0, metrics_port=picker_metrics) as cold,
             concurrent.futures.ThreadPoolExecutor(2) as pool,
         ):
             held = [pool.submit(cold.ask, f"while at zero {i}") for i in range(2)]
