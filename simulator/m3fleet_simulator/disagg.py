@@ -26,7 +26,7 @@ from typing import Any, Final
 from m3fleet.api.models import Plan, SloSpec
 from m3fleet.autoscaling.signals import quantile
 from m3fleet.catalog.facts import KV_LAYOUT
-from m3fleet_simulator.fleet import PREFILL, Engine, PerfModel, Replica, SimRequest, SimSettings, Simulation
+from m3fleet_simulator.fleet import PREFILL, Engine, PerfModel, Replica, SimRequest, SimSettings, Simulation, meets_slo
 from m3fleet_simulator.scenarios import Request
 
 GB: Final = 1e9
@@ -133,14 +133,15 @@ class ServingResult:
         }
 
 
-def serving_result(name: str, sim: Simulation, gpus: int, requests: int) -> ServingResult:
+def serving_result(name: str, sim: Simulation, gpus: int, requests: int, reference: PerfModel) -> ServingResult:
+    """What the users saw; the SLO judged against `reference`'s unloaded times, the same for every fleet compared."""
     done = [r for r in sim.finished if r.first_token is not None and r.finish is not None]
     return ServingResult(
         name=name,
         gpus=gpus,
         requests=requests,
         finished=len(done),
-        met=sim.met,
+        met=sum(1 for r in done if meets_slo(r, sim.slo, reference)),
         ttft=[r.first_token - r.spec.arrival for r in done if r.first_token is not None],
         itl=[(r.finish - r.first_token) / (r.spec.output - 1) for r in done if r.finish and r.first_token],
         output_tokens=sum(r.spec.output for r in done),
@@ -155,9 +156,11 @@ def aggregated(
     replicas: int,
     duration: float,
     slo: SloSpec,
+    reference: PerfModel,
     name: str = "aggregated",
 ) -> ServingResult:
-    """`replicas` aggregated replicas, fixed, with the fleet's router (most free KV net of the queue)."""
+    """`replicas` aggregated replicas, fixed, with the fleet's router (most free KV net of the queue); the SLO is
+    judged against `reference`'s unloaded times."""
     sim = Simulation(
         plan,
         model,
@@ -171,7 +174,7 @@ def aggregated(
         slo=slo,
     )
     sim.run()
-    return serving_result(name, sim, replicas * plan.gpus_per_replica, len(requests))
+    return serving_result(name, sim, replicas * plan.gpus_per_replica, len(requests), reference)
 
 
 class DisaggregatedSimulation(Simulation):
@@ -251,4 +254,4 @@ class DisaggregatedSimulation(Simulation):
     def serving(self, name: str) -> ServingResult:
         gpus = len(self.prefill_workers) * self.prefill_plan.gpus_per_replica
         gpus += len(self.decode_workers) * self.decode_plan.gpus_per_replica
-        return serving_result(name, self, gpus, len(self.requests))
+        return serving_result(name, self, gpus, len(self.requests), self.model)

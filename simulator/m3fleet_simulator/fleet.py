@@ -686,13 +686,7 @@ class Simulation:
     def on_finish(self, r: SimRequest) -> None:
         self.in_flight -= 1
         self.finished.append(r)
-        spec, m = r.spec, self.model
-        assert r.first_token is not None and r.finish is not None
-        ttft = r.first_token - spec.arrival
-        itl = (r.finish - r.first_token) / (spec.output - 1) if spec.output > 1 else 0.0
-        ttft_ok = ttft <= self.slo.ttft_seconds(spec.prompt, m.unloaded_prefill_seconds(spec.prompt))
-        itl_ok = itl <= self.slo.itl_seconds(m.unloaded_itl(spec.prompt + spec.output / 2))
-        if ttft_ok and itl_ok:
+        if meets_slo(r, self.slo, self.model):
             self.met += 1
 
     # the fleet ------------------------------------------------------------------------------------
@@ -850,6 +844,17 @@ class Simulation:
             peak_replicas=max(minutes, default=0),
             replica_minutes=minutes,
         )
+
+
+def meets_slo(r: SimRequest, slo: SloSpec, model: PerfModel) -> bool:
+    """A finished request against the SLO, whose unloaded times are `model`'s."""
+    spec = r.spec
+    assert r.first_token is not None and r.finish is not None
+    ttft = r.first_token - spec.arrival
+    itl = (r.finish - r.first_token) / (spec.output - 1) if spec.output > 1 else 0.0
+    ttft_ok = ttft <= slo.ttft_seconds(spec.prompt, model.unloaded_prefill_seconds(spec.prompt))
+    itl_ok = itl <= slo.itl_seconds(model.unloaded_itl(spec.prompt + spec.output / 2))
+    return ttft_ok and itl_ok
 
 
 def signals_from_scrapes(

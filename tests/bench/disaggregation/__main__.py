@@ -126,7 +126,7 @@ def seed_report(seed: int, label: str, args: argparse.Namespace) -> dict[str, An
         requests = arrivals(seed, label, load * capacity, minutes, isl)
         fleets = [
             aggregated(
-                role.plan, role.model, requests, units, minutes * MINUTE, SloSpec(), f"aggregated {name}"
+                role.plan, role.model, requests, units, minutes * MINUTE, SloSpec(), tep.model, f"aggregated {name}"
             ).to_dict()
             for name, role in (("TEP", tep), ("DEP", dep))
         ]

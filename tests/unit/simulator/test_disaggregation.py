@@ -70,7 +70,7 @@ def test_aggregated_decoding_slows_while_a_prompt_is_prefilled_and_disaggregated
     model = PerfModel.from_plan(plan)
     # a long answer in flight while long prompts arrive behind it
     requests = [Request(0, 0.0, 1_000, 400)] + [Request(i, 0.5 + i, 60_000, 2) for i in range(1, 6)]
-    agg = aggregated(plan, model, requests, 1, 60.0, SloSpec())
+    agg = aggregated(plan, model, requests, 1, 60.0, SloSpec(), model)
     split = simulate(requests)
     long_answer = next(r for r in split.finished if r.spec.rid == 0)
     assert long_answer.first_token is not None and long_answer.finish is not None
