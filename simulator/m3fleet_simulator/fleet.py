@@ -105,6 +105,17 @@ class PerfModel:
             capacity_tokens=int(plan.kv_cache_tokens_per_rank * ENGINE_CAPACITY_FACTOR) // 128 * 128,
         )
 
+    def scaled(self, prefill: float, decode: float) -> PerfModel:
+        """The same engine with every prefill cost x `prefill` and every decode cost x `decode`."""
+        return replace(
+            self,
+            decode_step=self.decode_step * decode,
+            decode_per_sequence=self.decode_per_sequence * decode,
+            decode_per_context_token=self.decode_per_context_token * decode,
+            prefill_linear=self.prefill_linear * prefill,
+            prefill_quadratic=self.prefill_quadratic * prefill,
+        )
+
     def token_cost(self, prompt: float) -> float:
         """Mean compute seconds per token of a prompt of this length (linear + quadratic part)."""
         return self.prefill_linear + self.prefill_quadratic * prompt
