@@ -11,9 +11,10 @@ GPU count, side by side per seed, through the simulator's engine model (simulato
   parallelism (DEP8, the guide's reference layout). Aggregated: `--units` replicas of TEP8, or of DEP8.
   Disaggregated: P prefill workers of TEP8 (the guide's context layout) and D decode workers of TEP8 or of DEP8
   (the guide's generation layout), P + D = units.
-* The default P:D ratio is derived here (no planner ratio is merged yet): P : D = one request's prefill seconds on a
-  prefill worker : its share of a decode worker's time at a full batch, rounded to whole workers; `--no-sweep` skips
-  the sweep of every P:D with P + D = units at the middle load.
+* The default P:D split comes from the planner (spec.disaggregation at the workload's input and output lengths,
+  each pairing's decode layout): its derived ratio r of prefill workers per decode worker gives D = floor(units /
+  (1 + r)) decode workers and the rest prefill; `--no-sweep` skips the sweep of every P:D with P + D = units at the
+  middle load.
 * Workload: Poisson arrivals for `--minutes` at a share (`--loads`) of the aggregated fleet's fluid capacity, every
   request `--isl` input and 1024 output tokens. The SLO is the resource's default, judged against the aggregated
   replica's unloaded times for both fleets.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from dataclasses import dataclass, replace
@@ -77,9 +79,31 @@ def context_for(isl: int) -> int:
     return 1 << (isl + OSL - 1).bit_length()
 
 
-def default_prefill_workers(prefill: Role, decode: Role, isl: int, units: int) -> int:
-    p, d = prefill.prefill_seconds(isl), decode.decode_seconds_per_request(isl)
-    return min(units - 1, max(1, round(units * p / (p + d))))
+def planner_split(isl: int, decode: Role, units: int) -> tuple[int, dict[str, Any]]:
+    """Prefill workers out of `units`, from the planner's spec.disaggregation at this workload: its derived ratio r
+    (prefill workers per decode worker, at its target prefill utilisation) gives D = floor(units / (1 + r)) decode
+    workers and the rest prefill, at least the planner's own count for D. The roles' layouts must be the ones
+    planned here (TEP8 prefill; the decode layout asked for)."""
+    strategy = str(decode.plan.strategy)
+    changes: dict[str, Any] = {
+        "context.maxModelLen": context_for(isl),
+        "parallelism.strategy": "tp-ep",
+        "replicas": 1,
+        "disaggregation": {
+            "inputTokens": isl,
+            "outputTokens": OSL,
+            "prefill": {"parallelism": {"strategy": "tp-ep"}},
+            "decode": {"parallelism": {"strategy": strategy}},
+        },
+    }
+    planned = make_plan(load_spec(SAMPLE, changes)).disaggregation
+    assert planned is not None
+    role = planned.decode
+    if (str(role.strategy), role.kv_cache_tokens_per_rank) != (strategy, decode.plan.kv_cache_tokens_per_rank):
+        raise SystemExit(f"the planner's decode role ({role.strategy}) is not the layout benchmarked ({strategy})")
+    ratio = planned.derived_ratio
+    decode_workers = max(1, min(units - 1, math.floor(units / (1 + ratio))))
+    return units - decode_workers, {"derivedRatio": ratio, "plannerReasoning": planned.reasoning}
 
 
 def arrivals(seed: int, label: str, rate: float, minutes: float, isl: int) -> list[Request]:
@@ -115,7 +139,8 @@ def seed_report(seed: int, label: str, args: argparse.Namespace) -> dict[str, An
     tep, dep = Role.planned(context_for(isl), "tp-ep"), Role.planned(context_for(isl), "dp-ep")
     capacity = args.units / (tep.prefill_seconds(isl) + tep.decode_seconds_per_request(isl))
     pairings = {"TEP/TEP": tep, "TEP/DEP": dep}  # prefill is TEP (the guide's context layout); decode either
-    ratios = {name: default_prefill_workers(tep, decode, isl, args.units) for name, decode in pairings.items()}
+    splits = {name: planner_split(isl, decode, args.units) for name, decode in pairings.items()}
+    ratios = {name: p for name, (p, _) in splits.items()}
     minutes, units = args.minutes, args.units
 
     def split(name: str, p: int, requests: list[Request]) -> dict[str, Any]:
@@ -146,6 +171,7 @@ def seed_report(seed: int, label: str, args: argparse.Namespace) -> dict[str, An
         "layouts": {"TEP": describe_role(tep), "DEP": describe_role(dep)},
         "fleetCapacityRequestsPerSecond": round(capacity, 3),
         "defaultRatios": {name: f"P{p}:D{units - p}" for name, p in ratios.items()},
+        "planner": {name: why for name, (_, why) in splits.items()},
         "loads": loads,
         "ratioSweep": sweep,
     }
