@@ -34,7 +34,8 @@ GB: Final = 1e9
 
 def kv_bytes_per_token(dtype_bytes: int = 2) -> int:
     """One token's whole KV (every layer's K and V for all KV heads, plus the MSA index K): what moves from a
-    prefill worker to a decode worker whatever either side's TP (m3-facts §1.2: 137,472 B in BF16)."""
+    prefill worker to a decode worker whatever either side's TP. 137,472 B in BF16, from the catalog's KvLayout
+    (MiniMax-M3's config.json and vLLM's M3 attention and indexer code)."""
     k = KV_LAYOUT
     return k.layers * 2 * k.kv_heads * k.head_dim * dtype_bytes + k.index_layers * k.index_dim * k.index_dtype_bytes
 
@@ -66,8 +67,8 @@ class KvTransfer:
     def describe(self) -> dict[str, Any]:
         return {
             "bytesPerToken": self.bytes_per_token,
-            "bytesPerTokenSource": "catalog KV layout (m3-facts §1.2): 60 layers x K,V x 4 heads x 128 x 2 B "
-            "+ 57 index layers x 128 x 2 B, BF16",
+            "bytesPerTokenSource": "the catalog's KvLayout (MiniMax-M3 config.json, vLLM's M3 code): 60 layers x K,V "
+            "x 4 heads x 128 x 2 B + 57 index layers x 128 x 2 B, BF16",
             "link": LINKS[self.link][1],
             "linkGpus": self.gpus,
             "efficiency": LINK_EFFICIENCY,

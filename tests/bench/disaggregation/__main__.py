@@ -1,8 +1,9 @@
 """`python -m tests.bench.disaggregation [--seeds LIST] [--isl 8k,32k,128k] [--loads 0.4,0.7,0.9] [--units N]
 [--link ib|nvlink] [--no-sweep] [-o json|table]`.
 
-Aggregated vs disaggregated prefill/decode serving of TensorRT-LLM on GB200 (the seed's combination), on the same
-GPU count, side by side per seed, through the simulator's engine model (simulator/m3fleet_simulator/disagg.py).
+Aggregated vs disaggregated prefill/decode serving of TensorRT-LLM on GB200 (the combination for which NVIDIA's M3
+blog reports 4x interactivity at 32k), on the same GPU count, side by side per seed, through the simulator's engine
+model (simulator/m3fleet_simulator/disagg.py).
 
 * Layouts from the planner: the TensorRT-LLM GB200 sample (2 nodes x 4 GB200, TEP8) planned at the workload's
   context (maxModelLen = input + output rounded up to a power of two, as a fleet for that workload would be set);

@@ -19,7 +19,9 @@ from tests.support.autoscaling.plans import sample_plan
 
 
 def test_a_token_moves_its_whole_kv_and_the_index() -> None:
-    assert kv_bytes_per_token() == 60 * 2 * 4 * 128 * 2 + 57 * 128 * 2 == 137_472  # m3-facts §1.2, BF16
+    assert (
+        kv_bytes_per_token() == 60 * 2 * 4 * 128 * 2 + 57 * 128 * 2 == 137_472
+    )  # BF16: K/V of 60 layers + the MSA index K
 
 
 def test_transfer_time_is_bytes_over_the_workers_links() -> None:
