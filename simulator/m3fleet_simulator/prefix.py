@@ -2,7 +2,7 @@
 
 A prompt is a chain of segments, each a run of tokens with one identity: an application's shared system prompt and
 tool definitions, then one session's history (its first message, then every turn's output and tool results). Blocks
-are `BLOCK_TOKENS` (M3 runs vLLM with `--block-size 128`, m3-facts §1.2) and a block's identity is its chain up to
+are `BLOCK_TOKENS` (the M3 recipes run vLLM with `--block-size 128`) and a block's identity is its chain up to
 it, as vLLM hashes a block with its parent's hash: a session's blocks are reusable only behind its whole shared
 prefix, only full blocks are cached, and a block belongs to the segment its last token is in.
 
