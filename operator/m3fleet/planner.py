@@ -51,6 +51,7 @@ from m3fleet.catalog import (
 )
 from m3fleet.catalog.facts import POD_SHM_GIB
 from m3fleet.catalog.gateway import CONTEXT_TIER_FILTER, EPP_IMAGE, KV_SCORER, PICKER_FITS, PREFIX_SCORER, QUEUE_SCORER
+from m3fleet.disaggregation import plan_disaggregated
 from m3fleet.errors import SpecError
 from m3fleet.sizing import Fit, Layout, evaluate
 from m3fleet.text import tokens as format_tokens
@@ -62,7 +63,19 @@ MIN_POD_MEMORY_GIB = 2 * POD_SHM_GIB  # the memory-backed /dev/shm plus at least
 
 
 def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
-    """The smallest layout that serves `spec`, or `SpecError`."""
+    """The smallest layout that serves `spec`, or `SpecError`. With spec.disaggregation: each role planned as a
+    replica of its own and the prefill:decode ratio (`m3fleet.disaggregation`)."""
+    if spec.disaggregation is not None:
+        return plan_disaggregated(spec, _plan_replica)
+    planned = _plan_replica(spec)
+    if spec.gateway is None:
+        return planned
+    gateway, gateway_notes = _gateway_plan(spec, spec.gateway, planned)
+    return planned.model_copy(update={"gateway": gateway, "notes": [*planned.notes, *gateway_notes]})
+
+
+def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
+    """The smallest layout of one aggregated replica that serves `spec`, or `SpecError`."""
     engine_name = EngineName(spec.engine.name)
     accel_name = Accelerator(spec.accelerator)
     variant_name = Variant(spec.model.variant)
@@ -132,7 +145,7 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
             )
         )
 
-    planned = Plan.model_validate(
+    return Plan.model_validate(
         {
             "engine": engine_name,
             "accelerator": accel_name,
@@ -167,10 +180,6 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
             "modelCacheNodeAffinity": cache.node_affinity if cache is not None else None,
         }
     )
-    if spec.gateway is None:
-        return planned
-    gateway, gateway_notes = _gateway_plan(spec, spec.gateway, planned)
-    return planned.model_copy(update={"gateway": gateway, "notes": [*planned.notes, *gateway_notes]})
 
 
 # --- the serving path (spec.gateway) -----------------------------------------------------------
@@ -196,7 +205,7 @@ def plan_tier(spec: MiniMaxM3DeploymentSpec, index: int) -> Plan:
         raise ValueError("plan_tier needs spec.gateway")
     tier = spec.gateway.tiers[index]
     try:
-        return plan(tier_spec(spec, tier))
+        return _plan_replica(tier_spec(spec, tier))
     except SpecError as exc:
         field = f"spec.gateway.tiers[{index}]"
         raise SpecError(
