@@ -25,13 +25,18 @@ import math
 
 from m3fleet.api.models import (
     Accelerator,
+    ContextTier,
     EngineName,
+    GatewayPlan,
+    InferenceGatewaySpec,
     KvCacheDtype,
     MiniMaxM3DeploymentSpec,
     Plan,
     Strategy,
+    TierPlan,
     Variant,
 )
+from m3fleet.api.spec_gateway import MAIN_TIER
 from m3fleet.catalog import (
     ACCELERATORS,
     ENGINES,
@@ -45,6 +50,7 @@ from m3fleet.catalog import (
     ModelVariant,
 )
 from m3fleet.catalog.facts import POD_SHM_GIB
+from m3fleet.catalog.gateway import CONTEXT_TIER_FILTER, EPP_IMAGE, KV_SCORER, PICKER_FITS, PREFIX_SCORER, QUEUE_SCORER
 from m3fleet.disaggregation import plan_disaggregated
 from m3fleet.errors import SpecError
 from m3fleet.sizing import Fit, Layout, evaluate
@@ -61,7 +67,11 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
     replica of its own and the prefill:decode ratio (`m3fleet.disaggregation`)."""
     if spec.disaggregation is not None:
         return plan_disaggregated(spec, _plan_replica)
-    return _plan_replica(spec)
+    planned = _plan_replica(spec)
+    if spec.gateway is None:
+        return planned
+    gateway, gateway_notes = _gateway_plan(spec, spec.gateway, planned)
+    return planned.model_copy(update={"gateway": gateway, "notes": [*planned.notes, *gateway_notes]})
 
 
 def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
@@ -170,6 +180,72 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
             "modelCacheNodeAffinity": cache.node_affinity if cache is not None else None,
         }
     )
+
+
+# --- the serving path (spec.gateway) -----------------------------------------------------------
+
+
+def tier_spec(spec: MiniMaxM3DeploymentSpec, tier: ContextTier) -> MiniMaxM3DeploymentSpec:
+    """The spec a context tier is planned and rendered from: the fleet's, at the tier's context, parallelism and
+    replicas (and without tiers of its own)."""
+    gateway = spec.gateway.model_copy(update={"tiers": []}) if spec.gateway is not None else None
+    return spec.model_copy(
+        update={
+            "context": spec.context.model_copy(update={"max_model_len": tier.max_model_len}),
+            "parallelism": tier.parallelism or spec.parallelism,
+            "replicas": tier.replicas,
+            "gateway": gateway,
+        }
+    )
+
+
+def plan_tier(spec: MiniMaxM3DeploymentSpec, index: int) -> Plan:
+    """The plan of spec.gateway.tiers[index], or a SpecError naming that tier."""
+    if spec.gateway is None:
+        raise ValueError("plan_tier needs spec.gateway")
+    tier = spec.gateway.tiers[index]
+    try:
+        return _plan_replica(tier_spec(spec, tier))
+    except SpecError as exc:
+        field = f"spec.gateway.tiers[{index}]"
+        raise SpecError(
+            field,
+            f"(tier {tier.name}, maxModelLen {tier.max_model_len}) cannot be planned: {exc.problem}",
+            f"{exc.fix}; for this tier, set {field}.parallelism or change its maxModelLen",
+        ) from None
+
+
+def picker_scorers(engine: EngineName) -> list[str]:
+    """The endpoint picker's scorers for this engine: prefix-cache only where the engine reuses prefixes."""
+    fit = PICKER_FITS[engine]
+    return [*([PREFIX_SCORER] if fit.prefix_reuse else []), KV_SCORER, QUEUE_SCORER]
+
+
+def _tier_plan(name: str, planned: Plan) -> TierPlan:
+    return TierPlan.model_validate(
+        {"name": name, **planned.model_dump(by_alias=True, include=set(TierPlan.model_fields) - {"name"})}
+    )
+
+
+def _gateway_plan(
+    spec: MiniMaxM3DeploymentSpec, gateway: InferenceGatewaySpec, main: Plan
+) -> tuple[GatewayPlan, list[str]]:
+    """The pool, its picker and the tiers (each planned as the spec at the tier's context), and the plan's notes."""
+    tiers = [_tier_plan(t.name, plan_tier(spec, i)) for i, t in enumerate(gateway.tiers)]
+    tiers = [*sorted(tiers, key=lambda t: t.max_model_len), _tier_plan(MAIN_TIER, main)]
+    ref = gateway.gateway_ref
+    engine = EngineName(main.engine)
+    notes = [f"gateway: {PICKER_FITS[engine].reason}"]
+    if len(tiers) > 1:
+        contexts = ", ".join(f"{t.name} {format_tokens(t.max_model_len)}" for t in tiers)
+        notes.append(f"gateway: each request goes to the smallest context tier that fits it ({contexts})")
+    return GatewayPlan(
+        gateway=f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name,
+        endpoint_picker_image=gateway.endpoint_picker.image or EPP_IMAGE,
+        scorers=picker_scorers(engine),
+        filters=[CONTEXT_TIER_FILTER] if len(tiers) > 1 else [],
+        tiers=tiers,
+    ), notes
 
 
 def _encoder_loaded(

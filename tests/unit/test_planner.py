@@ -28,6 +28,7 @@ from tests.support.samples import SAMPLES_DIR, load_sample
 # file -> (engine, accelerator, variant, strategy, TP, DP, EP, nodes per replica).
 RECIPE_SHAPES = {
     "vllm-h200-tp8": ("vllm", "h200", "bf16", "tp", 8, 1, 1, 1),
+    "vllm-h200-gateway-tiers": ("vllm", "h200", "bf16", "tp", 8, 1, 1, 1),  # its main tier; the short one too
     "vllm-h200-tp8-ep": ("vllm", "h200", "bf16", "tp-ep", 8, 1, 8, 1),
     "vllm-h200-dp8-ep": ("vllm", "h200", "bf16", "dp-ep", 1, 8, 8, 1),
     "vllm-mi355x-bf16-tp8": ("vllm", "mi355x", "bf16", "tp", 8, 1, 1, 1),

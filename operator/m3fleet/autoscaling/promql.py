@@ -166,3 +166,9 @@ class Gateway:
             "recent_request_rate": f"sum(irate({self.metric}_count{sel}[{w}]))",
             "recent_bytes_rate": f"sum(irate({self.metric}_sum{sel}[{w}]))",
         }
+
+
+def held_requests_query(namespace: str, pool: str, metric: str) -> str:
+    """Requests the endpoint picker of `pool` holds in its flow control (its gauge `metric`, by pool), summed over
+    priorities and flows: what scales a fleet from zero. The picker's pod is scraped into the pool's namespace."""
+    return f"sum({metric}{selector_string({'namespace': namespace, 'inference_pool': pool})})"
