@@ -39,11 +39,22 @@ RECIPE_SHAPES = {
     "sglang-gb200-mxfp8-2x4-tp8-ep8": ("sglang", "gb200", "mxfp8", "tp-ep", 8, 1, 8, 2),
     "trtllm-gb200-2x4-tep": ("trtllm", "gb200", "bf16", "tp-ep", 8, 1, 8, 2),
     "vllm-gb200-nvfp4-tp4": ("vllm", "gb200", "nvfp4", "tp", 4, 1, 1, 1),
+    "vllm-gb200-nvfp4-eagle3-tp4": ("vllm", "gb200", "nvfp4", "tp", 4, 1, 1, 1),
+    "vllm-h200-mtp-tp8": ("vllm", "h200", "bf16", "tp", 8, 1, 1, 1),
+    "sglang-gb200-mxfp8-eagle3-tp4": ("sglang", "gb200", "mxfp8", "tp", 4, 1, 1, 1),
 }
 # Samples whose shape no published recipe runs exactly: NV-BLOG's SGLang TP8+EP8 command is CUDA-only on one
 # 8-GPU Blackwell node, so neither its MI355X nor its 2 x 4 GB200 form is `validated`.
-# No published recipe serves nvidia/MiniMax-M3-NVFP4 on the pinned engines either.
-NOT_PUBLISHED = {"sglang-mi355x-mxfp8-tp8-ep8", "sglang-gb200-mxfp8-2x4-tp8-ep8", "vllm-gb200-nvfp4-tp4"}
+# No published recipe serves nvidia/MiniMax-M3-NVFP4 on the pinned engines either, and none runs M3's MTP or
+# EAGLE3 on SGLang (catalog.speculative.RECIPES).
+NOT_PUBLISHED = {
+    "sglang-mi355x-mxfp8-tp8-ep8",
+    "sglang-gb200-mxfp8-2x4-tp8-ep8",
+    "vllm-gb200-nvfp4-tp4",
+    "vllm-gb200-nvfp4-eagle3-tp4",
+    "vllm-h200-mtp-tp8",
+    "sglang-gb200-mxfp8-eagle3-tp4",
+}
 
 
 def test_every_sample_has_a_recipe_shape() -> None:

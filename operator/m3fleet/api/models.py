@@ -35,6 +35,7 @@ from m3fleet.api.base import (
     EngineName,
     KvCacheDtype,
     MoeBackend,
+    SpeculativeMethod,
     Strategy,
     Variant,
     invalid,
@@ -111,6 +112,13 @@ from m3fleet.api.spec_placement import (
     RolloutSpec,
 )
 from m3fleet.api.spec_pod import PodTemplateMetadata, PodTemplateSpec, VolumeMount
+from m3fleet.api.spec_speculative import (
+    SGLANG_MTP_FIX,
+    SGLANG_MTP_PROBLEM,
+    TRTLLM_SPECULATIVE_FIX,
+    TRTLLM_SPECULATIVE_PROBLEM,
+    SpeculativeDecodingSpec,
+)
 
 # --- metadata.name -------------------------------------------------------------------------
 #
@@ -188,6 +196,19 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                     "FieldValueForbidden",
                 ),
                 cel(
+                    "self.engine.name != 'trtllm' || !has(self.speculativeDecoding)",
+                    f"speculativeDecoding {TRTLLM_SPECULATIVE_PROBLEM}; fix: {TRTLLM_SPECULATIVE_FIX}",
+                    ".speculativeDecoding",
+                    "FieldValueForbidden",
+                ),
+                cel(
+                    "self.engine.name != 'sglang' || !has(self.speculativeDecoding) || "
+                    "self.speculativeDecoding.method != 'mtp'",
+                    f"speculativeDecoding.method mtp {SGLANG_MTP_PROBLEM}; fix: {SGLANG_MTP_FIX}",
+                    ".speculativeDecoding.method",
+                    "FieldValueForbidden",
+                ),
+                cel(
                     "self.engine.name != 'trtllm' || !has(self.engine.apiKeySecretRef)",
                     f"engine.apiKeySecretRef {TRTLLM_API_KEY_PROBLEM}; fix: {TRTLLM_API_KEY_FIX}",
                     ".engine.apiKeySecretRef",
@@ -226,6 +247,11 @@ class MiniMaxM3DeploymentSpec(CamelModel):
     )
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="Context-length-aware autoscaling from Prometheus."
+    )
+    speculative_decoding: SpeculativeDecodingSpec | None = Field(
+        default=None,
+        description="Speculative decoding: M3's own MTP modules or an EAGLE3 draft. The plan counts the draft's "
+        "weights and KV cache; absent, none.",
     )
     pod_template: PodTemplateSpec = Field(
         default_factory=PodTemplateSpec,
@@ -274,11 +300,30 @@ class Plan(CamelModel):
     max_sequences_at_max_len: int = Field(description="Full-length sequences the replica holds at once.")
     validated: bool = Field(description="The shape equals a published recipe's.")
     notes: list[str] = Field(default_factory=list, max_length=32, description="Assumptions and warnings.")
+    speculative_decoding: SpeculativePlan | None = Field(
+        default=None, description="The draft, its memory and the acceptance length assumed (absent: none)."
+    )
     model_cache: str | None = Field(
         default=None, description="MiniMaxM3ModelCache the weights come from (absent: spec.model.source)."
     )
     model_cache_node_affinity: NodeAffinityMode | None = Field(
         default=None, description="Required or Preferred: how pods are placed on nodes holding the cache."
+    )
+
+
+class SpeculativePlan(CamelModel):
+    """Speculative decoding as planned: the draft, what it costs on each GPU, and the acceptance length assumed."""
+
+    method: SpeculativeMethod = Field(description="mtp or eagle3.")
+    draft_model: str = Field(description="The draft served (the checkpoint itself for mtp).")
+    num_speculative_tokens: int = Field(description="Tokens drafted per step.")
+    draft_weights_gib_per_gpu: float = Field(alias="draftWeightsGiBPerGPU", description="Draft weights on each GPU.")
+    draft_kv_bytes_per_token_per_gpu: int = Field(
+        alias="draftKvBytesPerTokenPerGPU", description="KV bytes the draft adds per token on each GPU."
+    )
+    acceptance_length_prior: float = Field(
+        description="Tokens emitted per target forward pass the autoscaler assumes until the engine's counters "
+        "measure it (1: no gain assumed)."
     )
 
 
@@ -492,6 +537,9 @@ __all__ = [
     "ScheduleWindowSpec",
     "SecretKeyRef",
     "SloSpec",
+    "SpeculativeDecodingSpec",
+    "SpeculativeMethod",
+    "SpeculativePlan",
     "Strategy",
     "TimeToReadyPhases",
     "TimeToReadySample",
