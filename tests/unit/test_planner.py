@@ -477,3 +477,15 @@ def test_every_engine_a_too_long_context_error_suggests_does_plan(engine: str, a
         variant = "mxfp8" if f"engine {other} with model.variant mxfp8" in suggestions else "bf16"
         planned = plan(spec_for(other, accel, variant, "auto", None, False, "auto", 1_048_576))
         assert planned.max_model_len == 1_048_576
+
+
+def test_the_docs_sample_table_says_which_samples_are_validated() -> None:
+    # docs/planning.md "Samples": one row per sample, its validated column equal to the plan's.
+    text = (SAMPLES_DIR.parents[1] / "docs" / "planning.md").read_text()
+    section = text.split("\n## Samples\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| `")]
+    table = {cells[1].strip().strip("`"): cells[2].strip() for cells in rows}
+    assert set(table) == {p.stem for p in SAMPLES_DIR.glob("*.yaml")}
+    for name, said in table.items():
+        p = plan(parse_resource(load_sample(SAMPLES_DIR / f"{name}.yaml")).spec)
+        assert said == ("yes" if p.validated else "no"), name
