@@ -182,7 +182,7 @@ def test_the_tep_sample_schedules_at_least_the_benchmarks_smallest_concurrency()
     # The guide's benchmark (and `m3fleet bench` on a trtllm resource) sweeps concurrency 32..1024; at 131072 tokens the
     # old full-length rule scheduled 8 sequences at a time.
     planned, opts = PLANNED["sample/trtllm-gb200-2x4-tep"]
-    assert opts["enable_attention_dp"] is False, "seed 004's TEP layout"
+    assert opts["enable_attention_dp"] is False, "TRT-GUIDE's TEP layout"
     assert planned.max_model_len == 131_072
     assert opts["max_batch_size"] >= 32
     assert opts["max_batch_size"] > planned.max_sequences_at_max_len
