@@ -94,12 +94,15 @@ class PerfModel:
         multi_node = plan.gpus_per_replica / ranks > plan.gpus_per_node
         speed = gpus / 8 * PREFILL_SPEED.get(accel, 1.0) * (MULTI_NODE_PREFILL_EFFICIENCY if multi_node else 1.0)
         step = 0.025 * DECODE_STEP_SCALE.get(accel, 1.0) * (MULTI_NODE_DECODE_PENALTY if multi_node else 1.0)
+        # Speculative decoding emits the acceptance length's tokens per target step: decode time per token shrinks by
+        # it (the plan's prior; the draft's own forward pass is small beside the target's and left out).
+        per_step = plan.speculative_decoding.acceptance_length_prior if plan.speculative_decoding else 1.0
         return cls(
             prefill_linear=20e-6 / speed,
             prefill_quadratic=1e-11 / speed,
-            decode_step=step,
-            decode_per_sequence=5e-5,
-            decode_per_context_token=3e-9,
+            decode_step=step / per_step,
+            decode_per_sequence=5e-5 / per_step,
+            decode_per_context_token=3e-9 / per_step,
             token_budget=2048,
             max_num_seqs=256,
             capacity_tokens=int(plan.kv_cache_tokens_per_rank * ENGINE_CAPACITY_FACTOR) // 128 * 128,
