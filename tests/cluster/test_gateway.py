@@ -1,6 +1,6 @@
-"""spec.gateway on the real control plane: the Gateway API and GIE CRDs installed from their Go modules
-(.ci/gateway-crds.sh), a gatewayed fleet with two context tiers applied through the operator as users run it, and
-what a user sees: the pool selects exactly the serving pods, the picker's objects and the route exist and are
+"""spec.gateway on the real control plane: the Gateway API and GIE CRDs installed from their Go modules (the crds/
+that .ci/epp.sh collects), a gatewayed fleet with two context tiers applied through the operator as users run it,
+and what a user sees: the pool selects exactly the serving pods, the picker's objects and the route exist and are
 owned, GatewayReady follows the Gateway and the route's verdict (no Gateway implementation runs here: the test
 writes the route's status as one would), a bad gatewayRef tears nothing down, removing the field prunes the path,
 deleting the fleet leaves nothing behind, and minReplicas 0 is admitted only with a gateway."""
@@ -41,10 +41,8 @@ PATH = [*PICKER, (POOLS, NAME), (ROUTES, NAME), ("deployment", f"{NAME}-short")]
 
 @pytest.fixture(scope="module")
 def crds(chart: Cluster) -> Cluster:
-    directory = subprocess.run(
-        ["bash", str(ROOT / ".ci" / "gateway-crds.sh")], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    chart.kubectl("apply", "--server-side", "-f", directory)
+    built = subprocess.run(["bash", str(ROOT / ".ci" / "epp.sh")], capture_output=True, text=True, check=True)
+    chart.kubectl("apply", "--server-side", "-f", str(Path(built.stdout.strip()) / "crds"))
     chart.kubectl("wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{c}" for c in CRDS))
     return chart
 
