@@ -1,10 +1,11 @@
 """The serving path's endpoint picker, proven with the real one on what the operator renders (issue 44 item 4).
 
 The operator (`m3fleet run`, the chart's ServiceAccount) reconciles gatewayed fleets (spec.gateway): InferencePool,
-the endpoint picker's Deployment, Service, ServiceAccount, Role and config, and an HTTPRoute. m3fleet's EPP build (GIE
-v1.3.0's EPP with the m3fleet-context-tier filter, .ci/epp.sh) then runs as the rendered Deployment's container says
-(its args and config, as its ServiceAccount: a TokenRequest token, so the apiserver enforces the rendered Role), as a
-process on loopback against the real apiserver, with the GIE CRDs installed from the module it pins. Its serving pods
+the endpoint picker's Deployment, Service, ServiceAccount, Role and config, and an HTTPRoute. The pinned EPP image
+(hack/build-epp-image.sh: GIE v1.3.0's EPP with the m3fleet-context-tier filter) then runs as a kubelet would run
+the rendered Deployment's container (its entrypoint, user and read-only root; its args, env and ConfigMap; the
+rendered ServiceAccount's token at the standard path, so the apiserver enforces the rendered Role), on loopback
+against the real apiserver, with the GIE CRDs installed from the module it pins. Its serving pods
 run on kwok nodes with loopback pod IPs, and on each pod's own IP and engine port an engine stand-in exports its
 engine's real metric format (vLLM's or SGLang's), which the EPP scrapes, and answers completions with its pod's name.
 The test drives the EPP through Envoy's ext-proc protocol as a Gateway does (tests/support/cluster/extproc.py) and
@@ -41,11 +42,13 @@ from tests.support.cluster.epp import (
     EndpointPicker,
     EngineStandIns,
     build,
+    build_image,
     install_crds,
     rendered_endpoint_picker,
 )
 from tests.support.cluster.extproc import Gateway, Routed
 from tests.support.cluster.fleet import operated_namespace, renamed, sample, wait_ready
+from tests.support.cluster.image import Image, unpacked
 from tests.support.ports import free_port
 
 NAMESPACE = "gateway-epp"
@@ -125,7 +128,13 @@ class Fleet:
 
 @contextlib.contextmanager
 def served(
-    cluster: Cluster, epp: Build, name: str, pods: int, engine: str = "vllm", metrics_port: int | None = None
+    cluster: Cluster,
+    epp: Build,
+    image: Image,
+    name: str,
+    pods: int,
+    engine: str = "vllm",
+    metrics_port: int | None = None,
 ) -> Iterator[Fleet]:
     """Stand-ins of `engine` on the fleet's serving pods (`pods` of them first), and its picker as rendered, with a
     client."""
@@ -135,7 +144,7 @@ def served(
     port = pool["spec"]["targetPorts"][0]["number"]
     with EngineStandIns(cluster, NAMESPACE, selector, port, engine) as engines:
         eventually(f"{pods} stand-ins on {name}'s pods", lambda: len(engines.pods()) == pods, 90)
-        with rendered_endpoint_picker(cluster, epp, NAMESPACE, name, metrics_port) as picker:
+        with rendered_endpoint_picker(cluster, image, NAMESPACE, name, metrics_port) as picker:
             gateway = Gateway(picker.grpc_address, epp.descriptors, picker.ca)
             try:
                 ready = f'inference_pool_ready_pods{{name="{name}"}}'
@@ -151,6 +160,12 @@ def epp_build() -> Build:
 
 
 @pytest.fixture(scope="module")
+def epp_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Image]:
+    with unpacked(build_image(), tmp_path_factory.mktemp("epp-image")) as image:
+        yield image
+
+
+@pytest.fixture(scope="module")
 def operator(chart: Cluster, epp_build: Build) -> Iterator[OperatorProcess]:
     install_crds(chart, epp_build)  # before the operator starts: it renders pools and routes only where they exist
     with operated_namespace(chart, NAMESPACE, "operator-epp") as running:
@@ -159,12 +174,17 @@ def operator(chart: Cluster, epp_build: Build) -> Iterator[OperatorProcess]:
 
 
 @pytest.fixture(scope="module")
-def fleets(chart: Cluster, operator: OperatorProcess, epp_build: Build) -> Iterator[tuple[Fleet, Fleet]]:
+def fleets(
+    chart: Cluster, operator: OperatorProcess, epp_build: Build, epp_image: Image
+) -> Iterator[tuple[Fleet, Fleet]]:
     chart.apply(gatewayed(CHAT, 1, short_replicas=2))
     chart.apply(sglang_gatewayed(OTHER))
     for name in (CHAT, OTHER):
         wait_ready(chart, name, NAMESPACE)
-    with served(chart, epp_build, CHAT, 3) as chat, served(chart, epp_build, OTHER, 1, "sglang") as other:
+    with (
+        served(chart, epp_build, epp_image, CHAT, 3) as chat,
+        served(chart, epp_build, epp_image, OTHER, 1, "sglang") as other,
+    ):
         yield chat, other
 
 
@@ -237,14 +257,14 @@ def test_a_long_prompt_goes_to_the_long_tier(fleets: tuple[Fleet, Fleet]) -> Non
 
 
 def test_requests_are_held_at_zero_and_served_after_the_autoscaler_scales_from_zero(
-    chart: Cluster, operator: OperatorProcess, epp_build: Build, tmp_path: Path
+    chart: Cluster, operator: OperatorProcess, epp_build: Build, epp_image: Image, tmp_path: Path
 ) -> None:
     picker_metrics = free_port()
     with prometheus(tmp_path, scrape_config(picker_metrics)) as url:
         chart.apply(scaling_from_zero(url))
         eventually("the cold fleet's picker rendered", lambda: chart.get("deployment", f"{COLD}-epp", NAMESPACE), 60)
         with (
-            served(chart, epp_build, COLD, 0, metrics_port=picker_metrics) as cold,
+            served(chart, epp_build, epp_image, COLD, 0, metrics_port=picker_metrics) as cold,
             concurrent.futures.ThreadPoolExecutor(2) as pool,
         ):
             held = [pool.submit(cold.ask, f"while at zero {i}") for i in range(2)]

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -22,13 +23,16 @@ from typing import Any
 import yaml
 
 from m3fleet.autoscaling.signals import one_two_five_buckets
+from m3fleet.catalog.gateway import EPP_IMAGE
 from tests.support.autoscaling.prom import Reading, sglang_exposition, vllm_exposition
 from tests.support.cluster.cluster import REPO, Cluster, eventually
 from tests.support.cluster.controlplane import ControlPlaneError, Process, built_by
+from tests.support.cluster.image import SERVICE_ACCOUNT_DIR, Image, ImageError
 from tests.support.cluster.pki import Authority
 from tests.support.ports import free_port
 
 BUILD_SCRIPT = REPO / ".ci" / "epp.sh"
+IMAGE_SCRIPT = REPO / "hack" / "build-epp-image.sh"
 HELD_METRIC = "inference_extension_flow_control_queue_size"  # requests flow control holds (scale-from-zero signal)
 IDLE = Reading.idle(capacity_tokens=1_000_000.0, prompt_bounds=one_two_five_buckets(1_048_576))
 LOADED = dataclasses.replace(IDLE, running=64.0, waiting=40.0, kv_usage=0.97)  # past the saturation thresholds
@@ -55,6 +59,11 @@ class Build:
 
 def build() -> Build:
     return Build(built_by(BUILD_SCRIPT, ControlPlaneError))
+
+
+def build_image() -> Path:
+    """The pinned EPP image (hack/build-epp-image.sh, cached by its inputs); returns its OCI archive."""
+    return built_by(IMAGE_SCRIPT, ImageError)
 
 
 def install_crds(cluster: Cluster, epp: Build) -> None:
@@ -103,6 +112,7 @@ def health_serving(address: str) -> bool:
 
 
 PORT_FLAGS = ("--grpc-port", "--grpc-health-port", "--metrics-port")
+CERT_DIR = "/etc/epp-tls"  # where the test mounts the serving certificate it adds
 
 
 def with_values(args: list[str], values: dict[str, str]) -> list[str]:
@@ -114,16 +124,19 @@ def with_values(args: list[str], values: dict[str, str]) -> list[str]:
 
 @contextlib.contextmanager
 def rendered_endpoint_picker(
-    cluster: Cluster, epp: Build, namespace: str, fleet: str, metrics_port: int | None = None
+    cluster: Cluster, image: Image, namespace: str, fleet: str, metrics_port: int | None = None
 ) -> Iterator[EndpointPicker]:
-    """Run bin/epp as the operator's Deployment `<fleet>-epp` says: its container's args (ports moved to free loopback
-    ones, `metrics_port` if given; the config file to the rendered ConfigMap's content), its env, as its
-    ServiceAccount (a TokenRequest token, so the apiserver enforces the rendered Role), serving TLS with a certificate
-    the test's CA signed (--cert-path, the one flag added: see tests/cluster/test_gateway_epp.py)."""
+    """Run the pinned EPP image as a kubelet would run the operator's Deployment `<fleet>-epp` (tests/support/cluster/
+    image.py: the image's entrypoint and user, its root filesystem read-only): the container's args (ports moved to
+    free loopback ones, `metrics_port` if given), its env, the rendered ConfigMap at its mount path, and at the
+    ServiceAccount path a TokenRequest token of the rendered ServiceAccount (so the apiserver enforces the rendered
+    Role), serving TLS with a certificate the test's CA signed (--cert-path, the one flag added: see
+    tests/cluster/test_gateway_epp.py)."""
     deployment = cluster.get("deployment", f"{fleet}-epp", namespace)
     assert deployment is not None, f"the operator rendered no endpoint picker Deployment {fleet}-epp"
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
+    assert container["image"] == EPP_IMAGE, f"{fleet}-epp runs {container['image']}, not the pinned {EPP_IMAGE}"
     args: list[str] = container["args"]
     config_file = args[args.index("--config-file") + 1]
     mount = next(m for m in container["volumeMounts"] if config_file.startswith(m["mountPath"].rstrip("/") + "/"))
@@ -145,16 +158,23 @@ def rendered_endpoint_picker(
     ports = {flag: str(free_port()) for flag in PORT_FLAGS} | (
         {"--metrics-port": str(metrics_port)} if metrics_port else {}
     )
-    local_config = str(config / config_file.removeprefix(mount["mountPath"]).lstrip("/"))
-    command = [str(epp.binary), *with_values(args, {**ports, "--config-file": local_config}), f"--cert-path={certs}"]
+    token, _, _ = cluster.service_account_token(namespace, pod["serviceAccountName"])
+    service_account = workdir / "serviceaccount"
+    service_account.mkdir()
+    (service_account / "token").write_text(token)
+    (service_account / "ca.crt").write_bytes(cluster.control_plane.ca.cert.read_bytes())
+    (service_account / "namespace").write_text(namespace)
     fields = {"metadata.namespace": namespace, "metadata.name": f"{fleet}-epp-0-local"}
     env = {
         e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
         for e in container.get("env") or []
     }
-    kubeconfig, _, _ = cluster.service_account_kubeconfig(namespace, pod["serviceAccountName"])
+    api = urllib.parse.urlsplit(cluster.control_plane.server)  # in-cluster config: the apiserver is on loopback
+    env |= {"KUBERNETES_SERVICE_HOST": str(api.hostname), "KUBERNETES_SERVICE_PORT": str(api.port)}
+    mounts = {mount["mountPath"]: config, SERVICE_ACCOUNT_DIR: service_account, CERT_DIR: certs}
+    command = image.command([*with_values(args, ports), f"--cert-path={CERT_DIR}"], mounts, env)
     process = Process("epp", command, workdir / "epp.log")
-    process.start(env={**env, "KUBECONFIG": str(kubeconfig)})
+    process.start()
     picker = EndpointPicker(process, f"127.0.0.1:{ports['--grpc-port']}", int(ports["--metrics-port"]), authority.cert)
     try:
         eventually(
