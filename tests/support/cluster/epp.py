@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import grpc
 import yaml
 
 from m3fleet.autoscaling.signals import one_two_five_buckets
@@ -40,13 +41,10 @@ LOADED = dataclasses.replace(IDLE, running=64.0, waiting=40.0, kv_usage=0.97)  #
 
 @dataclass(frozen=True)
 class Build:
-    """What .ci/epp.sh built: bin/epp, the ext-proc descriptors, the GIE CRDs of the pinned module."""
+    """What .ci/epp.sh built and the cluster tier uses: the ext-proc descriptors and the CRDs of the pinned modules (its
+    bin/epp is what the Go tests passed on; the image, hack/build-epp-image.sh, is built from the same sources)."""
 
     directory: Path
-
-    @property
-    def binary(self) -> Path:
-        return self.directory / "bin" / "epp"
 
     @property
     def descriptors(self) -> Path:
@@ -99,8 +97,6 @@ class EndpointPicker:
 
 def health_serving(address: str) -> bool:
     """grpc.health.v1.Health/Check for the EPP's service, hand-encoded (one string field; SERVING is enum 1)."""
-    import grpc
-
     service = b"inference-extension"
     with grpc.insecure_channel(address) as channel:
         check = channel.unary_unary("/grpc.health.v1.Health/Check")
