@@ -32,6 +32,7 @@ from m3fleet.api.models import (
     KvCacheDtype,
     MiniMaxM3DeploymentSpec,
     Plan,
+    SpeculativeMethod,
     Strategy,
     TierPlan,
     Variant,
@@ -51,6 +52,7 @@ from m3fleet.catalog import (
 )
 from m3fleet.catalog.facts import POD_SHM_GIB
 from m3fleet.catalog.gateway import CONTEXT_TIER_FILTER, EPP_IMAGE, KV_SCORER, PICKER_FITS, PREFIX_SCORER, QUEUE_SCORER
+from m3fleet.catalog.speculative import DRAFTS, RECIPES, SERVED, UNSERVED_REASONS, DraftFacts
 from m3fleet.disaggregation import plan_disaggregated
 from m3fleet.errors import SpecError
 from m3fleet.sizing import Fit, Layout, evaluate
@@ -95,10 +97,11 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
     kv_dtypes = _kv_dtype_candidates(spec, engine_name, variant, notes)
     floor_gpus, floor_reason = _floor(engine_name, accel_name, variant_name)
     encoder_loaded = _encoder_loaded(spec, engine, variant, notes)
+    draft = _draft(spec, engine_name)
 
     layouts = _candidate_layouts(spec, strategy, floor_gpus, engine, accel)
     fits = [
-        evaluate(Layout(strategy, tp, dp, dtype, pp), variant, engine, accel, encoder_loaded, max_len)
+        evaluate(Layout(strategy, tp, dp, dtype, pp), variant, engine, accel, encoder_loaded, max_len, draft)
         for tp, dp, pp in layouts
         for dtype in kv_dtypes
     ]
@@ -111,7 +114,7 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
     if (
         floor_gpus > 1
         and layout.world == floor_gpus
-        and _smaller_would_fit(spec, strategy, floor_gpus, kv_dtypes, variant, engine, accel, encoder_loaded)
+        and _smaller_would_fit(spec, strategy, floor_gpus, kv_dtypes, variant, engine, accel, encoder_loaded, draft)
     ):
         notes.append(f"kept {floor_gpus} GPUs although memory alone allows fewer: {floor_reason}")
     if KvCacheDtype(spec.context.kv_cache_dtype) == KvCacheDtype.AUTO and layout.kv_dtype == KvCacheDtype.FP8:
@@ -121,6 +124,9 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
     nodes = math.ceil(layout.world / accel.gpus_per_node)
     cpu, memory_gib = _pod_resources(spec, accel, gpus_per_node)
     validated = _is_validated(engine_name, accel_name, variant_name, layout, nodes)
+    if draft is not None:
+        notes.extend(_speculative_notes(spec, draft, chosen))
+        validated = validated and (engine_name, draft.method) in RECIPES
     if not validated:
         notes.append("this shape is not one a published recipe runs; it is planned from memory arithmetic")
     if strategy == Strategy.DP_EP:
@@ -175,6 +181,7 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
             "kvCacheTokensPerReplica": chosen.tokens_per_replica,
             "maxSequencesAtMaxLen": chosen.sequences_at(max_len),
             "validated": validated,
+            "speculativeDecoding": _speculative_plan(spec, draft, chosen, spec.model.checkpoint or variant.checkpoint),
             "notes": notes,
             "modelCache": cache.name if cache is not None else None,
             "modelCacheNodeAffinity": cache.node_affinity if cache is not None else None,
@@ -246,6 +253,55 @@ def _gateway_plan(
         filters=[CONTEXT_TIER_FILTER] if len(tiers) > 1 else [],
         tiers=tiers,
     ), notes
+
+
+def _draft(spec: MiniMaxM3DeploymentSpec, engine: EngineName) -> DraftFacts | None:
+    """The draft spec.speculativeDecoding asks for, or SpecError where the engine does not serve it (the CRD's CEL
+    refuses the same at admission)."""
+    wanted = spec.speculative_decoding
+    if wanted is None:
+        return None
+    method = SpeculativeMethod(wanted.method)
+    if method not in SERVED[engine]:
+        others = [e.value for e, methods in SERVED.items() if method in methods]
+        raise SpecError(
+            "spec.speculativeDecoding.method",
+            f"{method.value} {UNSERVED_REASONS[engine]}",
+            f"remove speculativeDecoding, or use engine {' or '.join(others)}",
+        )
+    return DRAFTS[method]
+
+
+def _speculative_notes(spec: MiniMaxM3DeploymentSpec, draft: DraftFacts, fit: Fit) -> list[str]:
+    notes = [
+        f"speculative decoding {draft.method.value}: the draft takes {fit.draft_weights_gib_per_gpu:.1f} GiB and "
+        f"{fit.draft_kv_bytes_per_token_per_gpu} KV bytes per token on each GPU (counted above); the autoscaler "
+        f"assumes {draft.acceptance_length_prior} tokens per forward pass until the engine's counters measure it"
+    ]
+    wanted = spec.speculative_decoding
+    hub_draft = draft.default_model is not None and not (wanted and wanted.draft_model.startswith("/"))
+    if hub_draft:
+        notes.append(
+            "the draft model is fetched from Hugging Face when the engine starts: the pods need the Hub (and HF_TOKEN "
+            "for a gated draft), or set speculativeDecoding.draftModel to a path on a podTemplate volume"
+        )
+    return notes
+
+
+def _speculative_plan(
+    spec: MiniMaxM3DeploymentSpec, draft: DraftFacts | None, fit: Fit, checkpoint: str
+) -> dict[str, object] | None:
+    wanted = spec.speculative_decoding
+    if wanted is None or draft is None:
+        return None
+    return {
+        "method": draft.method,
+        "draftModel": wanted.draft_model or draft.default_model or checkpoint,
+        "numSpeculativeTokens": wanted.num_speculative_tokens or draft.default_tokens,
+        "draftWeightsGiBPerGPU": round(fit.draft_weights_gib_per_gpu, 1),
+        "draftKvBytesPerTokenPerGPU": fit.draft_kv_bytes_per_token_per_gpu,
+        "acceptanceLengthPrior": draft.acceptance_length_prior,
+    }
 
 
 def _encoder_loaded(
@@ -514,6 +570,7 @@ def _smaller_would_fit(
     engine: EngineFacts,
     accel: AcceleratorFacts,
     encoder_loaded: bool,
+    draft: DraftFacts | None,
 ) -> bool:
     half = floor_gpus // 2
     tp, dp = (spec.parallelism.tensor_parallel_size or 1, half) if strategy == Strategy.DP_EP else (half, 1)
@@ -522,7 +579,9 @@ def _smaller_would_fit(
     need = spec.context.min_sequences_at_max_len
     max_len = spec.context.max_model_len
     return any(
-        evaluate(Layout(strategy, tp, dp, d), variant, engine, accel, encoder_loaded, max_len).sequences_at(max_len)
+        evaluate(Layout(strategy, tp, dp, d), variant, engine, accel, encoder_loaded, max_len, draft).sequences_at(
+            max_len
+        )
         >= need
         for d in kv_dtypes
     )

@@ -252,6 +252,21 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
         "spec.engine.apiKeySecretRef",
     ),
     (
+        with_spec(engine__name="trtllm", accelerator="gb200", speculativeDecoding={"method": "eagle3"}),
+        "pinned TensorRT-LLM",
+        "spec.speculativeDecoding",
+    ),
+    (
+        with_spec(engine__name="sglang", speculativeDecoding={"method": "mtp"}),
+        "no MTP (NextN) module",
+        "spec.speculativeDecoding.method",
+    ),
+    (
+        with_spec(speculativeDecoding={"method": "mtp", "draftModel": "Inferact/MiniMax-M3-EAGLE3"}),
+        "is for eagle3",
+        "spec.speculativeDecoding.draftModel",
+    ),
+    (
         with_spec(engine__name="vllm", engine__adminApiKeySecretRef={"name": "k"}),
         "sglang only",
         "spec.engine.adminApiKeySecretRef",

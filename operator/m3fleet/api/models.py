@@ -35,6 +35,7 @@ from m3fleet.api.base import (
     EngineName,
     KvCacheDtype,
     MoeBackend,
+    SpeculativeMethod,
     Strategy,
     Variant,
     invalid,
@@ -128,6 +129,13 @@ from m3fleet.api.spec_placement import (
     RolloutSpec,
 )
 from m3fleet.api.spec_pod import PodTemplateMetadata, PodTemplateSpec, VolumeMount
+from m3fleet.api.spec_speculative import (
+    SGLANG_MTP_FIX,
+    SGLANG_MTP_PROBLEM,
+    TRTLLM_SPECULATIVE_FIX,
+    TRTLLM_SPECULATIVE_PROBLEM,
+    SpeculativeDecodingSpec,
+)
 
 # --- metadata.name -------------------------------------------------------------------------
 #
@@ -220,6 +228,19 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                     "FieldValueForbidden",
                 ),
                 cel(
+                    "self.engine.name != 'trtllm' || !has(self.speculativeDecoding)",
+                    f"speculativeDecoding {TRTLLM_SPECULATIVE_PROBLEM}; fix: {TRTLLM_SPECULATIVE_FIX}",
+                    ".speculativeDecoding",
+                    "FieldValueForbidden",
+                ),
+                cel(
+                    "self.engine.name != 'sglang' || !has(self.speculativeDecoding) || "
+                    "self.speculativeDecoding.method != 'mtp'",
+                    f"speculativeDecoding.method mtp {SGLANG_MTP_PROBLEM}; fix: {SGLANG_MTP_FIX}",
+                    ".speculativeDecoding.method",
+                    "FieldValueForbidden",
+                ),
+                cel(
                     "self.engine.name != 'trtllm' || !has(self.engine.apiKeySecretRef)",
                     f"engine.apiKeySecretRef {TRTLLM_API_KEY_PROBLEM}; fix: {TRTLLM_API_KEY_FIX}",
                     ".engine.apiKeySecretRef",
@@ -299,6 +320,11 @@ class MiniMaxM3DeploymentSpec(CamelModel):
         "serving pods, its endpoint picker (prefix-cache, KV-cache and queue aware) and an HTTPRoute from the named "
         "Gateway; optional context tiers behind the same pool; scale from zero (docs/gateway.md).",
         json_schema_extra={KEEP_ABSENT: True},  # its presence turns the serving path on: never defaulted to {}
+    )
+    speculative_decoding: SpeculativeDecodingSpec | None = Field(
+        default=None,
+        description="Speculative decoding: M3's own MTP modules or an EAGLE3 draft. The plan counts the draft's "
+        "weights and KV cache; absent, none.",
     )
     disaggregation: DisaggregationSpec | None = Field(
         default=None,
@@ -380,6 +406,9 @@ class Plan(CamelModel):
     max_sequences_at_max_len: int = Field(description="Full-length sequences the replica holds at once.")
     validated: bool = Field(description="The shape equals a published recipe's.")
     notes: list[str] = Field(default_factory=list, max_length=32, description="Assumptions and warnings.")
+    speculative_decoding: SpeculativePlan | None = Field(
+        default=None, description="The draft, its memory and the acceptance length assumed (absent: none)."
+    )
     model_cache: str | None = Field(
         default=None, description="MiniMaxM3ModelCache the weights come from (absent: spec.model.source)."
     )
@@ -393,6 +422,22 @@ class Plan(CamelModel):
         default=None,
         description="Prefill and decode workers on NVIDIA Dynamo (spec.disaggregation); the fields above then "
         "describe one decode worker.",
+    )
+
+
+class SpeculativePlan(CamelModel):
+    """Speculative decoding as planned: the draft, what it costs on each GPU, and the acceptance length assumed."""
+
+    method: SpeculativeMethod = Field(description="mtp or eagle3.")
+    draft_model: str = Field(description="The draft served (the checkpoint itself for mtp).")
+    num_speculative_tokens: int = Field(description="Tokens drafted per step.")
+    draft_weights_gib_per_gpu: float = Field(alias="draftWeightsGiBPerGPU", description="Draft weights on each GPU.")
+    draft_kv_bytes_per_token_per_gpu: int = Field(
+        alias="draftKvBytesPerTokenPerGPU", description="KV bytes the draft adds per token on each GPU."
+    )
+    acceptance_length_prior: float = Field(
+        description="Tokens emitted per target forward pass the autoscaler assumes until the engine's counters "
+        "measure it (1: no gain assumed)."
     )
 
 
@@ -626,6 +671,9 @@ __all__ = [
     "ScheduleWindowSpec",
     "SecretKeyRef",
     "SloSpec",
+    "SpeculativeDecodingSpec",
+    "SpeculativeMethod",
+    "SpeculativePlan",
     "Strategy",
     "TierPlan",
     "TimeToReadyPhases",

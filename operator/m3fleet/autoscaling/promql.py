@@ -110,6 +110,11 @@ def build_queries(
         scalars["kvCapacityTokens"] = rank_gauge(metrics.capacity)
     if metrics.block_size:
         scalars["blockSize"] = rank_gauge(metrics.block_size)
+    if metrics.spec_accepted_tokens and metrics.spec_drafts:
+        scalars["specAcceptedRate"] = rate(metrics.spec_accepted_tokens)
+        scalars["specDraftRate"] = rate(metrics.spec_drafts)
+    if metrics.spec_acceptance_length:
+        scalars["specAcceptanceLength"] = f"avg by ({by}) ({either(metrics.spec_acceptance_length)})"
 
     def histogram(names: Names) -> tuple[str, str, str]:
         def part(suffix: str, extra: str = "") -> str:

@@ -361,6 +361,8 @@ class Autoscaler:
         if written is None:
             return Tick(decision, gone=True)
         reason = str(record.get("reason", ""))
+        if decision.decided_by:  # the Event says which term decided, as status.autoscaling.decidedBy does
+            reason = f"{reason} [decided by {decision.decided_by}]"
         if decision.applied:
             self.events.info(body, "Scaled", reason)
             log.info("%s/%s: %s", namespace, name, reason)
