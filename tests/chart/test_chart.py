@@ -427,7 +427,7 @@ def test_pod_monitor_scrapes_every_pod_that_exports_engine_metrics() -> None:
     assert {e["path"] for e in endpoints} == {"/metrics", "/prometheus/metrics"}
     for e in endpoints:
         targets = {r["targetLabel"] for r in e["relabelings"] if r["action"] == "replace"}
-        assert targets == {"m3fleet_dev_name", "m3fleet_dev_engine", "m3fleet_dev_accelerator"}
+        assert targets == {"m3fleet_dev_name", "m3fleet_dev_engine", "m3fleet_dev_accelerator", "m3fleet_dev_tier"}
 
     pods = _engine_pods()
     scraped = [p for p in pods if any(_kept(e, p) for e in endpoints)]

@@ -221,11 +221,6 @@ CHILD_VALUE_CASES: list[tuple[dict[str, Any], str, str]] = [
 TIERS_REFUSED: list[tuple[list[dict[str, Any]], str, str]] = [
     ([{"name": "long", "maxModelLen": 262144}], "shorter than spec.context.maxModelLen", "spec.gateway.tiers"),
     ([{"name": "main", "maxModelLen": 8192}], "the spec's own context", "spec.gateway.tiers[0].name"),
-    (
-        [{"name": "s", "maxModelLen": 8192, "minReplicas": 3, "maxReplicas": 2}],
-        "minReplicas above",
-        "spec.gateway.tiers[0].minReplicas",
-    ),
     ([{"name": "s", "maxModelLen": 8192}, {"name": "s", "maxModelLen": 16384}], "same name", "spec.gateway.tiers"),
     (
         [{"name": "a", "maxModelLen": 8192}, {"name": "b", "maxModelLen": 8192}],

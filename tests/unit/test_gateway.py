@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from m3fleet.admission import review
 from m3fleet.api import parse_resource
 from m3fleet.api.conditions import DeploymentReason
 from m3fleet.catalog.engine_metrics import ENGINE_METRICS
@@ -305,3 +306,13 @@ def test_the_gateway_report_reads_the_routes_verdict_and_every_tiers_endpoints()
     assert missing is not None
     ok, reason, message = gateway_condition(gateway_report(missing, resource, live, 1))
     assert reason == DeploymentReason.GATEWAY_NOT_FOUND and "spec.gateway.gatewayRef" in message
+
+
+def test_the_webhook_refuses_a_tier_the_planner_cannot_plan_and_admits_the_sample() -> None:
+    """A tier that passes the CRD but cannot be planned is refused at admission, naming the tier and the fix."""
+    assert review("CREATE", load_sample(GATEWAY_SAMPLE)).allowed
+    bad = _gatewayed(
+        "vllm-h200-tp8", tiers=[{"name": "tiny", "maxModelLen": 65536, "parallelism": {"tensorParallelSize": 1}}]
+    )
+    verdict = review("CREATE", bad)
+    assert not verdict.allowed and "spec.gateway.tiers[0]" in verdict.message and "fix:" in verdict.message

@@ -30,8 +30,6 @@ TIER_CONTEXT_PROBLEM = (
     "serves the prompts too short for the next one"
 )
 TIER_CONTEXT_FIX = "lower the tier's maxModelLen, or raise spec.context.maxModelLen to the longest context served"
-TIER_BOUNDS_PROBLEM = "has minReplicas above maxReplicas"
-TIER_BOUNDS_FIX = "lower the tier's minReplicas or raise its maxReplicas"
 
 
 class GatewayRef(CamelModel):
@@ -68,11 +66,6 @@ class ContextTier(CamelModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.minReplicas <= self.maxReplicas",
-                    f"tier {TIER_BOUNDS_PROBLEM}; fix: {TIER_BOUNDS_FIX}",
-                    ".minReplicas",
-                ),
-                cel(
                     f"self.name != '{MAIN_TIER}'",
                     f"tier name {MAIN_TIER} is the spec's own context; fix: {TIER_NAME_FIX}",
                     ".name",
@@ -90,15 +83,11 @@ class ContextTier(CamelModel):
         ge=1024, le=MAX_CONTEXT, description="Longest prompt + output this tier serves, in tokens."
     )
     replicas: int = Field(
-        default=1, ge=0, le=MAX_REPLICAS, description="The tier's replicas while the autoscaler is off."
-    )
-    min_replicas: int = Field(
         default=1,
         ge=0,
         le=MAX_REPLICAS,
-        description="Fewest replicas the autoscaler keeps in this tier (0: the tier scales to zero when idle).",
+        description="The tier's replicas (the built-in autoscaler scales the spec's own tier, not this one).",
     )
-    max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS, description="Most replicas of this tier.")
     parallelism: ParallelismSpec | None = Field(
         default=None, description="The tier's parallel layout; absent: spec.parallelism's, planned for the tier."
     )

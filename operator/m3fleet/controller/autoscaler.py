@@ -56,6 +56,7 @@ from m3fleet.render import labels
 # Engine series carry the pod's labels as Prometheus labels (the chart's PodMonitor, or the usual
 # `labelmap` of __meta_kubernetes_pod_label_(.+) for annotation-based scraping).
 FLEET_LABEL = "m3fleet_dev_name"
+TIER_LABEL = "m3fleet_dev_tier"  # a context tier's pods (spec.gateway.tiers): the autoscaler sizes the spec's own tier
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +83,15 @@ AdapterFactory = Callable[[SourceSpec], MetricsSource]
 
 
 def source_spec(
-    namespace: str, name: str, engine: str, scaling: AutoscalingSpec, multi_node: bool, tls: Tls
+    namespace: str, name: str, engine: str, scaling: AutoscalingSpec, multi_node: bool, tls: Tls, tiered: bool = False
 ) -> SourceSpec:
-    """How the resource's spec says its metrics are read."""
+    """How the resource's spec says its metrics are read (`tiered`: only the spec's own tier's pods, those without
+    the tier label, when spec.gateway has context tiers)."""
     prometheus = scaling.prometheus
     return SourceSpec(
         engine=engine,
         url=prometheus.url,
-        selector=(("namespace", namespace), (FLEET_LABEL, name)),
+        selector=(("namespace", namespace), (FLEET_LABEL, name), *(((TIER_LABEL, ""),) if tiered else ())),
         overrides=tuple(sorted(prometheus.query_overrides.items())),
         tls=tls,
         gateway=gateway_of(scaling),
@@ -212,7 +214,7 @@ class Autoscaler:
         return Tls(ca_pem=ca_from_secret(secret, ref.name, ref.key))
 
     async def _source(
-        self, body: Mapping[str, Any], engine: str, scaling: AutoscalingSpec, multi_node: bool
+        self, body: Mapping[str, Any], engine: str, scaling: AutoscalingSpec, multi_node: bool, tiered: bool
     ) -> MetricsSource:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         prometheus = scaling.prometheus
@@ -220,7 +222,7 @@ class Autoscaler:
             tls = await self._tls(key[0], prometheus)
         except ValueError as exc:
             return Unreadable(engine, str(exc))
-        wanted = source_spec(key[0], key[1], engine, scaling, multi_node, tls)
+        wanted = source_spec(key[0], key[1], engine, scaling, multi_node, tls, tiered)
         cached = self._sources.get(key)
         if cached is None or cached[0] != wanted:
             cached = (wanted, self.adapters(wanted))
@@ -318,9 +320,11 @@ class Autoscaler:
         workload = await self.api.get(workload_kind, namespace, name)
         if workload is None:  # not applied yet (or blocked): the reconcile owns that; or deleted unseen, then
             return Tick(gone=not await kubeapi.still_exists(self.api, body))  # never tick it again
-        pods = await self.api.list(kubeapi.POD, namespace, labels.owned_selector(name))
+        # The spec's own tier: a context tier's pods (spec.gateway.tiers) are another workload's.
+        pods = await self.api.list(kubeapi.POD, namespace, f"{labels.owned_selector(name)},!{labels.TIER}")
         key = (namespace, name)
-        source = await self._source(body, str(plan.engine), scaling, plan.nodes_per_replica > 1)
+        tiered = bool(resource.spec.gateway is not None and resource.spec.gateway.tiers)
+        source = await self._source(body, str(plan.engine), scaling, plan.nodes_per_replica > 1, tiered)
         snapshot = await asyncio.to_thread(source.read)
         status = body.get("status") or {}
         previous = status.get("autoscaling") or {}

@@ -97,7 +97,7 @@ def _mi355x(i: int) -> NodeSpec:
 
 NODES: tuple[NodeSpec, ...] = (
     NodeSpec("system-0", "amd64", cpu="16", memory="65842360Ki"),
-    *(_h200(i) for i in range(6)),
+    *(_h200(i) for i in range(7)),  # 7: every single-node H200 sample at once (the gateway sample runs two tiers)
     *(_gb200(i) for i in range(4)),
     *(_mi355x(i) for i in range(4)),
 )
