@@ -17,7 +17,7 @@ from tests.support.cluster.cluster import BIN, SAMPLES, Cluster, OperatorProcess
 from tests.support.cluster.nodes import NODES
 
 WEIGHT_CLAIMS = ("m3-weights", "m3-weights-mxfp8", "m3-weights-mxfp4", "m3-weights-nvfp4")
-POOL_OF_ACCELERATOR = {"h200": "h200", "gb200": "gb200", "mi355x": "mi355x"}
+POOL_OF_ACCELERATOR = {"h200": "h200", "gb200": "gb200", "b200": "b200", "mi355x": "mi355x"}
 NODE_POOL = {spec.name: spec.pool for spec in NODES}
 
 
