@@ -105,3 +105,14 @@ def test_tensorrt_llm_stays_on_the_pools_its_guide_documents() -> None:
     with pytest.raises(SpecErrors) as refused:
         parse_resource(document("trtllm", "b200", "bf16"))
     assert "spec.engine.name" in str(refused.value)
+
+
+def test_b300_renders_b200s_flags_so_the_parser_grid_checks_it_through_b200() -> None:
+    # tests/support/engines/grid.FLAG_TWINS leaves b300 out of the parser tier's cross product on this ground.
+    for engine, variant in (("vllm", "nvfp4"), ("sglang", "mxfp8")):
+        argv = {}
+        for accelerator in ("b200", "b300"):
+            doc = document(engine, accelerator, variant, parallelism={"tensorParallelSize": 8})
+            (command, *_) = grid.commands(grid.render_document(accelerator, doc))
+            argv[accelerator] = command.argv
+        assert argv["b200"] == argv["b300"], engine
