@@ -65,8 +65,8 @@ from m3fleet_simulator.scenarios import Request, Workload
 
 # Relative speed per accelerator vs H200 (UNVERIFIED assumptions, not calibrated on hardware):
 # prefill scales with dense FLOPs, the decode step with HBM bandwidth.
-PREFILL_SPEED: Final[dict[str, float]] = {"h200": 1.0, "gb200": 2.2, "mi355x": 2.0}
-DECODE_STEP_SCALE: Final[dict[str, float]] = {"h200": 1.0, "gb200": 0.65, "mi355x": 0.65}
+PREFILL_SPEED: Final[dict[str, float]] = {"h200": 1.0, "gb200": 2.2, "b200": 2.2, "b300": 2.2, "mi355x": 2.0}
+DECODE_STEP_SCALE: Final[dict[str, float]] = {"h200": 1.0, "gb200": 0.65, "b200": 0.65, "b300": 0.65, "mi355x": 0.65}
 MULTI_NODE_PREFILL_EFFICIENCY: Final = 0.85
 MULTI_NODE_DECODE_PENALTY: Final = 1.15
 ENGINE_CAPACITY_FACTOR: Final = 0.95

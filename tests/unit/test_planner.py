@@ -43,6 +43,7 @@ RECIPE_SHAPES = {
     "vllm-gb200-nvfp4-eagle3-tp4": ("vllm", "gb200", "nvfp4", "tp", 4, 1, 1, 1),
     "vllm-h200-mtp-tp8": ("vllm", "h200", "bf16", "tp", 8, 1, 1, 1),
     "sglang-gb200-mxfp8-eagle3-tp4": ("sglang", "gb200", "mxfp8", "tp", 4, 1, 1, 1),
+    "sglang-b200-mxfp8-tp8-ep8": ("sglang", "b200", "mxfp8", "tp-ep", 8, 1, 8, 1),
 }
 # Samples whose shape no published recipe runs exactly: NV-BLOG's SGLang TP8+EP8 command is CUDA-only on one
 # 8-GPU Blackwell node, so neither its MI355X nor its 2 x 4 GB200 form is `validated`.

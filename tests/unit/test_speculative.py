@@ -18,21 +18,11 @@ from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
 from m3fleet.render import render
 from tests.support.engines import grid
+from tests.support.samples import resource
 
 
 def document(engine: str = "vllm", accelerator: str = "h200", variant: str = "bf16", **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "m3fleet.dev/v1alpha1",
-        "kind": "MiniMaxM3Deployment",
-        "metadata": {"name": "spec", "namespace": "llm"},
-        "spec": {
-            "model": {"variant": variant, "source": {"pvc": {"claimName": "w"}}},
-            "engine": {"name": engine},
-            "accelerator": accelerator,
-            "parallelism": {"tensorParallelSize": 8},
-            **spec,
-        },
-    }
+    return resource(engine, accelerator, variant, name="spec", **{"parallelism": {"tensorParallelSize": 8}, **spec})
 
 
 def planned(doc: dict[str, Any]) -> Plan:

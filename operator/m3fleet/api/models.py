@@ -298,7 +298,9 @@ class MiniMaxM3DeploymentSpec(CamelModel):
     )
     model: ModelSpec = Field(description="Which MiniMax-M3 checkpoint to serve and where its weights are.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Serving engine and its overrides.")
-    accelerator: Accelerator = Field(default=Accelerator.H200, description="GPU pool: h200, gb200 or mi355x.")
+    accelerator: Accelerator = Field(
+        default=Accelerator.H200, description="GPU pool: h200, gb200, b200, b300 or mi355x."
+    )
     node_pool: NodePoolSpec = Field(default_factory=NodePoolSpec, description="Extra placement for the pool.")
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec, description="Parallel layout; zeros let the planner decide."

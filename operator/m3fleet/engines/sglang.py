@@ -18,7 +18,7 @@ import json
 from functools import cache
 from importlib import resources
 
-from m3fleet.api.models import Accelerator, Strategy, Variant
+from m3fleet.api.models import Strategy, Variant
 from m3fleet.engines import flags
 from m3fleet.engines.base import (
     LWS_GROUP_SIZE,
@@ -130,7 +130,7 @@ def multimodal_args(ctx: Context) -> list[str]:
         # Refuses image/video requests; SGLang's M3 model still loads the vision tower (the plan counts it).
         return ["--language-model-only"]
     args = ["--enable-multimodal"]
-    if ctx.plan.accelerator == Accelerator.GB200:
+    if ctx.accelerator.blackwell:
         args += ["--mm-attention-backend", "flashinfer_cudnn"]  # NV-BLOG's Blackwell vision-encoder attention
     return args
 
