@@ -94,15 +94,29 @@ class PerfModel:
         multi_node = plan.gpus_per_replica / ranks > plan.gpus_per_node
         speed = gpus / 8 * PREFILL_SPEED.get(accel, 1.0) * (MULTI_NODE_PREFILL_EFFICIENCY if multi_node else 1.0)
         step = 0.025 * DECODE_STEP_SCALE.get(accel, 1.0) * (MULTI_NODE_DECODE_PENALTY if multi_node else 1.0)
+        # Speculative decoding emits the acceptance length's tokens per target step: decode time per token shrinks by
+        # it (the plan's prior; the draft's own forward pass is small beside the target's and left out).
+        per_step = plan.speculative_decoding.acceptance_length_prior if plan.speculative_decoding else 1.0
         return cls(
             prefill_linear=20e-6 / speed,
             prefill_quadratic=1e-11 / speed,
-            decode_step=step,
-            decode_per_sequence=5e-5,
-            decode_per_context_token=3e-9,
+            decode_step=step / per_step,
+            decode_per_sequence=5e-5 / per_step,
+            decode_per_context_token=3e-9 / per_step,
             token_budget=2048,
             max_num_seqs=256,
             capacity_tokens=int(plan.kv_cache_tokens_per_rank * ENGINE_CAPACITY_FACTOR) // 128 * 128,
+        )
+
+    def scaled(self, prefill: float, decode: float) -> PerfModel:
+        """The same engine with every prefill cost x `prefill` and every decode cost x `decode`."""
+        return replace(
+            self,
+            decode_step=self.decode_step * decode,
+            decode_per_sequence=self.decode_per_sequence * decode,
+            decode_per_context_token=self.decode_per_context_token * decode,
+            prefill_linear=self.prefill_linear * prefill,
+            prefill_quadratic=self.prefill_quadratic * prefill,
         )
 
     def token_cost(self, prompt: float) -> float:
@@ -303,11 +317,18 @@ class Engine:
         if r.admitted is None:
             r.admitted = self.t
         r.phase = PREFILL
-        r.cost = self.m.token_cost(r.need)
+        reused = self._reuse_prefix(r)
+        # Only the uncached suffix is computed; each of its tokens still attends to the whole context before it
+        # (the quadratic term's mean over positions reused..need is linear + quadratic x (need + reused)).
+        r.cost = self.m.prefill_linear + self.m.prefill_quadratic * (r.need + reused)
         self.prefilling = r
-        self.prefilled_at = self.P + r.need
+        self.prefilled_at = self.P + r.need - reused
         self.reserved += r.need
         self.running[r.spec.rid] = r
+
+    def _reuse_prefix(self, r: SimRequest) -> int:
+        """Prompt tokens of `r` whose KV this engine already holds (prefix caching); none without a cache."""
+        return 0
 
     def _leave_prefill(self) -> None:
         self.prefilling = None
@@ -564,7 +585,7 @@ class Simulation:
             self._ready(replica)
 
     # events -------------------------------------------------------------------------------------
-    ARRIVAL, ENGINE, READY, SCRAPE, TICK = 0, 1, 2, 3, 4
+    ARRIVAL, ENGINE, READY, SCRAPE, TICK, CALL = 0, 1, 2, 3, 4, 5
 
     def _push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, a, b))
@@ -618,6 +639,8 @@ class Simulation:
                     return False
                 self._tick()
                 self._push(t + s.tick_seconds, self.TICK)
+            elif kind == self.CALL:  # a model built on this one (a KV transfer, a session's next turn)
+                a()
         return bool(self.events)
 
     def follow(self, names: Collection[str]) -> None:
@@ -650,7 +673,8 @@ class Simulation:
     def _serving(self) -> list[Replica]:
         return [r for r in self.replicas if r.ready and not r.draining and r.deleted is None]
 
-    def _route(self, request: SimRequest) -> None:
+    def _choose(self, request: SimRequest) -> Engine | None:
+        """The engine with the most free KV net of its queue; None with no serving replica."""
         best: Engine | None = None
         best_score = -math.inf
         for replica in self._serving():
@@ -658,24 +682,25 @@ class Simulation:
                 score = engine.cap - engine.used() - engine.queued_tokens
                 if score > best_score:
                     best, best_score = engine, score
+        return best
+
+    def _route(self, request: SimRequest) -> None:
+        best = self._choose(request)
         if best is None:
             self.gateway.append(request)
             return
-        best.advance(self.now)
-        best.enqueue(request)
-        best.process(self.now)
-        self._reschedule(best)
+        self._send(best, request)
+
+    def _send(self, engine: Engine, request: SimRequest) -> None:
+        engine.advance(self.now)
+        engine.enqueue(request)
+        engine.process(self.now)
+        self._reschedule(engine)
 
     def on_finish(self, r: SimRequest) -> None:
         self.in_flight -= 1
         self.finished.append(r)
-        spec, m = r.spec, self.model
-        assert r.first_token is not None and r.finish is not None
-        ttft = r.first_token - spec.arrival
-        itl = (r.finish - r.first_token) / (spec.output - 1) if spec.output > 1 else 0.0
-        ttft_ok = ttft <= self.slo.ttft_seconds(spec.prompt, m.unloaded_prefill_seconds(spec.prompt))
-        itl_ok = itl <= self.slo.itl_seconds(m.unloaded_itl(spec.prompt + spec.output / 2))
-        if ttft_ok and itl_ok:
+        if meets_slo(r, self.slo, self.model):
             self.met += 1
 
     # the fleet ------------------------------------------------------------------------------------
@@ -686,11 +711,14 @@ class Simulation:
 
     def _ready(self, replica: Replica) -> None:
         replica.ready = True
-        replica.engines = [Engine(self.model, self, replica) for _ in range(self.ranks)]
+        replica.engines = [self._new_engine(replica) for _ in range(self.ranks)]
         held = list(self.gateway)
         self.gateway.clear()
         for request in held:
             self._route(request)
+
+    def _new_engine(self, replica: Replica) -> Engine:
+        return Engine(self.model, self, replica)
 
     def _apply(self, desired: int) -> None:
         starting = [r for r in self.replicas if not r.ready and r.deleted is None]
@@ -830,6 +858,17 @@ class Simulation:
             peak_replicas=max(minutes, default=0),
             replica_minutes=minutes,
         )
+
+
+def meets_slo(r: SimRequest, slo: SloSpec, model: PerfModel) -> bool:
+    """A finished request against the SLO, whose unloaded times are `model`'s."""
+    spec = r.spec
+    assert r.first_token is not None and r.finish is not None
+    ttft = r.first_token - spec.arrival
+    itl = (r.finish - r.first_token) / (spec.output - 1) if spec.output > 1 else 0.0
+    ttft_ok = ttft <= slo.ttft_seconds(spec.prompt, model.unloaded_prefill_seconds(spec.prompt))
+    itl_ok = itl <= slo.itl_seconds(model.unloaded_itl(spec.prompt + spec.output / 2))
+    return ttft_ok and itl_ok
 
 
 def signals_from_scrapes(

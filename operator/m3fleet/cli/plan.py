@@ -9,12 +9,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from m3fleet.api import MiniMaxM3Deployment, Plan
-from m3fleet.api.models import AutoscalingSpec, SloSpec
+from m3fleet.api.models import AutoscalingSpec, RolePlan, SloSpec
 from m3fleet.cli.inputs import Caches, cache_of, input_flags, process
 from m3fleet.documents import dump
 from m3fleet.exitcodes import EXIT_INVALID, EXIT_OK
 from m3fleet.planner import plan
 from m3fleet.render import check
+from m3fleet.text import tokens
 
 
 def register(sub: Any) -> None:
@@ -77,15 +78,48 @@ CACHE_COLUMN: Column = (
 )
 
 
+def gateway_text(p: Plan) -> str:
+    """The gateway and its context tiers in one table cell, e.g. inference-gateway (short 131k x4, main 524k x1)."""
+    if p.gateway is None:
+        return "-"
+    tiers = ", ".join(f"{t.name} {tokens(t.max_model_len)} x{t.max_sequences_at_max_len}" for t in p.gateway.tiers)
+    return f"{p.gateway.gateway} ({tiers})"
+
+
+GATEWAY_COLUMN: Column = ("GATEWAY (TIER CONTEXT xSEQS)", lambda n, p: gateway_text(p))
+
+
 def format_table(rows: list[Row]) -> str:
-    columns = [*PLAN_COLUMNS, *([CACHE_COLUMN] if any(p.model_cache for _, p, _ in rows) else [])]
+    columns = [
+        *PLAN_COLUMNS,
+        *([CACHE_COLUMN] if any(p.model_cache for _, p, _ in rows) else []),
+        *([GATEWAY_COLUMN] if any(p.gateway for _, p, _ in rows) else []),
+    ]
     cells = [[h for h, _ in columns]] + [[str(f(n, p)) for _, f in columns] for n, p, _ in rows]
     if any(a is not None for _, _, a in rows):  # as the cache: a column only when a row has something in it
         cells[0] += ["REPLICAS", "SLO"]
         for row, (_, _, a) in zip(cells[1:], rows, strict=True):
             row += [f"{a.min_replicas}-{a.max_replicas}", slo_text(a.slo)] if a is not None else ["-", "-"]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells) + "\n"
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells) + "\n"
+    return table + "".join(disaggregation_text(n, p) for n, p, _ in rows if p.disaggregation is not None)
+
+
+def disaggregation_text(name: str, p: Plan) -> str:
+    """Below the table, for a disaggregated resource: both roles, the ratio and how it was reached."""
+    d = p.disaggregation
+    if d is None:
+        return ""
+
+    def role(label: str, r: RolePlan) -> str:
+        layout = f"{r.strategy} TP{r.tensor_parallel_size} DP{r.data_parallel_size} EP{r.expert_parallel_size}"
+        return f"{r.replicas} {label} x ({layout}, {r.gpus_per_worker} GPUs on {r.nodes_per_worker} node(s))"
+
+    head = (
+        f"\n{name}: disaggregated on NVIDIA Dynamo {d.dynamo_version} ({d.render_as}), ratio {d.ratio}: "
+        f"{role('prefill', d.prefill)} + {role('decode', d.decode)} + {d.frontend_replicas} frontend(s)\n"
+    )
+    return head + "".join(f"  {line}\n" for line in d.reasoning)
 
 
 def _plan(resource: MiniMaxM3Deployment, caches: Caches) -> Row:

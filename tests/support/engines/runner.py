@@ -70,33 +70,22 @@ def check(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if len({item["id"] for item in items}) != len(items):
         raise ValueError("item ids must be unique")
 
-    # Both engines at once: each checker is mostly its engine's import (torch, then the engine), and the two
-    # imports together took as long in a row as a whole batch of checks.
-    running = {
-        engine: subprocess.Popen(
-            [pythons[engine], str(CHECKER)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for engine in by_engine
-    }
-    try:  # a thread each: a checker reads its stdin first, and a large batch does not fit a pipe's buffer
-        with ThreadPoolExecutor(max(len(running), 1)) as pool:
-            talks = {
-                engine: pool.submit(proc.communicate, json.dumps(by_engine[engine]), TIMEOUT_S)
-                for engine, proc in running.items()
-            }
-            outputs = {engine: talk.result() for engine, talk in talks.items()}
-    finally:
-        for proc in running.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    results: dict[str, dict[str, Any]] = {}
-    for engine, (stdout, stderr) in outputs.items():
-        if running[engine].returncode != 0:
-            raise RuntimeError(f"{engine} checker exited {running[engine].returncode}:\n{stderr[-5000:]}")
-        results.update((r["id"], r) for r in json.loads(stdout))
+    # Both engines at once: each checker is mostly its engine's import (torch, then the engine).
+    with ThreadPoolExecutor(max(len(by_engine), 1)) as pool:
+        batches = [
+            pool.submit(run_checker, pythons[engine], CHECKER, batch, f"{engine} checker")
+            for engine, batch in by_engine.items()
+        ]
+        results = {r["id"]: r for batch in batches for r in batch.result()}
     return [results[item["id"]] for item in items]
+
+
+def run_checker(python: str, script: Path, items: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
+    """`script`'s JSON verdicts on `items` (JSON on stdin), run by another venv's `python`."""
+    proc = subprocess.run(
+        [python, str(script)], input=json.dumps(items), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} exited {proc.returncode}:\n{proc.stderr[-5000:]}")
+    verdicts: list[dict[str, Any]] = json.loads(proc.stdout)
+    return verdicts
