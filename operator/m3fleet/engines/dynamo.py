@@ -20,10 +20,10 @@ from m3fleet.api.models import DisaggregationPlan, EngineName, Strategy
 from m3fleet.api.spec_pod import CONFIG_MOUNT, SSH_MOUNT
 from m3fleet.catalog.dynamo import (
     BACKENDS,
-    M3_PARSER,
     DISCOVERY_BACKEND,
     EVENT_PLANE,
     FRONTEND_PORT,
+    M3_PARSER,
     REQUEST_PLANE,
     ROUTER_MODE,
     SYSTEM_PORT,
