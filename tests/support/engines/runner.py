@@ -71,15 +71,16 @@ def check(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     results: dict[str, dict[str, Any]] = {}
     for engine, batch in by_engine.items():
-        proc = subprocess.run(
-            [pythons[engine], str(CHECKER)],
-            input=json.dumps(batch),
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{engine} checker exited {proc.returncode}:\n{proc.stderr[-5000:]}")
-        results.update((r["id"], r) for r in json.loads(proc.stdout))
+        results.update((r["id"], r) for r in run_checker(pythons[engine], CHECKER, batch, f"{engine} checker"))
     return [results[item["id"]] for item in items]
+
+
+def run_checker(python: str, script: Path, items: list[dict[str, Any]], what: str) -> list[dict[str, Any]]:
+    """`script`'s JSON verdicts on `items` (JSON on stdin), run by another venv's `python`."""
+    proc = subprocess.run(
+        [python, str(script)], input=json.dumps(items), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} exited {proc.returncode}:\n{proc.stderr[-5000:]}")
+    verdicts: list[dict[str, Any]] = json.loads(proc.stdout)
+    return verdicts
