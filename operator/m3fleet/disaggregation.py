@@ -69,6 +69,15 @@ def plan_disaggregated(spec: MiniMaxM3DeploymentSpec, plan_role: Callable[[MiniM
     if wanted is None:
         raise ValueError("plan_disaggregated needs spec.disaggregation")
     backend = _backend(spec)
+    if spec.autoscaling.enabled:
+        raise SpecError(
+            "spec.autoscaling.enabled",
+            "the autoscaler does not yet scale a disaggregated fleet's roles (its per-role policy, "
+            "autoscaling/policy/roles.py, is not wired to the operator's metrics); the aggregated one would read "
+            "the frontend's pods",
+            "set autoscaling.enabled false and scale the decode workers with spec.replicas (kubectl scale; the "
+            "prefill workers follow the ratio), or remove spec.disaggregation",
+        )
     role_plans = plan_roles(spec, plan_role)
     prefill, decode = role_plans["prefill"], role_plans["decode"]
     rates = {
