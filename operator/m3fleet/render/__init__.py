@@ -35,10 +35,10 @@ from m3fleet.render.workloads import (
     SERVICE_SUFFIX,
     compute_domain,
     config_digest,
+    config_map,
     deployment,
     disruption_budget,
     leader_worker_set,
-    meta,
     network_policy,
     service,
     service_name,
@@ -48,15 +48,6 @@ from m3fleet.render.workloads import (
 
 def context_for(resource: MiniMaxM3Deployment, plan: Plan, cache: CacheMount | None = None) -> Context:
     return Context(resource.metadata.name, resource.metadata.namespace, resource.spec, plan, cache)
-
-
-def _config_map(ctx: Context, engine: EngineLaunch) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": meta(ctx, ctx.resource_name("engine-config")),
-        "data": dict(sorted(engine.config_files.items())),
-    }
 
 
 def _deployment(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, Any]:
@@ -128,7 +119,7 @@ def render(
     engine = launch(ctx)
     objects: list[dict[str, Any]] = []
     if engine.config_files:
-        objects.append(_config_map(ctx, engine))
+        objects.append(config_map(ctx, engine.config_files))
     if ctx.multi_node and plan.accelerator == Accelerator.GB200:
         objects.append(compute_domain(ctx))
     if workload_kind(plan) == "LeaderWorkerSet":

@@ -23,6 +23,7 @@ from m3fleet.render.pod import pod_template
 from m3fleet.render.workloads import (
     compute_domain,
     config_digest,
+    config_map,
     deployment,
     disruption_budget,
     leader_worker_set,
@@ -75,7 +76,7 @@ def render_pods(
     top = Context(name, namespace, resource.spec, plan, cache)
     objects: list[dict[str, Any]] = []
     if files:
-        objects.append(_config_map_of(top, files))
+        objects.append(config_map(top, files))
     if plan.accelerator == Accelerator.GB200 and any(c.multi_node for c in contexts.values()):
         objects.append(compute_domain(top))
     objects += _rbac(top)
@@ -104,15 +105,6 @@ def worker_secrets(resource: MiniMaxM3Deployment, roles: dict[str, Plan]) -> lis
     """The Secrets the workers need generated (the TensorRT-LLM multi-node SSH key), once each."""
     found = {worker_launch(ctx, role).ssh_secret for role, ctx in role_contexts(resource, roles).items()}
     return sorted(s for s in found if s is not None)
-
-
-def _config_map_of(ctx: Context, files: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": meta(ctx, ctx.resource_name("engine-config")),
-        "data": dict(sorted(files.items())),
-    }
 
 
 def _rbac(ctx: Context) -> list[dict[str, Any]]:

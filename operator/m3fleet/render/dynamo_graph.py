@@ -20,7 +20,7 @@ from m3fleet.disaggregation import prefill_count
 from m3fleet.engines.base import CacheMount, Context
 from m3fleet.engines.dynamo import dynamo_command_without_runtime, frontend_command, role_config_files
 from m3fleet.render.pod import placement
-from m3fleet.render.workloads import config_digest, meta
+from m3fleet.render.workloads import config_digest, config_map, meta
 
 DGD_API = "nvidia.com/v1beta1"
 MAIN = "main"  # the container the Dynamo operator merges its defaults into
@@ -44,14 +44,7 @@ def render_graph(
     counts = {"prefill": prefill_count(d, decode_replicas), "decode": decode_replicas}
     objects: list[dict[str, Any]] = []
     if files:
-        objects.append(
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": meta(top, top.resource_name("engine-config")),
-                "data": dict(sorted(files.items())),
-            }
-        )
+        objects.append(config_map(top, files))
     frontend = frontend_command(top, d)
     components = [
         {

@@ -30,6 +30,16 @@ def meta(ctx: Context, name: str, **extra: Any) -> dict[str, Any]:
     return {"name": name, "namespace": ctx.namespace, "labels": labels.object_labels(ctx), **extra}
 
 
+def config_map(ctx: Context, files: Mapping[str, str]) -> dict[str, Any]:
+    """The engine-config ConfigMap (`<name>-engine-config`, mounted at CONFIG_MOUNT): launch scripts, engine YAML."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta(ctx, ctx.resource_name("engine-config")),
+        "data": dict(sorted(files.items())),
+    }
+
+
 def config_digest(files: Mapping[str, str]) -> str | None:
     """What identifies the engine-config ConfigMap's data (None: the engine needs none)."""
     if not files:
