@@ -12,6 +12,7 @@ import pytest
 
 from m3fleet.api import parse_resource
 from m3fleet.controller.decide import Observed, decide, key_of, understand, want
+from m3fleet.controller.status import Workload, desired_replicas
 from m3fleet.documents import dump
 from m3fleet.planner import plan
 from m3fleet.render import render, replacement_notice, required_secrets, set_owner
@@ -156,6 +157,24 @@ def test_dynamo_graph_deployment() -> None:
     main = components["decode"]["podTemplate"]["spec"]["containers"][0]
     assert main["name"] == "main" and main["command"] == ["python3", "-m", "dynamo.trtllm"]
     assert "--discovery-backend" not in main["args"]  # the Dynamo operator wires discovery itself
+
+
+def test_a_dynamo_graph_deployment_reports_its_decode_workers() -> None:
+    doc = load_sample(SAMPLE)
+    doc["spec"]["replicas"] = 2
+    doc["spec"]["disaggregation"]["renderAs"] = "DynamoGraphDeployment"
+    dgd = next(o for o in rendered(doc) if o["kind"] == "DynamoGraphDeployment")
+    assert desired_replicas(dgd) == 2
+    live = {**dgd, "metadata": {**dgd["metadata"], "generation": 3}}
+    live["status"] = {
+        "observedGeneration": 3,
+        "components": {
+            "decode": {"componentKind": "LeaderWorkerSet", "replicas": 2, "updatedReplicas": 2, "readyReplicas": 1},
+            "prefill": {"componentKind": "LeaderWorkerSet", "replicas": 5, "updatedReplicas": 5, "readyReplicas": 5},
+        },
+    }
+    report = Workload.from_live(desired_replicas(dgd), live)
+    assert (report.replicas, report.ready, report.updated, report.observed_current) == (2, 1, 2, True)
 
 
 # --- the reconcile's decision ----------------------------------------------------------------------
