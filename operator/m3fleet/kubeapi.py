@@ -56,11 +56,15 @@ CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
 NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 POD_DISRUPTION_BUDGET = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 SECRET = Kind("v1", "Secret", "secrets")
-# A disaggregated fleet (spec.disaggregation): the identity Dynamo's Kubernetes discovery runs as, or the
-# DynamoGraphDeployment the Dynamo operator runs.
+# The serving path (spec.gateway): the endpoint picker's identity and grants, the pool and the route (both optional
+# APIs), and the user's Gateway (read only: whether it exists).
 SERVICE_ACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts")
 ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles")
 ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
+INFERENCE_POOL = Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools")
+HTTP_ROUTE = Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes")
+GATEWAY = Kind("gateway.networking.k8s.io/v1", "Gateway", "gateways")
+# A disaggregated fleet (spec.disaggregation) rendered for the Dynamo operator.
 DYNAMO_GRAPH_DEPLOYMENT = Kind("nvidia.com/v1beta1", "DynamoGraphDeployment", "dynamographdeployments")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
 # Read only: why pods wait for a node (status), and serving pods' time to ready (the autoscaler).
@@ -92,8 +96,14 @@ CHILD_KINDS = (
     ROLE_BINDING,
     SERVICE,
     SERVICE_ACCOUNT,
+    INFERENCE_POOL,
+    HTTP_ROUTE,
 )
-BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET, LEASE, EVENT)}
+# Child kinds a cluster may not serve (custom APIs): asked of discovery before they are listed or applied.
+OPTIONAL_CHILD_KINDS = (LEADER_WORKER_SET, COMPUTE_DOMAIN, INFERENCE_POOL, HTTP_ROUTE, DYNAMO_GRAPH_DEPLOYMENT)
+BY_KIND = {
+    (k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET, LEASE, EVENT, GATEWAY)
+}
 
 
 class ApiError(Exception):

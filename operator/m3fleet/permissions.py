@@ -44,24 +44,50 @@ RBAC: tuple[Grant, ...] = (
     Grant("policy", "poddisruptionbudgets", CHILD_VERBS, "one engine pod evicted at a time (node drains)"),
     Grant(
         "",
+        "serviceaccounts",
+        CHILD_VERBS,
+        "the endpoint picker's identity (`spec.gateway`); a disaggregated fleet's `<name>-dynamo`, which Dynamo's "
+        "Kubernetes discovery runs as",
+    ),
+    Grant(
+        "rbac.authorization.k8s.io",
+        "roles",
+        CHILD_VERBS,
+        "the endpoint picker's read access to its pool and pods; a disaggregated fleet's discovery Role",
+    ),
+    Grant(
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        CHILD_VERBS,
+        "binding those Roles to the picker's identity, or the fleet's own ServiceAccount",
+    ),
+    Grant("inference.networking.k8s.io", "inferencepools", CHILD_VERBS, "the fleet's InferencePool (`spec.gateway`)"),
+    Grant("gateway.networking.k8s.io", "httproutes", CHILD_VERBS, "the route from the user's Gateway to the pool"),
+    Grant(
+        "gateway.networking.k8s.io",
+        "gateways",
+        ("get",),
+        "whether the Gateway `spec.gateway.gatewayRef` names exists (the GatewayReady condition); never changed",
+    ),
+    Grant(
+        "inference.networking.x-k8s.io",
+        "inferenceobjectives",
+        ("get", "list", "watch"),
+        "granted on to each fleet's endpoint picker (a Role may grant only what its creator holds); never used",
+    ),
+    Grant(
+        "inference.networking.x-k8s.io",
+        "inferencemodelrewrites",
+        ("get", "list", "watch"),
+        "granted on to each fleet's endpoint picker, as inferenceobjectives; never used",
+    ),
+    Grant(
+        "",
         "secrets",
         ("get", "create", "delete"),
         "by name, never listed or watched: the TensorRT-LLM multi-node SSH key it generates, the CA Secret "
         "`spec.autoscaling.prometheus.caSecretRef` names, and whether a model cache's token Secret exists "
         "(metadata only)",
-    ),
-    Grant(
-        "",
-        "serviceaccounts",
-        CHILD_VERBS,
-        "a disaggregated fleet's ServiceAccount `<name>-dynamo`, which Dynamo's Kubernetes discovery runs as",
-    ),
-    Grant("rbac.authorization.k8s.io", "roles", CHILD_VERBS, "a disaggregated fleet's discovery Role `<name>-dynamo`"),
-    Grant(
-        "rbac.authorization.k8s.io",
-        "rolebindings",
-        CHILD_VERBS,
-        "binds a disaggregated fleet's discovery Role to its own ServiceAccount only",
     ),
     Grant(
         "nvidia.com",
@@ -87,8 +113,9 @@ RBAC: tuple[Grant, ...] = (
         "",
         "pods",
         ("get", "list", "watch", "patch"),
-        "why a rollout waits and the autoscaler's time to ready (list/watch); get is granted on to a disaggregated "
-        "fleet's discovery Role; on an autoscaled scale-down, the "
+        "why a rollout waits and the autoscaler's time to ready (list/watch; get: granted on to the endpoint "
+        "picker, which reads the pool's pods, and to a disaggregated fleet's discovery Role); on an autoscaled "
+        "scale-down, the "
         f"`{POD_DELETION_COST}` annotation (patch, and with `rbac.admissionPolicy` nothing else, and only on "
         "m3fleet's pods)",
     ),

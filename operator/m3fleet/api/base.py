@@ -82,6 +82,11 @@ class KvCacheDtype(StrEnum):
     FP8 = "fp8"
 
 
+class SpeculativeMethod(StrEnum):
+    MTP = "mtp"  # the checkpoint's own multi-token-prediction modules
+    EAGLE3 = "eagle3"  # an EAGLE3 draft model
+
+
 class AutoscalingMode(StrEnum):
     ACT = "act"
     ADVISORY = "advisory"

@@ -42,9 +42,11 @@ from m3fleet.autoscaling.policy import (
     decide,
     worth_recording,
 )
-from m3fleet.autoscaling.prometheus import PrometheusAdapter, Tls
-from m3fleet.autoscaling.promql import Gateway
+from m3fleet.autoscaling.policy.zero import zero_rule
+from m3fleet.autoscaling.prometheus import PrometheusAdapter, PrometheusError, PrometheusHttp, Tls
+from m3fleet.autoscaling.promql import Gateway, held_requests_query
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
+from m3fleet.catalog.gateway import HELD_REQUESTS_METRIC
 from m3fleet.controller import metrics
 from m3fleet.controller.decide import Understood
 from m3fleet.controller.events import Events
@@ -260,6 +262,46 @@ class Autoscaler:
                 log.warning("%s/%s: %s", namespace, body["metadata"]["name"], message)
                 return
 
+    async def _zero(
+        self,
+        key: tuple[str, str],
+        scaling: AutoscalingSpec,
+        decision: Decision,
+        snapshot: MetricsSnapshot,
+        before: Mapping[str, Any],
+    ) -> tuple[Decision, dict[str, Any]]:
+        """The zero rule (policy/zero.py) over the policy's decision, with the requests the endpoint picker holds
+        (read from the same Prometheus; None when unreadable) and `status.autoscaling.scaleToZero` as it was."""
+        held = await asyncio.to_thread(self._held_requests, key, scaling)
+        busy = any((r.running or 0) + (r.waiting or 0) > 0 for r in snapshot.replicas)
+        last_busy = before.get("lastBusyTime")
+        verdict = zero_rule(
+            decision.desired_replicas,
+            decision.current_replicas,
+            held,
+            busy,
+            float(last_busy) if isinstance(last_busy, int | float) else None,
+            decision.time,
+            float(scaling.scale_to_zero_after_seconds),
+        )
+        record = {"scaleToZero": {"heldRequests": held, "lastBusyTime": verdict.last_busy, "rule": verdict.rule}}
+        if verdict.rule is None or verdict.replicas == decision.desired_replicas:
+            return decision, record
+        change = verdict.replicas - decision.current_replicas
+        action = Action.SCALE_UP if change > 0 else Action.SCALE_DOWN if change < 0 else Action.HOLD
+        return replace(decision, desired_replicas=verdict.replicas, action=action, reason=str(verdict.reason)), record
+
+    def _held_requests(self, key: tuple[str, str], scaling: AutoscalingSpec) -> float | None:
+        """Requests the fleet's endpoint picker holds, summed; None when Prometheus does not answer or has no series."""
+        cached = self._sources.get(key)
+        tls = cached[0].tls if cached is not None else Tls()
+        query = held_requests_query(key[0], key[1], HELD_REQUESTS_METRIC)
+        try:
+            result = PrometheusHttp(scaling.prometheus.url, tls).custom_query(query)
+            return float(result[0]["value"][1]) if result else None
+        except (PrometheusError, OSError, ValueError, KeyError, IndexError):
+            return None
+
     async def tick(self, body: Mapping[str, Any], understood: Understood) -> Tick:
         """One decision for one resource, as the watch last delivered it (`understood`: its spec parsed and planned)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -294,6 +336,9 @@ class Autoscaler:
             snapshot = replace(snapshot, demand_history=demand.history(fleet.now, period, look_ahead))
         decision, state = decide(config, state, snapshot, fleet)
         self._states[key] = state
+        zero: dict[str, Any] = {}
+        if resource.spec.gateway is not None and scaling.min_replicas == 0:
+            decision, zero = await self._zero(key, scaling, decision, snapshot, previous.get("scaleToZero") or {})
         if config.forecast:
             demand = record_demand(demand, fleet.now, decision.terms.get("demandReplicas"), period, look_ahead)
             self._demand[key] = demand
@@ -301,7 +346,7 @@ class Autoscaler:
             # Before the new count is written: the ReplicaSet must find the marks when it picks whom to delete.
             await self._mark_removal_order(body, pods, decision.removal_costs)
         sampled = demand.worth_saving(previous.get("demand"))
-        record = {**decision.to_status(), **slo_status(scaling, config, decision.terms, snapshot)}
+        record = {**decision.to_status(), **slo_status(scaling, config, decision.terms, snapshot), **zero}
         metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decision.desired_replicas)
         if not worth_recording(previous, record, decision.time) and not sampled:
             return Tick(decision)
@@ -312,6 +357,8 @@ class Autoscaler:
         if written is None:
             return Tick(decision, gone=True)
         reason = str(record.get("reason", ""))
+        if decision.decided_by:  # the Event says which term decided, as status.autoscaling.decidedBy does
+            reason = f"{reason} [decided by {decision.decided_by}]"
         if decision.applied:
             self.events.info(body, "Scaled", reason)
             log.info("%s/%s: %s", namespace, name, reason)

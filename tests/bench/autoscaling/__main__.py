@@ -12,7 +12,8 @@ prints one row per seed and model. `--gateway` puts an inference gateway in fron
 (spec.autoscaling.gateway): the policy also reads the request sizes it records as requests arrive; the baselines
 and the oracle do not change. `--slo-ttft S` sets the resource's spec.autoscaling.slo.ttft.seconds: the policy
 sizes prefill for it and every policy is scored against it (each seed's `slo` says which SLO was used).
-`--robustness` also runs the policy with the simulator's time model x0.7 and x1.4 (`checks.robustness`).
+`--robustness` also runs the policy with the simulator's time model x0.7 and x1.4, against the policy whose prior
+matches that engine (`checks.robustness`).
 """
 
 from __future__ import annotations

@@ -32,10 +32,11 @@ from .baselines import Schedule
 from .oracle import LATE_STANDING_EXTRA, oracle_need
 
 KNOWS_FROM_TICK: Final = 2  # the issue's reference: an episode is known from the second tick that can see it
-# The sweep (issue 46 item 2: standing replicas, headroom and a scale-down hold). Headroom: from the bare need to
-# 3x it, where the oracle's bisected headroom lies on every development seed (1.0-2.3, RESULTS.md). Holds: none,
-# two minutes, and HPA's default 300 s scale-down stabilization window.
-HEADROOMS: Final = (1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0)
+# The sweep (issue 46 item 2: standing replicas, headroom and a scale-down hold). Headroom: 0 (no reaction at all:
+# the standing fleet alone, so the envelope is never below a constant fleet it could have kept), then from the bare
+# need to 3x it, where the oracle's bisected headroom lies on every development seed (1.0-2.3, RESULTS.md). Holds:
+# none, two minutes, and HPA's default 300 s scale-down stabilization window.
+HEADROOMS: Final = (0.0, 1.0, 1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0)
 HOLD_SECONDS: Final = (0.0, 120.0, 300.0)
 BURST_LABEL: Final = "burst"  # a phase whose label says burst is known as a whole from its start
 

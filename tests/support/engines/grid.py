@@ -208,7 +208,11 @@ def commands(rendered: Rendered) -> list[Command]:
         return []
     found: list[Command] = []
     for template, injected in pod_templates(rendered.objects):
-        role = template["metadata"]["labels"][labels.ROLE]
+        pod_labels = template["metadata"]["labels"]
+        if labels.ROLE not in pod_labels:
+            continue  # not an engine pod: spec.gateway's endpoint picker
+        role = pod_labels[labels.ROLE]
+        tier = f"/{pod_labels[labels.TIER]}" if labels.TIER in pod_labels else ""  # a context tier's own workload
         # The engine's container; SGLang's pods also run the key guard beside it (test_key_guard.py covers it).
         for container in (c for c in template["spec"]["containers"] if c["name"] == ENGINE_CONTAINER):
             full = [*container.get("command", []), *container.get("args", [])]
@@ -222,7 +226,7 @@ def commands(rendered: Rendered) -> list[Command]:
             argv = [expand(arg, variables) for arg in full[len(launcher) :]]
             found.append(
                 Command(
-                    id=f"{rendered.label}/{role}",
+                    id=f"{rendered.label}/{role}{tier}",
                     resource=f"{rendered.label} (metadata.name {rendered.name})",
                     role=role,
                     container=container["name"],

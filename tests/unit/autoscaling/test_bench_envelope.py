@@ -156,3 +156,35 @@ def test_every_run_of_the_sweep_is_made_and_the_front_rises() -> None:
     assert front[0].gpu_hours == min(r.gpu_hours for r in runs)
     assert front[-1].attainment == max(r.attainment for r in runs)
     assert all(a.gpu_hours < b.gpu_hours and a.attainment < b.attainment for a, b in itertools.pairwise(front))
+
+
+def test_the_benchmark_cli_prints_the_contracted_json() -> None:
+    """Issue 46 item 7: one object per seed with scenario, seed, coldStartSeconds, slo, policies (context-aware and
+    oracle among them), frontier and lateOracleCurve; --slo-ttft sets the SLO every policy is scored against."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.bench.autoscaling",
+            *("--scenario", "long-context-burst", "--seeds", "5,6", "--minutes", "12", "--cold-start", "90"),
+            *("--slo-ttft", "1.5", "--robustness", "-o", "json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seeds = json.loads(out.stdout)
+    assert [s["seed"] for s in seeds] == [5, 6]
+    for seed in seeds:
+        assert seed["scenario"] == "long-context-burst" and seed["coldStartSeconds"] == 90
+        assert seed["slo"]["ttft"]["seconds"] == 1.5
+        for name in ("context-aware", "oracle"):
+            assert {"sloAttainment", "gpuHours"} <= set(seed["policies"][name])
+        assert set(seed["frontier"]) == {"request-count", "kv-utilization", "queue-length", "fixed"}
+        curve = seed["lateOracleCurve"]
+        assert curve and all(
+            set(p) == {"standingReplicas", "headroom", "holdSeconds", "sloAttainment", "gpuHours"} for p in curve
+        )
+        assert [p["gpuHours"] for p in curve] == sorted(p["gpuHours"] for p in curve)
+        assert set(seed["checks"]["robustness"]["byScale"]) == {"time x0.7", "time x1.4"}

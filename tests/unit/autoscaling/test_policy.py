@@ -21,6 +21,7 @@ from m3fleet.autoscaling.policy import (
     recommend,
     stabilize,
 )
+from m3fleet.autoscaling.policy.floors import standing_seconds
 from m3fleet.autoscaling.signals import DemandHistory, MetricsSnapshot
 from m3fleet.autoscaling.time_to_ready import Record, fleet_from, record
 from tests.support.autoscaling import pods
@@ -49,6 +50,7 @@ def test_kv_term_counts_resident_queued_and_decode_growth() -> None:
     assert t["kvDemandTokens"] == pytest.approx(800_000 + 320_000 + 1280)
     assert t["kvReplicas"] == pytest.approx((800_000 + 320_000 + 1280) / (0.8 * MILLION))
     assert decision.desired_replicas == 2 and decision.action == Action.SCALE_UP
+    assert decision.decided_by == "kv" and decision.to_status()["decidedBy"] == "kv"  # the term that set the 2
 
 
 def test_queued_tokens_count_by_kv_turnover_within_the_horizon() -> None:
@@ -62,7 +64,9 @@ def test_queued_tokens_count_by_kv_turnover_within_the_horizon() -> None:
 def test_prefill_term_from_arriving_prompt_tokens() -> None:
     # 2 requests/s of 50k tokens = 100k tokens/s = one replica's prefill throughput; target 0.5 -> 2.
     r = replica(running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=2.0)
-    t = decide(ROUND, PolicyState(), snapshot(r), fleet(1))[0].terms
+    decision = decide(ROUND, PolicyState(), snapshot(r), fleet(1))[0]
+    t = decision.terms
+    assert decision.decided_by == "prefill"
     assert t["arrivingPromptTokensPerSecond"] == pytest.approx(100_000)
     assert t["prefillReplicas"] == pytest.approx(100_000 / (0.5 * 100_000) + 0 + 0)  # arrivals/P - ready = 0
     assert t["needReplicas"] == t["prefillReplicas"]
@@ -227,8 +231,9 @@ def test_resident_long_requests_signal_a_shift_only_with_evidence_and_novelty(
 def test_long_requests_cannot_share_a_replica() -> None:
     # Three 700k-token requests at a trickle: the KV sum says 2.1M / 0.8M ~ 3 bins, pairing says 3 alone.
     replicas = [replica(f"r-{i}", running=1, kv_usage=0.7, prompt_tokens=700_000, request_rate=0.002) for i in range(3)]
-    t = decide(ROUND, PolicyState(), snapshot(*replicas), fleet(3))[0].terms
-    assert t["longRequests"] == 3 and t["binReplicas"] == 3
+    decision = decide(ROUND, PolicyState(), snapshot(*replicas), fleet(3))[0]
+    t = decision.terms
+    assert t["longRequests"] == 3 and t["binReplicas"] == 3 and decision.decided_by == "bin"
 
 
 def test_gateway_queue_packs_exact_sizes_and_reports_unservable_requests() -> None:
@@ -389,7 +394,7 @@ def test_recurring_bursts_are_held_a_single_burst_is_not() -> None:
     [
         ((NOW - 600, 3, True), 3),  # a chat burst ten minutes ago: its replicas stay for the next one
         ((NOW - 600, 3, False), 1),  # a burst of long prompts: not held the first time (test above)
-        ((NOW - 1800, 3, True), 1),  # a chat burst older than the hold window (ROUND: 1755 s)
+        ((NOW - 9000, 3, True), 1),  # a chat burst older than its standing time (below)
     ],
 )
 def test_a_single_burst_of_chat_is_held_for_a_hold_window(burst: tuple[float, int, bool], held: int) -> None:
@@ -401,6 +406,27 @@ def test_a_single_burst_of_chat_is_held_for_a_hold_window(burst: tuple[float, in
     decision, _ = decide(ROUND, state, snapshot(*chat), fleet(3))
     assert decision.terms["needReplicas"] < 1 and decision.recommended_replicas == held
     assert ("a burst of chat came 600s ago" in decision.reason) is (held > 1), decision.reason
+    assert decision.decided_by == ("burstHold" if held > 1 else "scaleDownWindow")
+
+
+def test_a_chat_burst_stands_until_the_slos_error_budget_covers_a_recurrence() -> None:
+    """Past the hold window a chat burst's capacity still stands: released, a recurrence would miss the requests
+    beyond one replica (2 of 3) for a cold start (ROUND's prior: 585 s), and the p95 SLO lets 5% miss: that budget
+    covers it only after 2/3 x 585 / 0.05 = 7800 s."""
+    assert standing_seconds(2 / 3, 585.0, 0.05) == pytest.approx(7800.0)
+    chat = replicas(3, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0 / 3)
+    for age, held in ((1800, 3), (7700, 3), (7900, 1)):
+        state = steady_state(request_rate=1.0, prompt_tokens=4_000, bursts=((NOW - age, 3, True),))
+        decision, _ = decide(ROUND, state, snapshot(*chat), fleet(3))
+        assert decision.recommended_replicas == held, (age, decision.reason)
+        assert decision.terms["standingReplicas"] == (3.0 if held == 3 else 0.0)
+        assert ("standing capacity 3: a burst of chat needed 3" in decision.reason) is (held == 3), decision.reason
+        # Which term decided, in status: the standing floor, then the scale-down window that keeps ready replicas.
+        assert decision.to_status()["decidedBy"] == ("standing" if held == 3 else "scaleDownWindow")
+    # A tighter SLO (p99) leaves less budget: the same burst stands five times as long.
+    strict = replace(ROUND, slo=ROUND.slo.model_copy(update={"percentile": 99.0}))
+    state = steady_state(request_rate=1.0, prompt_tokens=4_000, bursts=((NOW - 7900, 3, True),))
+    assert decide(strict, state, snapshot(*chat), fleet(3))[0].recommended_replicas == 3
 
 
 def test_a_burst_recorded_before_the_chat_flag_reads_as_no_chat_burst() -> None:
@@ -632,6 +658,7 @@ def test_to_status_is_the_camelcase_last_decision() -> None:
         "panic",
         "unservableRequests",
         "reason",
+        "decidedBy",
         "time",
         "terms",
         "bounds",

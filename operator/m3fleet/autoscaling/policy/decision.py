@@ -49,6 +49,10 @@ class Decision:
     # On a scale-down: each measured replica's cost of removal (its resident KV tokens), so the replicas holding
     # the least work go first; the operator hands it to a Deployment's ReplicaSet as POD_DELETION_COST.
     removal_costs: dict[str, int] = field(default_factory=dict)
+    # Which term decided (`decided_by`): the need's largest (kv, bin, prefill), a floor (forecast, burstHold,
+    # standing), a bound (minReplicas, maxReplicas), or what held the move back (scaleDownWindow, scaleUpWindow,
+    # panic, missingMetrics, metricsUnavailable, releasedStarting).
+    decided_by: str = ""
 
     @property
     def applied(self) -> bool:
@@ -67,6 +71,7 @@ class Decision:
             "panic": self.panic,
             "unservableRequests": self.unservable_requests,
             "reason": self.reason,
+            **({"decidedBy": self.decided_by} if self.decided_by else {}),
             "time": datetime.fromtimestamp(self.time, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "terms": {k: _round(v) for k, v in self.terms.items()},
             **(
@@ -154,6 +159,21 @@ def explain_need(terms: Terms) -> str:
     if terms.unservable:
         detail += f"; {terms.unservable} queued requests exceed any replica's KV and are not scaled on"
     return detail
+
+
+def decided_by(
+    terms: Terms, raised_by: str | None, bounds: Bounds, recommendation: int, desired: int, held_by: str | None
+) -> str:
+    """The one term that set this tick's replicas (see `Decision.decided_by`)."""
+    if desired != recommendation and held_by is not None:
+        return held_by
+    if raised_by is not None:
+        return raised_by
+    if recommendation == bounds.min_replicas and terms.need < recommendation:
+        return "minReplicas"
+    if recommendation == bounds.max_replicas and terms.need > recommendation:
+        return "maxReplicas"
+    return terms.dominant
 
 
 def action_phrase(

@@ -1,5 +1,15 @@
-"""Floors under the recommendation: the forecast from the resource's own history, and the cold-start hold for
-bursts that recur."""
+"""Floors under the recommendation: the forecast from the resource's own history, the cold-start hold for
+bursts that recur, and the standing capacity a burst of chat leaves behind.
+
+**Standing capacity** (`standing_seconds`): a burst of chat (more requests, not longer ones) lasts minutes, less
+than a cold start, so it is served only by replicas already there; released, they come back a time-to-ready after
+the next such burst began, and that burst's requests beyond the fleet left standing miss the SLO meanwhile. Keeping
+them costs GPU-hours, releasing them costs attainment; the SLO says how much attainment may go: (100 - percentile)%
+of requests. So the capacity the burst needed stands until the error budget accrued since it began would cover
+what a recurrence would lose: the share of its requests beyond the need without it, for one time-to-ready. The
+burst's request rate is taken as the average's (it is higher), which shortens the hold: the rule errs towards
+GPU-hours. At the default p95 and a 90 s cold start, a burst twice the steady need stands 15 minutes.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +33,7 @@ class Floors:
     bursts: tuple[BurstRecord, ...]
     burst_floor: int
     bounds: Bounds
+    raised_by: str | None = None  # the floor that set the recommendation: forecast, burstHold, standing
 
 
 def with_floors(
@@ -42,6 +53,7 @@ def with_floors(
         return max(bounds.min_replicas, min(bounds.max_replicas, n))
 
     recommendation = clamp(recommend(terms.need, current, config.tolerance))
+    raised_by = None
     # A burst is recorded with what it needed, not with the forecast floor under it: a chat blip at a floor of 6
     # paired with the burst that followed would hold 6 replicas a whole hold window after the floor fell.
     needed = recommendation
@@ -49,19 +61,52 @@ def with_floors(
     if forecast is not None:
         terms.values["forecastReplicas"] = float(forecast.replicas)
         if forecast.replicas > recommendation:
-            recommendation = clamp(forecast.replicas)
+            recommendation, raised_by = clamp(forecast.replicas), "forecast"
             notes.append(f"forecast floor {recommendation}: {forecast.reason}")
     hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
     # A burst's need is recorded from a rate window after its start (within the horizon, which can be short).
     lasting = min(snapshot.window_seconds, horizon / 2)
     chat = terms.prompt_tokens < config.long_prompt_tokens
-    bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, hold_window, lasting, chat)
+    budget = 1.0 - config.slo.percentile / 100.0
+    memory = max(2 * hold_window, standing_seconds(1.0, time_to_ready, budget))
+    bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, memory, lasting, chat)
     floor, why = _burst_floor(bursts, now, hold_window) if config.burst_hold else (0, "")
+    standing, standing_why = _standing(bursts, now, needed, time_to_ready, budget) if config.burst_hold else (0, "")
     terms.values["burstHoldReplicas"] = float(floor)
-    if floor > recommendation:
-        recommendation = clamp(floor)
+    terms.values["standingReplicas"] = float(standing)
+    if floor > recommendation and floor >= standing:
+        recommendation, raised_by = clamp(floor), "burstHold"
         notes.append(f"holding {recommendation} replicas: {why} (cold-start hold)")
-    return Floors(recommendation, forecast, bursts, floor, bounds)
+    elif standing > recommendation:
+        recommendation, raised_by = clamp(standing), "standing"
+        notes.append(f"standing capacity {recommendation}: {standing_why}")
+    return Floors(recommendation, forecast, bursts, max(floor, standing), bounds, raised_by)
+
+
+def standing_seconds(shortfall: float, time_to_ready: float, budget: float) -> float:
+    """How long a burst of chat's capacity stands (the module docstring): until the error budget (`budget`, the
+    share of requests the SLO lets miss) accrued since it began covers the `shortfall` share of a recurrence's
+    requests missing for one `time_to_ready`."""
+    return shortfall * time_to_ready / max(budget, 1e-4)
+
+
+def _standing(
+    bursts: tuple[BurstRecord, ...], now: float, needed: int, time_to_ready: float, budget: float
+) -> tuple[int, str]:
+    """(replicas, why): what the last burst of chat needed, while `standing_seconds` since its start."""
+    if not bursts:
+        return 0, ""
+    start, most, chat = bursts[-1]
+    if not chat or most <= needed:
+        return 0, ""
+    stands = standing_seconds(1.0 - needed / most, time_to_ready, budget)
+    if now - start > stands:
+        return 0, ""
+    return most, (
+        f"a burst of chat needed {most} {now - start:.0f}s ago; released, a recurrence would miss "
+        f"{1.0 - needed / most:.0%} of its requests for a {time_to_ready:.0f}s cold start, which the SLO's "
+        f"{budget:.1%} error budget covers only after {stands:.0f}s"
+    )
 
 
 def _record_burst(
@@ -70,7 +115,7 @@ def _record_burst(
     burst: bool,
     needed: int,
     horizon: float,
-    window: float,
+    memory: float,
     lasting: float,
     chat: bool,
 ) -> tuple[BurstRecord, ...]:
@@ -78,9 +123,9 @@ def _record_burst(
     after it, whether the prompt estimate said chat throughout that horizon); a burst detected within the horizon
     of the previous one is the same burst. What a burst needs in its first `lasting` seconds is not recorded: a
     lone long prompt looks like a burst's start for a tick or two, is served within a rate window and leaves
-    nothing to hold, while a burst still needs its replicas then. Dropped once two windows old (too old to pair
-    with a new one)."""
-    kept = [b for b in bursts if now - b[0] <= 2 * window]
+    nothing to hold, while a burst still needs its replicas then. Dropped once `memory` old (too old to pair with a
+    new one, or to stand)."""
+    kept = [b for b in bursts if now - b[0] <= memory]
     if kept and now - kept[-1][0] <= horizon:
         start, most, was_chat = kept[-1]
         kept[-1] = (start, max(most, needed) if now - start >= lasting else most, was_chat and chat)

@@ -6,7 +6,15 @@ from dataclasses import replace
 
 from m3fleet.autoscaling.policy.apply import removal_costs
 from m3fleet.autoscaling.policy.config import PolicyConfig
-from m3fleet.autoscaling.policy.decision import MEASURED, PRIOR, Decision, action_phrase, explain_need, make_decision
+from m3fleet.autoscaling.policy.decision import (
+    MEASURED,
+    PRIOR,
+    Decision,
+    action_phrase,
+    decided_by,
+    explain_need,
+    make_decision,
+)
 from m3fleet.autoscaling.policy.demand import check_health, compute_terms
 from m3fleet.autoscaling.policy.floors import with_floors
 from m3fleet.autoscaling.policy.scale_down import (
@@ -47,7 +55,16 @@ def decide(
             reason = f"{health.hold}; only the min/max bounds apply ({current} -> {desired})"
         hold_terms = {"horizonSeconds": horizon, "freshReplicas": float(len(health.fresh))}
         decision = make_decision(
-            config, fleet, desired, desired, reason, bounds, panic_active, terms=hold_terms, time_to_ready=ttr
+            config,
+            fleet,
+            desired,
+            desired,
+            reason,
+            bounds,
+            panic_active,
+            terms=hold_terms,
+            time_to_ready=ttr,
+            decided_by="metricsUnavailable",
         )
         return decision, replace(state, last_time=None, in_flight=())
 
@@ -87,6 +104,9 @@ def decide(
         desired -= released
         notes.append(f"{released} starting replicas released: {why}")
     desired = clamp(desired)  # the bounds are hard, whatever the step limits say
+    limiter = "panic" if panic else "missingMetrics" if health.missing else "releasedStarting" if released else None
+    if limiter is None and desired != recommendation:
+        limiter = "scaleDownWindow" if desired > recommendation else "scaleUpWindow"
 
     if panic:
         notes.append(f"panic (need >= {config.panic_threshold}x ready) until t={panic_until:.0f}")
@@ -111,6 +131,7 @@ def decide(
         time_to_ready=ttr,
         warnings=warnings,
         removal_costs=removal_costs(health.fresh, terms.capacity.replica) if desired < current else {},
+        decided_by=decided_by(terms, floors.raised_by, bounds, recommendation, desired, limiter),
     )
     new_state = PolicyState(
         history=history,
