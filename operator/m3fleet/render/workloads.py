@@ -35,7 +35,7 @@ def config_map(ctx: Context, files: Mapping[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": meta(ctx, ctx.resource_name("engine-config")),
+        "metadata": meta(ctx, ctx.config_map_name),
         "data": dict(sorted(files.items())),
     }
 
