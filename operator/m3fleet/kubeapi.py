@@ -64,6 +64,8 @@ ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings
 INFERENCE_POOL = Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools")
 HTTP_ROUTE = Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes")
 GATEWAY = Kind("gateway.networking.k8s.io/v1", "Gateway", "gateways")
+# A disaggregated fleet (spec.disaggregation) rendered for the Dynamo operator.
+DYNAMO_GRAPH_DEPLOYMENT = Kind("nvidia.com/v1beta1", "DynamoGraphDeployment", "dynamographdeployments")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
 # Read only: why pods wait for a node (status), and serving pods' time to ready (the autoscaler).
 POD = Kind("v1", "Pod", "pods")
@@ -86,18 +88,19 @@ CHILD_KINDS = (
     CONFIG_MAP,
     COMPUTE_DOMAIN,
     DEPLOYMENT,
+    DYNAMO_GRAPH_DEPLOYMENT,
     LEADER_WORKER_SET,
     NETWORK_POLICY,
     POD_DISRUPTION_BUDGET,
-    SERVICE,
-    SERVICE_ACCOUNT,
     ROLE,
     ROLE_BINDING,
+    SERVICE,
+    SERVICE_ACCOUNT,
     INFERENCE_POOL,
     HTTP_ROUTE,
 )
 # Child kinds a cluster may not serve (custom APIs): asked of discovery before they are listed or applied.
-OPTIONAL_CHILD_KINDS = (LEADER_WORKER_SET, COMPUTE_DOMAIN, INFERENCE_POOL, HTTP_ROUTE)
+OPTIONAL_CHILD_KINDS = (LEADER_WORKER_SET, COMPUTE_DOMAIN, INFERENCE_POOL, HTTP_ROUTE, DYNAMO_GRAPH_DEPLOYMENT)
 BY_KIND = {
     (k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET, LEASE, EVENT, GATEWAY)
 }

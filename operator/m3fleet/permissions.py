@@ -42,9 +42,25 @@ RBAC: tuple[Grant, ...] = (
     Grant("", "configmaps", CHILD_VERBS, "engine configuration files"),
     Grant("networking.k8s.io", "networkpolicies", CHILD_VERBS, "the engine pods' ingress policy (`spec.network`)"),
     Grant("policy", "poddisruptionbudgets", CHILD_VERBS, "one engine pod evicted at a time (node drains)"),
-    Grant("", "serviceaccounts", CHILD_VERBS, "the endpoint picker's identity (`spec.gateway`)"),
-    Grant("rbac.authorization.k8s.io", "roles", CHILD_VERBS, "the endpoint picker's read access to its pool and pods"),
-    Grant("rbac.authorization.k8s.io", "rolebindings", CHILD_VERBS, "binding that Role to the picker's identity"),
+    Grant(
+        "",
+        "serviceaccounts",
+        CHILD_VERBS,
+        "the endpoint picker's identity (`spec.gateway`); a disaggregated fleet's `<name>-dynamo`, which Dynamo's "
+        "Kubernetes discovery runs as",
+    ),
+    Grant(
+        "rbac.authorization.k8s.io",
+        "roles",
+        CHILD_VERBS,
+        "the endpoint picker's read access to its pool and pods; a disaggregated fleet's discovery Role",
+    ),
+    Grant(
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        CHILD_VERBS,
+        "binding those Roles to the picker's identity, or the fleet's own ServiceAccount",
+    ),
     Grant("inference.networking.k8s.io", "inferencepools", CHILD_VERBS, "the fleet's InferencePool (`spec.gateway`)"),
     Grant("gateway.networking.k8s.io", "httproutes", CHILD_VERBS, "the route from the user's Gateway to the pool"),
     Grant(
@@ -73,13 +89,33 @@ RBAC: tuple[Grant, ...] = (
         "`spec.autoscaling.prometheus.caSecretRef` names, and whether a model cache's token Secret exists "
         "(metadata only)",
     ),
+    Grant(
+        "nvidia.com",
+        "dynamoworkermetadatas",
+        ("create", "delete", "get", "list", "patch", "update", "watch"),
+        "never used by the operator: held so it may grant them in a disaggregated fleet's discovery Role (the API "
+        "server lets a Role grant only what its creator holds)",
+    ),
+    Grant(
+        "discovery.k8s.io",
+        "endpointslices",
+        ("get", "list", "watch"),
+        "never used by the operator: granted on in a disaggregated fleet's discovery Role (which pods are ready)",
+    ),
+    Grant(
+        "nvidia.com",
+        "dynamographdeployments",
+        CHILD_VERBS,
+        "a disaggregated fleet rendered as a DynamoGraphDeployment for the Dynamo operator",
+    ),
     Grant("", "events", ("create", "list"), "Events on its resources; the kubelet's `Pulled` events (time to ready)"),
     Grant(
         "",
         "pods",
         ("get", "list", "watch", "patch"),
         "why a rollout waits and the autoscaler's time to ready (list/watch; get: granted on to the endpoint "
-        "picker, which reads the pool's pods); on an autoscaled scale-down, the "
+        "picker, which reads the pool's pods, and to a disaggregated fleet's discovery Role); on an autoscaled "
+        "scale-down, the "
         f"`{POD_DELETION_COST}` annotation (patch, and with `rbac.admissionPolicy` nothing else, and only on "
         "m3fleet's pods)",
     ),

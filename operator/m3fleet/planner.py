@@ -53,7 +53,7 @@ from m3fleet.catalog import (
 from m3fleet.catalog.facts import POD_SHM_GIB
 from m3fleet.catalog.gateway import CONTEXT_TIER_FILTER, EPP_IMAGE, KV_SCORER, PICKER_FITS, PREFIX_SCORER, QUEUE_SCORER
 from m3fleet.catalog.speculative import DRAFTS, RECIPES, SERVED, UNSERVED_REASONS, DraftFacts
-from m3fleet.disaggregation import plan_disaggregated
+from m3fleet.disaggregation import plan_disaggregated, plan_roles
 from m3fleet.errors import SpecError
 from m3fleet.sizing import Fit, Layout, evaluate
 from m3fleet.text import tokens as format_tokens
@@ -74,6 +74,11 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
         return planned
     gateway, gateway_notes = _gateway_plan(spec, spec.gateway, planned)
     return planned.model_copy(update={"gateway": gateway, "notes": [*planned.notes, *gateway_notes]})
+
+
+def role_plans(spec: MiniMaxM3DeploymentSpec) -> dict[str, Plan]:
+    """A disaggregated resource's prefill and decode workers, each planned as a replica of its own."""
+    return {str(role): p for role, p in plan_roles(spec, _plan_replica).items()}
 
 
 def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:

@@ -15,7 +15,11 @@ from tests.support.cluster import dra
 from tests.support.cluster.cluster import BIN, REPO, SAMPLES, Cluster
 from tests.support.cluster.contract import install_crd
 
-RENDERED = [*sorted(SAMPLES.glob("*.yaml")), REPO / "manifests" / "cache" / "h200-bf16.yaml"]
+RENDERED = [
+    *sorted(SAMPLES.glob("*.yaml")),
+    *sorted((SAMPLES / "disaggregated").glob("*.yaml")),  # Dynamo's frontend and workers, their discovery RBAC
+    REPO / "manifests" / "cache" / "h200-bf16.yaml",
+]
 SAMPLE_NAMESPACE = "llm"  # every sample's
 
 

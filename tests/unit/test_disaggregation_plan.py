@@ -138,6 +138,12 @@ def test_engine_or_accelerator_dynamo_cannot_serve_is_refused(change: dict[str, 
     assert refusal(doc).startswith(f"{field}: ")
 
 
+def test_the_autoscaler_is_refused_until_it_scales_each_role() -> None:
+    doc = sample()
+    doc["spec"]["autoscaling"] = {"enabled": True, "prometheus": {"url": "http://prometheus.monitoring:9090"}}
+    assert refusal(doc).startswith("spec.autoscaling.enabled: the autoscaler does not yet scale")
+
+
 def test_expected_lengths_must_fit_the_context() -> None:
     message = refusal(sample(inputTokens=131072))
     assert message.startswith(

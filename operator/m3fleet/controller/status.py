@@ -62,7 +62,7 @@ class Workload:
     def from_live(cls, desired: int, live: dict[str, Any] | None, pods_per_replica: int = 1) -> Workload:
         if live is None:
             return cls(desired, pods_per_replica=pods_per_replica)
-        status = live.get("status") or {}
+        status = reported_status(live)
         generation = (live.get("metadata") or {}).get("generation")
         observed = status.get("observedGeneration")
         # LeaderWorkerSet reports observedGeneration from v0.9 only; before, updated/ready counts alone decide.
@@ -103,6 +103,33 @@ class Workload:
             and self.updated == self.desired
             and self.replicas == self.desired
         )
+
+
+def reported_status(live: Mapping[str, Any]) -> dict[str, Any]:
+    """A workload's status in the Deployment/LeaderWorkerSet vocabulary. A DynamoGraphDeployment reports its
+    components under status.components (ComponentReplicaStatus: replicas, updatedReplicas, readyReplicas or
+    availableReplicas): the decode workers', with the graph's observedGeneration."""
+    status: dict[str, Any] = dict(live.get("status") or {})
+    if live.get("kind") != "DynamoGraphDeployment" or "status" not in live:
+        return status
+    decode = (status.get("components") or {}).get("decode") or {}
+    ready = decode.get("readyReplicas", decode.get("availableReplicas"))
+    reported = {
+        "replicas": decode.get("replicas"),
+        "readyReplicas": ready,
+        "updatedReplicas": decode.get("updatedReplicas"),
+    }
+    return {"observedGeneration": status.get("observedGeneration"), **reported}
+
+
+def desired_replicas(workload: Mapping[str, Any]) -> int:
+    """The replicas a rendered workload asks for: its spec.replicas, or a DynamoGraphDeployment's decode workers
+    (what spec.replicas counts for a disaggregated fleet)."""
+    spec = workload.get("spec") or {}
+    if "replicas" in spec:
+        return int(spec["replicas"])
+    components = spec.get("components") or []
+    return sum(int(c.get("replicas") or 0) for c in components if c.get("type") == "decode")
 
 
 def pods_per_replica(workload: Mapping[str, Any]) -> int:
