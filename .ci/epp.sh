@@ -62,5 +62,6 @@ chmod u+w "$WORK"/crds/*.yaml
 touch "$WORK/.complete"
 rm -rf "$OUT" && mv "$WORK" "$OUT"
 trap - EXIT
+find "$CACHE" -maxdepth 1 -name 'epp-*' ! -path "$OUT" -exec rm -rf {} +   # builds of older sources
 step "built $OUT"
 echo "$OUT" >&3

@@ -56,6 +56,14 @@ CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
 NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 POD_DISRUPTION_BUDGET = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 SECRET = Kind("v1", "Secret", "secrets")
+# The serving path (spec.gateway): the endpoint picker's identity and grants, the pool and the route (both optional
+# APIs), and the user's Gateway (read only: whether it exists).
+SERVICE_ACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts")
+ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles")
+ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
+INFERENCE_POOL = Kind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools")
+HTTP_ROUTE = Kind("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes")
+GATEWAY = Kind("gateway.networking.k8s.io/v1", "Gateway", "gateways")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
 # Read only: why pods wait for a node (status), and serving pods' time to ready (the autoscaler).
 POD = Kind("v1", "Pod", "pods")
@@ -82,8 +90,17 @@ CHILD_KINDS = (
     NETWORK_POLICY,
     POD_DISRUPTION_BUDGET,
     SERVICE,
+    SERVICE_ACCOUNT,
+    ROLE,
+    ROLE_BINDING,
+    INFERENCE_POOL,
+    HTTP_ROUTE,
 )
-BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET, LEASE, EVENT)}
+# Child kinds a cluster may not serve (custom APIs): asked of discovery before they are listed or applied.
+OPTIONAL_CHILD_KINDS = (LEADER_WORKER_SET, COMPUTE_DOMAIN, INFERENCE_POOL, HTTP_ROUTE)
+BY_KIND = {
+    (k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET, LEASE, EVENT, GATEWAY)
+}
 
 
 class ApiError(Exception):

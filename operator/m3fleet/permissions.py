@@ -42,6 +42,29 @@ RBAC: tuple[Grant, ...] = (
     Grant("", "configmaps", CHILD_VERBS, "engine configuration files"),
     Grant("networking.k8s.io", "networkpolicies", CHILD_VERBS, "the engine pods' ingress policy (`spec.network`)"),
     Grant("policy", "poddisruptionbudgets", CHILD_VERBS, "one engine pod evicted at a time (node drains)"),
+    Grant("", "serviceaccounts", CHILD_VERBS, "the endpoint picker's identity (`spec.gateway`)"),
+    Grant("rbac.authorization.k8s.io", "roles", CHILD_VERBS, "the endpoint picker's read access to its pool and pods"),
+    Grant("rbac.authorization.k8s.io", "rolebindings", CHILD_VERBS, "binding that Role to the picker's identity"),
+    Grant("inference.networking.k8s.io", "inferencepools", CHILD_VERBS, "the fleet's InferencePool (`spec.gateway`)"),
+    Grant("gateway.networking.k8s.io", "httproutes", CHILD_VERBS, "the route from the user's Gateway to the pool"),
+    Grant(
+        "gateway.networking.k8s.io",
+        "gateways",
+        ("get",),
+        "whether the Gateway `spec.gateway.gatewayRef` names exists (the GatewayReady condition); never changed",
+    ),
+    Grant(
+        "inference.networking.x-k8s.io",
+        "inferenceobjectives",
+        ("get", "list", "watch"),
+        "granted on to each fleet's endpoint picker (a Role may grant only what its creator holds); never used",
+    ),
+    Grant(
+        "inference.networking.x-k8s.io",
+        "inferencemodelrewrites",
+        ("get", "list", "watch"),
+        "granted on to each fleet's endpoint picker, as inferenceobjectives; never used",
+    ),
     Grant(
         "",
         "secrets",
@@ -54,8 +77,9 @@ RBAC: tuple[Grant, ...] = (
     Grant(
         "",
         "pods",
-        ("list", "watch", "patch"),
-        "why a rollout waits and the autoscaler's time to ready (list/watch); on an autoscaled scale-down, the "
+        ("get", "list", "watch", "patch"),
+        "why a rollout waits and the autoscaler's time to ready (list/watch; get: granted on to the endpoint "
+        "picker, which reads the pool's pods); on an autoscaled scale-down, the "
         f"`{POD_DELETION_COST}` annotation (patch, and with `rbac.admissionPolicy` nothing else, and only on "
         "m3fleet's pods)",
     ),

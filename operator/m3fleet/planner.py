@@ -25,13 +25,19 @@ import math
 
 from m3fleet.api.models import (
     Accelerator,
+    ContextTier,
     EngineName,
+    GatewayPlan,
+    InferenceGatewaySpec,
     KvCacheDtype,
     MiniMaxM3DeploymentSpec,
     Plan,
+    SpeculativeMethod,
     Strategy,
+    TierPlan,
     Variant,
 )
+from m3fleet.api.spec_gateway import MAIN_TIER
 from m3fleet.catalog import (
     ACCELERATORS,
     ENGINES,
@@ -45,6 +51,8 @@ from m3fleet.catalog import (
     ModelVariant,
 )
 from m3fleet.catalog.facts import POD_SHM_GIB
+from m3fleet.catalog.gateway import CONTEXT_TIER_FILTER, EPP_IMAGE, KV_SCORER, PICKER_FITS, PREFIX_SCORER, QUEUE_SCORER
+from m3fleet.catalog.speculative import DRAFTS, RECIPES, SERVED, UNSERVED_REASONS, DraftFacts
 from m3fleet.disaggregation import plan_disaggregated
 from m3fleet.errors import SpecError
 from m3fleet.sizing import Fit, Layout, evaluate
@@ -61,7 +69,11 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
     replica of its own and the prefill:decode ratio (`m3fleet.disaggregation`)."""
     if spec.disaggregation is not None:
         return plan_disaggregated(spec, _plan_replica)
-    return _plan_replica(spec)
+    planned = _plan_replica(spec)
+    if spec.gateway is None:
+        return planned
+    gateway, gateway_notes = _gateway_plan(spec, spec.gateway, planned)
+    return planned.model_copy(update={"gateway": gateway, "notes": [*planned.notes, *gateway_notes]})
 
 
 def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
@@ -85,10 +97,11 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
     kv_dtypes = _kv_dtype_candidates(spec, engine_name, variant, notes)
     floor_gpus, floor_reason = _floor(engine_name, accel_name, variant_name)
     encoder_loaded = _encoder_loaded(spec, engine, variant, notes)
+    draft = _draft(spec, engine_name)
 
     layouts = _candidate_layouts(spec, strategy, floor_gpus, engine, accel)
     fits = [
-        evaluate(Layout(strategy, tp, dp, dtype, pp), variant, engine, accel, encoder_loaded, max_len)
+        evaluate(Layout(strategy, tp, dp, dtype, pp), variant, engine, accel, encoder_loaded, max_len, draft)
         for tp, dp, pp in layouts
         for dtype in kv_dtypes
     ]
@@ -101,7 +114,7 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
     if (
         floor_gpus > 1
         and layout.world == floor_gpus
-        and _smaller_would_fit(spec, strategy, floor_gpus, kv_dtypes, variant, engine, accel, encoder_loaded)
+        and _smaller_would_fit(spec, strategy, floor_gpus, kv_dtypes, variant, engine, accel, encoder_loaded, draft)
     ):
         notes.append(f"kept {floor_gpus} GPUs although memory alone allows fewer: {floor_reason}")
     if KvCacheDtype(spec.context.kv_cache_dtype) == KvCacheDtype.AUTO and layout.kv_dtype == KvCacheDtype.FP8:
@@ -111,6 +124,9 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
     nodes = math.ceil(layout.world / accel.gpus_per_node)
     cpu, memory_gib = _pod_resources(spec, accel, gpus_per_node)
     validated = _is_validated(engine_name, accel_name, variant_name, layout, nodes)
+    if draft is not None:
+        notes.extend(_speculative_notes(spec, draft, chosen))
+        validated = validated and (engine_name, draft.method) in RECIPES
     if not validated:
         notes.append("this shape is not one a published recipe runs; it is planned from memory arithmetic")
     if strategy == Strategy.DP_EP:
@@ -165,11 +181,127 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
             "kvCacheTokensPerReplica": chosen.tokens_per_replica,
             "maxSequencesAtMaxLen": chosen.sequences_at(max_len),
             "validated": validated,
+            "speculativeDecoding": _speculative_plan(spec, draft, chosen, spec.model.checkpoint or variant.checkpoint),
             "notes": notes,
             "modelCache": cache.name if cache is not None else None,
             "modelCacheNodeAffinity": cache.node_affinity if cache is not None else None,
         }
     )
+
+
+# --- the serving path (spec.gateway) -----------------------------------------------------------
+
+
+def tier_spec(spec: MiniMaxM3DeploymentSpec, tier: ContextTier) -> MiniMaxM3DeploymentSpec:
+    """The spec a context tier is planned and rendered from: the fleet's, at the tier's context, parallelism and
+    replicas (and without tiers of its own)."""
+    gateway = spec.gateway.model_copy(update={"tiers": []}) if spec.gateway is not None else None
+    return spec.model_copy(
+        update={
+            "context": spec.context.model_copy(update={"max_model_len": tier.max_model_len}),
+            "parallelism": tier.parallelism or spec.parallelism,
+            "replicas": tier.replicas,
+            "gateway": gateway,
+        }
+    )
+
+
+def plan_tier(spec: MiniMaxM3DeploymentSpec, index: int) -> Plan:
+    """The plan of spec.gateway.tiers[index], or a SpecError naming that tier."""
+    if spec.gateway is None:
+        raise ValueError("plan_tier needs spec.gateway")
+    tier = spec.gateway.tiers[index]
+    try:
+        return _plan_replica(tier_spec(spec, tier))
+    except SpecError as exc:
+        field = f"spec.gateway.tiers[{index}]"
+        raise SpecError(
+            field,
+            f"(tier {tier.name}, maxModelLen {tier.max_model_len}) cannot be planned: {exc.problem}",
+            f"{exc.fix}; for this tier, set {field}.parallelism or change its maxModelLen",
+        ) from None
+
+
+def picker_scorers(engine: EngineName) -> list[str]:
+    """The endpoint picker's scorers for this engine: prefix-cache only where the engine reuses prefixes."""
+    fit = PICKER_FITS[engine]
+    return [*([PREFIX_SCORER] if fit.prefix_reuse else []), KV_SCORER, QUEUE_SCORER]
+
+
+def _tier_plan(name: str, planned: Plan) -> TierPlan:
+    return TierPlan.model_validate(
+        {"name": name, **planned.model_dump(by_alias=True, include=set(TierPlan.model_fields) - {"name"})}
+    )
+
+
+def _gateway_plan(
+    spec: MiniMaxM3DeploymentSpec, gateway: InferenceGatewaySpec, main: Plan
+) -> tuple[GatewayPlan, list[str]]:
+    """The pool, its picker and the tiers (each planned as the spec at the tier's context), and the plan's notes."""
+    tiers = [_tier_plan(t.name, plan_tier(spec, i)) for i, t in enumerate(gateway.tiers)]
+    tiers = [*sorted(tiers, key=lambda t: t.max_model_len), _tier_plan(MAIN_TIER, main)]
+    ref = gateway.gateway_ref
+    engine = EngineName(main.engine)
+    notes = [f"gateway: {PICKER_FITS[engine].reason}"]
+    if len(tiers) > 1:
+        contexts = ", ".join(f"{t.name} {format_tokens(t.max_model_len)}" for t in tiers)
+        notes.append(f"gateway: each request goes to the smallest context tier that fits it ({contexts})")
+    return GatewayPlan(
+        gateway=f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name,
+        endpoint_picker_image=gateway.endpoint_picker.image or EPP_IMAGE,
+        scorers=picker_scorers(engine),
+        filters=[CONTEXT_TIER_FILTER] if len(tiers) > 1 else [],
+        tiers=tiers,
+    ), notes
+
+
+def _draft(spec: MiniMaxM3DeploymentSpec, engine: EngineName) -> DraftFacts | None:
+    """The draft spec.speculativeDecoding asks for, or SpecError where the engine does not serve it (the CRD's CEL
+    refuses the same at admission)."""
+    wanted = spec.speculative_decoding
+    if wanted is None:
+        return None
+    method = SpeculativeMethod(wanted.method)
+    if method not in SERVED[engine]:
+        others = [e.value for e, methods in SERVED.items() if method in methods]
+        raise SpecError(
+            "spec.speculativeDecoding.method",
+            f"{method.value} {UNSERVED_REASONS[engine]}",
+            f"remove speculativeDecoding, or use engine {' or '.join(others)}",
+        )
+    return DRAFTS[method]
+
+
+def _speculative_notes(spec: MiniMaxM3DeploymentSpec, draft: DraftFacts, fit: Fit) -> list[str]:
+    notes = [
+        f"speculative decoding {draft.method.value}: the draft takes {fit.draft_weights_gib_per_gpu:.1f} GiB and "
+        f"{fit.draft_kv_bytes_per_token_per_gpu} KV bytes per token on each GPU (counted above); the autoscaler "
+        f"assumes {draft.acceptance_length_prior} tokens per forward pass until the engine's counters measure it"
+    ]
+    wanted = spec.speculative_decoding
+    hub_draft = draft.default_model is not None and not (wanted and wanted.draft_model.startswith("/"))
+    if hub_draft:
+        notes.append(
+            "the draft model is fetched from Hugging Face when the engine starts: the pods need the Hub (and HF_TOKEN "
+            "for a gated draft), or set speculativeDecoding.draftModel to a path on a podTemplate volume"
+        )
+    return notes
+
+
+def _speculative_plan(
+    spec: MiniMaxM3DeploymentSpec, draft: DraftFacts | None, fit: Fit, checkpoint: str
+) -> dict[str, object] | None:
+    wanted = spec.speculative_decoding
+    if wanted is None or draft is None:
+        return None
+    return {
+        "method": draft.method,
+        "draftModel": wanted.draft_model or draft.default_model or checkpoint,
+        "numSpeculativeTokens": wanted.num_speculative_tokens or draft.default_tokens,
+        "draftWeightsGiBPerGPU": round(fit.draft_weights_gib_per_gpu, 1),
+        "draftKvBytesPerTokenPerGPU": fit.draft_kv_bytes_per_token_per_gpu,
+        "acceptanceLengthPrior": draft.acceptance_length_prior,
+    }
 
 
 def _encoder_loaded(
@@ -438,6 +570,7 @@ def _smaller_would_fit(
     engine: EngineFacts,
     accel: AcceleratorFacts,
     encoder_loaded: bool,
+    draft: DraftFacts | None,
 ) -> bool:
     half = floor_gpus // 2
     tp, dp = (spec.parallelism.tensor_parallel_size or 1, half) if strategy == Strategy.DP_EP else (half, 1)
@@ -446,7 +579,9 @@ def _smaller_would_fit(
     need = spec.context.min_sequences_at_max_len
     max_len = spec.context.max_model_len
     return any(
-        evaluate(Layout(strategy, tp, dp, d), variant, engine, accel, encoder_loaded, max_len).sequences_at(max_len)
+        evaluate(Layout(strategy, tp, dp, d), variant, engine, accel, encoder_loaded, max_len, draft).sequences_at(
+            max_len
+        )
         >= need
         for d in kv_dtypes
     )

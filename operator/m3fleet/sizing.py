@@ -17,6 +17,7 @@ from m3fleet.catalog import (
     ModelVariant,
 )
 from m3fleet.catalog.facts import GB, GIB
+from m3fleet.catalog.speculative import EMBEDDING_PARAMS_B, VOCAB_SIZE, DraftFacts
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class Fit:
     kv_bytes_per_token_per_gpu: int
     tokens_per_rank: int
     dp_ranks: int
+    draft_weights_gib_per_gpu: float = 0.0  # included in weights_gib_per_gpu
+    draft_kv_bytes_per_token_per_gpu: int = 0  # included in kv_bytes_per_token_per_gpu
 
     @property
     def tokens_per_replica(self) -> int:
@@ -106,6 +109,32 @@ def weights_gib_per_gpu(variant: ModelVariant, layout: Layout, encoder_loaded: b
     return per_gpu * GB / GIB
 
 
+def draft_weights_gib_per_gpu(draft: DraftFacts, variant: ModelVariant, layout: Layout) -> float:
+    """A draft's weights on one GPU. A separate draft model's dense layers and an MTP module's attention are sharded
+    over attention TP (replicated across DP ranks); an MTP module's routed experts are sharded like the target's
+    (over TP x DP with expert parallelism, over TP without). With pipeline stages the draft runs on the last stage;
+    it is added to the heaviest one (an upper bound)."""
+    tp = layout.tp
+    expert_shards = layout.tp * layout.dp if layout.expert_parallel else layout.tp
+    per_layer_dense_gb = (variant.replicated_gb - variant.vision_encoder_gb - EMBEDDING_PARAMS_B * 2) / KV_LAYOUT.layers
+    per_layer_experts_gb = variant.routed_experts_gb / KV_LAYOUT.index_layers
+    gb = draft.dense_params_b * 2 / tp
+    gb += draft.moe_layers * (per_layer_dense_gb / tp + per_layer_experts_gb / expert_shards)
+    if draft.own_embeddings:
+        gb += 2 * VOCAB_SIZE * TEXT_HIDDEN_SIZE * 2 / GB / tp
+    return gb * GB / GIB
+
+
+def draft_kv_bytes_per_token_per_gpu(draft: DraftFacts, attention_tp: int, kv_dtype: KvCacheDtype) -> int:
+    """What a draft's attention layers add to one token's KV on each GPU (the engines keep it in the same pool)."""
+    heads_per_rank = max(1, draft.kv_heads // attention_tp) if draft.kv_heads else 0
+    kv_elem_bytes = 1 if kv_dtype == KvCacheDtype.FP8 else 2
+    return (
+        draft.kv_layers * 2 * heads_per_rank * draft.head_dim * kv_elem_bytes
+        + draft.index_layers * KV_LAYOUT.index_dim * KV_LAYOUT.index_dtype_bytes
+    )
+
+
 def encoder_cache_gib(engine: EngineFacts, encoder_loaded: bool, max_model_len: int) -> float:
     """vLLM's multimodal encoder cache, which its startup profiling reserves on every rank: the largest item's
     embeddings (a video of up to ~192k tokens, fewer when the context is shorter) at the text hidden size."""
@@ -131,12 +160,15 @@ def evaluate(
     accel: AcceleratorFacts,
     encoder_loaded: bool,
     max_model_len: int = 0,
+    draft: DraftFacts | None = None,
 ) -> Fit:
-    weights = weights_gib_per_gpu(variant, layout, encoder_loaded)
+    draft_weights = draft_weights_gib_per_gpu(draft, variant, layout) if draft else 0.0
+    draft_kv = draft_kv_bytes_per_token_per_gpu(draft, layout.tp, layout.kv_dtype) if draft else 0
+    weights = weights_gib_per_gpu(variant, layout, encoder_loaded) + draft_weights
     budget = kv_budget_gib(engine, accel, weights) - encoder_cache_gib(engine, encoder_loaded, max_model_len)
     # In dp-ep each DP rank is its own KV pool over its TP group; in tp the whole TP group is one pool (with
     # pipeline parallelism: every stage holds its layers' share of every token).
-    per_token = kv_bytes_per_token_per_gpu(layout.tp, layout.kv_dtype, layout.pp)
+    per_token = kv_bytes_per_token_per_gpu(layout.tp, layout.kv_dtype, layout.pp) + draft_kv
     block_bytes = per_token * KV_LAYOUT.block_size
     blocks = math.floor(budget * GIB / block_bytes) if budget > 0 else 0
     return Fit(
@@ -146,4 +178,6 @@ def evaluate(
         kv_bytes_per_token_per_gpu=per_token,
         tokens_per_rank=blocks * KV_LAYOUT.block_size,
         dp_ranks=layout.dp,
+        draft_weights_gib_per_gpu=draft_weights,
+        draft_kv_bytes_per_token_per_gpu=draft_kv,
     )

@@ -65,8 +65,8 @@ from m3fleet_simulator.scenarios import Request, Workload
 
 # Relative speed per accelerator vs H200 (UNVERIFIED assumptions, not calibrated on hardware):
 # prefill scales with dense FLOPs, the decode step with HBM bandwidth.
-PREFILL_SPEED: Final[dict[str, float]] = {"h200": 1.0, "gb200": 2.2, "mi355x": 2.0}
-DECODE_STEP_SCALE: Final[dict[str, float]] = {"h200": 1.0, "gb200": 0.65, "mi355x": 0.65}
+PREFILL_SPEED: Final[dict[str, float]] = {"h200": 1.0, "gb200": 2.2, "b200": 2.2, "b300": 2.2, "mi355x": 2.0}
+DECODE_STEP_SCALE: Final[dict[str, float]] = {"h200": 1.0, "gb200": 0.65, "b200": 0.65, "b300": 0.65, "mi355x": 0.65}
 MULTI_NODE_PREFILL_EFFICIENCY: Final = 0.85
 MULTI_NODE_DECODE_PENALTY: Final = 1.15
 ENGINE_CAPACITY_FACTOR: Final = 0.95
@@ -94,12 +94,15 @@ class PerfModel:
         multi_node = plan.gpus_per_replica / ranks > plan.gpus_per_node
         speed = gpus / 8 * PREFILL_SPEED.get(accel, 1.0) * (MULTI_NODE_PREFILL_EFFICIENCY if multi_node else 1.0)
         step = 0.025 * DECODE_STEP_SCALE.get(accel, 1.0) * (MULTI_NODE_DECODE_PENALTY if multi_node else 1.0)
+        # Speculative decoding emits the acceptance length's tokens per target step: decode time per token shrinks by
+        # it (the plan's prior; the draft's own forward pass is small beside the target's and left out).
+        per_step = plan.speculative_decoding.acceptance_length_prior if plan.speculative_decoding else 1.0
         return cls(
             prefill_linear=20e-6 / speed,
             prefill_quadratic=1e-11 / speed,
-            decode_step=step,
-            decode_per_sequence=5e-5,
-            decode_per_context_token=3e-9,
+            decode_step=step / per_step,
+            decode_per_sequence=5e-5 / per_step,
+            decode_per_context_token=3e-9 / per_step,
             token_budget=2048,
             max_num_seqs=256,
             capacity_tokens=int(plan.kv_cache_tokens_per_rank * ENGINE_CAPACITY_FACTOR) // 128 * 128,
@@ -697,13 +700,7 @@ class Simulation:
     def on_finish(self, r: SimRequest) -> None:
         self.in_flight -= 1
         self.finished.append(r)
-        spec, m = r.spec, self.model
-        assert r.first_token is not None and r.finish is not None
-        ttft = r.first_token - spec.arrival
-        itl = (r.finish - r.first_token) / (spec.output - 1) if spec.output > 1 else 0.0
-        ttft_ok = ttft <= self.slo.ttft_seconds(spec.prompt, m.unloaded_prefill_seconds(spec.prompt))
-        itl_ok = itl <= self.slo.itl_seconds(m.unloaded_itl(spec.prompt + spec.output / 2))
-        if ttft_ok and itl_ok:
+        if meets_slo(r, self.slo, self.model):
             self.met += 1
 
     # the fleet ------------------------------------------------------------------------------------
@@ -861,6 +858,17 @@ class Simulation:
             peak_replicas=max(minutes, default=0),
             replica_minutes=minutes,
         )
+
+
+def meets_slo(r: SimRequest, slo: SloSpec, model: PerfModel) -> bool:
+    """A finished request against the SLO, whose unloaded times are `model`'s."""
+    spec = r.spec
+    assert r.first_token is not None and r.finish is not None
+    ttft = r.first_token - spec.arrival
+    itl = (r.finish - r.first_token) / (spec.output - 1) if spec.output > 1 else 0.0
+    ttft_ok = ttft <= slo.ttft_seconds(spec.prompt, model.unloaded_prefill_seconds(spec.prompt))
+    itl_ok = itl <= slo.itl_seconds(model.unloaded_itl(spec.prompt + spec.output / 2))
+    return ttft_ok and itl_ok
 
 
 def signals_from_scrapes(

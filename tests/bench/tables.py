@@ -8,18 +8,18 @@ from typing import Any
 
 import yaml
 
-from m3fleet.api.models import Plan
+from m3fleet.api.models import MiniMaxM3DeploymentSpec, Plan
 from m3fleet.api.parse import parse_resource
 from m3fleet.planner import plan as make_plan
 from tests.bench.autoscaling.__main__ import parse_seeds
 
-__all__ = ["load_plan", "parse_seeds", "table"]
+__all__ = ["load_plan", "load_spec", "parse_seeds", "table"]
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def load_plan(sample: str, spec_changes: dict[str, Any] | None = None) -> Plan:
-    """The planner's plan of a sample under manifests/samples/, with `spec` fields replaced (dotted paths)."""
+def load_spec(sample: str, spec_changes: dict[str, Any] | None = None) -> MiniMaxM3DeploymentSpec:
+    """The spec of a sample under manifests/samples/, with fields replaced (dotted paths under `spec`)."""
     document = yaml.safe_load((REPO / "manifests" / "samples" / sample).read_text())
     for dotted, value in (spec_changes or {}).items():
         node = document["spec"]
@@ -27,7 +27,12 @@ def load_plan(sample: str, spec_changes: dict[str, Any] | None = None) -> Plan:
         for name in parents:
             node = node.setdefault(name, {})
         node[leaf] = value
-    return make_plan(parse_resource(document).spec)
+    return parse_resource(document).spec
+
+
+def load_plan(sample: str, spec_changes: dict[str, Any] | None = None) -> Plan:
+    """The planner's plan of that spec."""
+    return make_plan(load_spec(sample, spec_changes))
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

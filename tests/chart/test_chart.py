@@ -367,12 +367,15 @@ def _vllm_over_two_nodes() -> dict[str, Any]:
     return document
 
 
-def _engine_pods() -> list[dict[str, Any]]:
-    """Pod templates of every sample (and of vLLM over two nodes), as the operator renders them."""
+def _engine_pods(component: str = "engine") -> list[dict[str, Any]]:
+    """Pod templates of every sample (and of vLLM over two nodes), as the operator renders them: the engines', or
+    another `component`'s (spec.gateway's endpoint-picker)."""
     pods = []
     for document in [*(load_sample(path) for path in SAMPLE_FILES), _vllm_over_two_nodes()]:
         resource = parse_resource(document)
         for obj in render_engine(resource, plan(resource.spec)):
+            if obj["metadata"]["labels"].get("app.kubernetes.io/component") != component:
+                continue
             if obj["kind"] == "Deployment":
                 pods.append(obj["spec"]["template"])
             elif obj["kind"] == "LeaderWorkerSet":
@@ -404,13 +407,27 @@ def test_pod_monitor_scrapes_every_pod_that_exports_engine_metrics() -> None:
     assert selector == {render_labels.MANAGED_BY: render_labels.MANAGER}
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     endpoints = monitor["spec"]["podMetricsEndpoints"]
+    (picker,) = [e for e in endpoints if e["port"] == "metrics"]  # spec.gateway's endpoint pickers
+    endpoints = [e for e in endpoints if e is not picker]
+    picker_label = "__meta_kubernetes_pod_label_m3fleet_dev_endpoint_picker"
+    assert [r["sourceLabels"] for r in picker["relabelings"]] == [[picker_label]]
+    pickers = _engine_pods("endpoint-picker")
+    assert pickers, "a sample with spec.gateway renders a picker"
+    for pod in pickers:
+        name = pod["metadata"]["labels"]["m3fleet.dev/endpoint-picker"]
+        assert re.fullmatch(picker["relabelings"][0]["regex"], name)
+        assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(
+            next(p["containerPort"] for p in pod["spec"]["containers"][0]["ports"] if p["name"] == picker["port"])
+        )
+        assert pod["metadata"]["labels"][render_labels.MANAGED_BY] == render_labels.MANAGER  # the selector's
+    assert re.fullmatch(picker["relabelings"][0]["regex"], "") is None  # engine pods lack the label: not kept
     assert {e["relabelings"][1]["regex"]: e["path"] for e in endpoints} == {
         str(name): facts.metrics_path for name, facts in ENGINES.items()
     }
     assert {e["path"] for e in endpoints} == {"/metrics", "/prometheus/metrics"}
     for e in endpoints:
         targets = {r["targetLabel"] for r in e["relabelings"] if r["action"] == "replace"}
-        assert targets == {"m3fleet_dev_name", "m3fleet_dev_engine", "m3fleet_dev_accelerator"}
+        assert targets == {"m3fleet_dev_name", "m3fleet_dev_engine", "m3fleet_dev_accelerator", "m3fleet_dev_tier"}
 
     pods = _engine_pods()
     scraped = [p for p in pods if any(_kept(e, p) for e in endpoints)]

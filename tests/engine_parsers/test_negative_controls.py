@@ -65,7 +65,21 @@ ITEMS: dict[str, tuple[str, list[str]]] = {
     "vllm-kv-fp9": ("vllm", [*VLLM_BASE, "--kv-cache-dtype", "fp9"]),
     "vllm-abbrev": ("vllm", rename(VLLM_BASE, "--tensor-parallel-size", "--tensor-parallel-si")),
     "vllm-underscore-eq": ("vllm", [*VLLM_BASE, "--gpu_memory_utilization=0.9"]),
+    "vllm-spec-good": (
+        "vllm",
+        [*VLLM_BASE, "--speculative-config", '{"method":"minimax_m3_mtp","num_speculative_tokens":3}'],
+    ),
+    "vllm-spec-method": (
+        "vllm",
+        [*VLLM_BASE, "--speculative-config", '{"method":"minimax_m3","num_speculative_tokens":3}'],
+    ),
+    "vllm-spec-key": ("vllm", [*VLLM_BASE, "--speculative-config", '{"method":"eagle3","draft_model":"x/y"}']),
+    "vllm-spec-backend": (
+        "vllm",
+        [*VLLM_BASE, "--speculative-config", '{"method":"eagle3","model":"x/y","attention_backend":"FLASH_ATTENTION"}'],
+    ),
     "sglang-good": ("sglang", SGLANG_BASE),
+    "sglang-spec-eagle": ("sglang", [*SGLANG_BASE, "--speculative-algorithm", "EAGLE-3"]),
     "sglang-misspelt": ("sglang", rename(SGLANG_BASE, "--tp-size", "--tp-sizes")),
     "sglang-tool-parser-underscore": ("sglang", swap(SGLANG_BASE, "--tool-call-parser", "minimax_m3")),
     "sglang-reasoning-parser-underscore": ("sglang", swap(SGLANG_BASE, "--reasoning-parser", "minimax_m3")),
@@ -91,7 +105,7 @@ def verdict(verdicts: dict[str, dict[str, Any]], item_id: str) -> dict[str, Any]
     return verdicts[item_id]
 
 
-@pytest.mark.parametrize("item_id", ["vllm-good", "sglang-good"])
+@pytest.mark.parametrize("item_id", ["vllm-good", "sglang-good", "vllm-spec-good"])
 def test_known_good_command_is_accepted(verdicts: dict[str, dict[str, Any]], item_id: str) -> None:
     result = verdict(verdicts, item_id)
     assert (result["verdict"], result["error"], result["unknown_spellings"]) == ("accept", None, [])
@@ -116,6 +130,11 @@ def test_known_good_command_is_accepted(verdicts: dict[str, dict[str, Any]], ite
             "argument --reasoning-parser: invalid choice: 'minimax_m3'",
         ),
         ("sglang-kv-fp9", "parse", "argument --kv-cache-dtype: invalid choice: 'fp9'"),
+        # --speculative-config: what SpeculativeConfig would refuse once it has the checkpoint (checker.speculative)
+        ("vllm-spec-method", "subconfigs", "unknown method 'minimax_m3'"),
+        ("vllm-spec-key", "subconfigs", "unknown keys ['draft_model']"),
+        ("vllm-spec-backend", "subconfigs", "FLASH_ATTENTION"),
+        ("sglang-spec-eagle", "speculative", "Unknown speculative algorithm name: EAGLE-3"),
     ],
 )
 def test_bad_command_is_rejected_at_stage(

@@ -217,6 +217,18 @@ CHILD_VALUE_CASES: list[tuple[dict[str, Any], str, str]] = [
     ],
 ]
 
+# spec.gateway.tiers the CRD refuses: (tiers, a fragment of the message, the field named)
+TIERS_REFUSED: list[tuple[list[dict[str, Any]], str, str]] = [
+    ([{"name": "long", "maxModelLen": 262144}], "shorter than spec.context.maxModelLen", "spec.gateway.tiers"),
+    ([{"name": "main", "maxModelLen": 8192}], "the spec's own context", "spec.gateway.tiers[0].name"),
+    ([{"name": "s", "maxModelLen": 8192}, {"name": "s", "maxModelLen": 16384}], "same name", "spec.gateway.tiers"),
+    (
+        [{"name": "a", "maxModelLen": 8192}, {"name": "b", "maxModelLen": 8192}],
+        "same maxModelLen",
+        "spec.gateway.tiers",
+    ),
+]
+
 # (resource, a fragment of the message, the field the apiserver's rejection names)
 CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(model__variant="mxfp4", accelerator="h200"), "mxfp4", "spec.model.variant"),
@@ -240,6 +252,21 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
         "spec.engine.apiKeySecretRef",
     ),
     (
+        with_spec(engine__name="trtllm", accelerator="gb200", speculativeDecoding={"method": "eagle3"}),
+        "pinned TensorRT-LLM",
+        "spec.speculativeDecoding",
+    ),
+    (
+        with_spec(engine__name="sglang", speculativeDecoding={"method": "mtp"}),
+        "no MTP (NextN) module",
+        "spec.speculativeDecoding.method",
+    ),
+    (
+        with_spec(speculativeDecoding={"method": "mtp", "draftModel": "Inferact/MiniMax-M3-EAGLE3"}),
+        "is for eagle3",
+        "spec.speculativeDecoding.draftModel",
+    ),
+    (
         with_spec(engine__name="vllm", engine__adminApiKeySecretRef={"name": "k"}),
         "sglang only",
         "spec.engine.adminApiKeySecretRef",
@@ -248,7 +275,27 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(parallelism__tensorParallelSize=12), "tensorParallelSize", "spec.parallelism.tensorParallelSize"),
     (with_spec(parallelism__dataParallelSize=6), "dataParallelSize", "spec.parallelism.dataParallelSize"),
     (with_spec(autoscaling__minReplicas=5, autoscaling__maxReplicas=2), "minReplicas", "spec.autoscaling.minReplicas"),
-    (with_spec(autoscaling__minReplicas=0), "wait forever", "spec.autoscaling.minReplicas"),
+    (with_spec(autoscaling__minReplicas=0), "without spec.gateway", "spec.autoscaling.minReplicas"),
+    *[
+        (with_spec(gateway={"gatewayRef": {"name": "gw"}, "tiers": tiers}), fragment, field)
+        for tiers, fragment, field in TIERS_REFUSED
+    ],
+    (with_spec(gateway={"gatewayRef": {"name": "Edge_1"}}), "DNS-1123", "spec.gateway.gatewayRef.name"),
+    (
+        with_spec(gateway={"gatewayRef": {"name": "gw"}}, disaggregation={}),
+        "two routers for one fleet",
+        "spec.gateway",
+    ),
+    (
+        with_spec(gateway={"gatewayRef": {"name": "gw", "namespace": "Gateways"}}),
+        "DNS-1123",
+        "spec.gateway.gatewayRef.namespace",
+    ),
+    (
+        with_spec(gateway={"gatewayRef": {"name": "gw"}, "endpointPicker": {"image": "EPP image"}}),
+        "not an image reference",
+        "spec.gateway.endpointPicker.image",
+    ),
     (
         with_spec(
             autoscaling__schedule=[
@@ -316,6 +363,11 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
         "spec.autoscaling.slo.itl.seconds",
     ),
     (with_name(LONGEST_NAME + "x"), f"longer than {MAX_NAME_LENGTH}", "metadata.name"),
+    (
+        with_name(LONGEST_NAME, gateway={"gatewayRef": {"name": "gw"}, "tiers": [{"name": "s", "maxModelLen": 8192}]}),
+        "spec.gateway.tiers name",
+        "metadata.name",
+    ),
     (with_name("Chat"), "lowercase", "metadata.name"),
     (with_name("chat.v2"), "no dots", "metadata.name"),
     (with_name("2chat"), "start with a lowercase letter", "metadata.name"),

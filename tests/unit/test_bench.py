@@ -62,7 +62,10 @@ def test_every_sample_gets_a_valid_job_aimed_at_its_service(path: Path) -> None:
     (container,) = pod["containers"]
     assert container["image"] == p.image  # the engine's own image: the client ships in it
     env = {e["name"]: e.get("value") for e in container["env"]}
-    (service,) = [o for o in render(r, p) if o["kind"] == "Service"]
+    # The engines' Service (a gatewayed fleet also has its endpoint picker's, which serves ext-proc, not the API).
+    (service,) = [
+        o for o in render(r, p) if o["kind"] == "Service" and "m3fleet.dev/endpoint-picker" not in o["spec"]["selector"]
+    ]
     port = service["spec"]["ports"][0]["port"]
     assert service["metadata"]["name"] == service_name(r.metadata.name)
     assert env[bench_job.URL_ENV] == f"http://{service_name(r.metadata.name)}.{r.metadata.namespace}.svc:{port}"

@@ -81,7 +81,7 @@ READERS_OF_FACTS = (
 
 
 # Strings equal to a fact that mean something else.
-SAME_TEXT_OTHER_MEANING = ("operator/m3fleet/render/labels.py:20: 'minimax-m3'",)  # app.kubernetes.io/name
+SAME_TEXT_OTHER_MEANING = ("operator/m3fleet/render/labels.py:22: 'minimax-m3'",)  # app.kubernetes.io/name
 
 
 def test_renderers_the_operator_and_the_chart_generator_read_facts_from_the_catalog() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import yaml
 from m3fleet.api import conditions as catalogue
 from m3fleet.api.conditions import CACHE, DEPLOYMENT, CacheReason, Catalogue, DeploymentReason
 from m3fleet.api.crd import crd_yaml
-from m3fleet.controller.status import Blocked, PodFailure, Workload, conditions
+from m3fleet.controller.status import Blocked, GatewayReport, PodFailure, Workload, conditions
 
 PACKAGE = Path(catalogue.__file__).resolve().parent.parent
 NOW = "2026-01-01T00:00:00Z"
@@ -128,13 +129,26 @@ def _deployment_scenarios() -> Iterator[tuple[Workload, Blocked | None]]:
         yield Workload(0), Blocked(reason, "blocked")
 
 
+GATEWAY = GatewayReport("gw", "chat", endpoints=1, accepted={"type": "Accepted", "status": "True"})
+GATEWAY_SCENARIOS = (
+    GATEWAY,  # accepted, serving
+    replace(GATEWAY, missing_api="inferencepools.inference.networking.k8s.io/v1"),
+    replace(GATEWAY, gateway_found=False),
+    replace(GATEWAY, accepted=None),  # no Gateway controller has answered
+    replace(GATEWAY, accepted={"type": "Accepted", "status": "False", "reason": "NotAllowedByListeners"}),
+    replace(GATEWAY, endpoints=0),  # at zero replicas: requests are held
+)
+
+
 def test_every_deployment_condition_is_catalogued_under_its_type_and_status() -> None:
     """status.conditions() across every kind of situation: each condition it writes is catalogued with that type
     and status, every catalogued pair is written, and the reason is a plain string (the API gets JSON)."""
     pairs = {(entry.type, status, reason) for entry in DEPLOYMENT.conditions for status, reason in entry.pairs()}
     written = set()
-    for workload, blocked in _deployment_scenarios():
-        for cond in conditions([], 1, NOW, workload, blocked):
+    scenarios = [(w, b, None) for w, b in _deployment_scenarios()]
+    scenarios += [(Workload(1, 1, 1, 1, True), None, gateway) for gateway in GATEWAY_SCENARIOS]
+    for workload, blocked, gateway in scenarios:
+        for cond in conditions([], 1, NOW, workload, blocked, gateway):
             assert type(cond["reason"]) is str and type(cond["type"]) is str
             written.add((cond["type"], cond["status"], DeploymentReason(cond["reason"])))
     assert written - pairs == set(), "written but not catalogued"

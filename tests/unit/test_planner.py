@@ -28,6 +28,7 @@ from tests.support.samples import SAMPLES_DIR, load_sample
 # file -> (engine, accelerator, variant, strategy, TP, DP, EP, nodes per replica).
 RECIPE_SHAPES = {
     "vllm-h200-tp8": ("vllm", "h200", "bf16", "tp", 8, 1, 1, 1),
+    "vllm-h200-gateway-tiers": ("vllm", "h200", "bf16", "tp", 8, 1, 1, 1),  # its main tier; the short one too
     "vllm-h200-tp8-ep": ("vllm", "h200", "bf16", "tp-ep", 8, 1, 8, 1),
     "vllm-h200-dp8-ep": ("vllm", "h200", "bf16", "dp-ep", 1, 8, 8, 1),
     "vllm-mi355x-bf16-tp8": ("vllm", "mi355x", "bf16", "tp", 8, 1, 1, 1),
@@ -39,11 +40,23 @@ RECIPE_SHAPES = {
     "sglang-gb200-mxfp8-2x4-tp8-ep8": ("sglang", "gb200", "mxfp8", "tp-ep", 8, 1, 8, 2),
     "trtllm-gb200-2x4-tep": ("trtllm", "gb200", "bf16", "tp-ep", 8, 1, 8, 2),
     "vllm-gb200-nvfp4-tp4": ("vllm", "gb200", "nvfp4", "tp", 4, 1, 1, 1),
+    "vllm-gb200-nvfp4-eagle3-tp4": ("vllm", "gb200", "nvfp4", "tp", 4, 1, 1, 1),
+    "vllm-h200-mtp-tp8": ("vllm", "h200", "bf16", "tp", 8, 1, 1, 1),
+    "sglang-gb200-mxfp8-eagle3-tp4": ("sglang", "gb200", "mxfp8", "tp", 4, 1, 1, 1),
+    "sglang-b200-mxfp8-tp8-ep8": ("sglang", "b200", "mxfp8", "tp-ep", 8, 1, 8, 1),
 }
 # Samples whose shape no published recipe runs exactly: NV-BLOG's SGLang TP8+EP8 command is CUDA-only on one
 # 8-GPU Blackwell node, so neither its MI355X nor its 2 x 4 GB200 form is `validated`.
-# No published recipe serves nvidia/MiniMax-M3-NVFP4 on the pinned engines either.
-NOT_PUBLISHED = {"sglang-mi355x-mxfp8-tp8-ep8", "sglang-gb200-mxfp8-2x4-tp8-ep8", "vllm-gb200-nvfp4-tp4"}
+# No published recipe serves nvidia/MiniMax-M3-NVFP4 on the pinned engines either, and none runs M3's MTP or
+# EAGLE3 on SGLang (catalog.speculative.RECIPES).
+NOT_PUBLISHED = {
+    "sglang-mi355x-mxfp8-tp8-ep8",
+    "sglang-gb200-mxfp8-2x4-tp8-ep8",
+    "vllm-gb200-nvfp4-tp4",
+    "vllm-gb200-nvfp4-eagle3-tp4",
+    "vllm-h200-mtp-tp8",
+    "sglang-gb200-mxfp8-eagle3-tp4",
+}
 
 
 def test_every_sample_has_a_recipe_shape() -> None:
@@ -466,3 +479,15 @@ def test_every_engine_a_too_long_context_error_suggests_does_plan(engine: str, a
         variant = "mxfp8" if f"engine {other} with model.variant mxfp8" in suggestions else "bf16"
         planned = plan(spec_for(other, accel, variant, "auto", None, False, "auto", 1_048_576))
         assert planned.max_model_len == 1_048_576
+
+
+def test_the_docs_sample_table_says_which_samples_are_validated() -> None:
+    # docs/planning.md "Samples": one row per sample, its validated column equal to the plan's.
+    text = (SAMPLES_DIR.parents[1] / "docs" / "planning.md").read_text()
+    section = text.split("\n## Samples\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| `")]
+    table = {cells[1].strip().strip("`"): cells[2].strip() for cells in rows}
+    assert set(table) == {p.stem for p in SAMPLES_DIR.glob("*.yaml")}
+    for name, said in table.items():
+        p = plan(parse_resource(load_sample(SAMPLES_DIR / f"{name}.yaml")).spec)
+        assert said == ("yes" if p.validated else "no"), name

@@ -65,6 +65,15 @@ LWS_ENUMS = {
     "spec.rolloutStrategy.type": {"RollingUpdate"},
 }
 COMPUTE_DOMAIN_FIELDS = {"spec": {"numNodes", "channel"}, "spec.channel": {"resourceClaimTemplate", "allocationMode"}}
+# InferencePool v1 (GIE v1.3.0 api/v1/inferencepool_types.go) and HTTPRoute v1 (Gateway API v1.x) fields m3fleet
+# may set; tests/cluster/test_gateway.py applies them to the real CRDs.
+POOL_FIELDS = {
+    "spec": {"selector", "targetPorts", "endpointPickerRef"},
+    "spec.selector": {"matchLabels"},
+    "spec.endpointPickerRef": {"group", "kind", "name", "port", "failureMode"},
+}
+ROUTE_FIELDS = {"spec": {"parentRefs", "hostnames", "rules"}}
+ROUTE_RULE_FIELDS = {"matches", "backendRefs", "timeouts", "filters", "name"}
 
 
 def _get(obj: dict[str, Any], dotted: str) -> Any:
@@ -96,6 +105,15 @@ def validate_object(obj: dict[str, Any]) -> None:
         assert isinstance(lwt["size"], int) and lwt["size"] >= 1
         _as_pod_template_validated(lwt["leaderTemplate"], obj["metadata"]["name"])
         _as_pod_template_validated(lwt["workerTemplate"], obj["metadata"]["name"])
+    elif kind == "InferencePool":
+        assert obj["apiVersion"] == "inference.networking.k8s.io/v1"
+        for path, allowed in POOL_FIELDS.items():
+            assert set(_get(obj, path)) <= allowed, f"{path}: {set(_get(obj, path)) - allowed}"
+        assert all(set(port) == {"number"} for port in obj["spec"]["targetPorts"])
+    elif kind == "HTTPRoute":
+        assert obj["apiVersion"] == "gateway.networking.k8s.io/v1"
+        assert set(obj["spec"]) <= ROUTE_FIELDS["spec"]
+        assert all(set(rule) <= ROUTE_RULE_FIELDS for rule in obj["spec"]["rules"])
     elif kind == "ComputeDomain":
         assert obj["apiVersion"] == "resource.nvidia.com/v1beta1"
         for path, allowed in COMPUTE_DOMAIN_FIELDS.items():
@@ -148,11 +166,13 @@ DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0
 def test_the_service_is_name_api_and_leaves_name_to_the_lws_controller(path: Path) -> None:
     doc = load_sample(path)
     name = doc["metadata"]["name"]
-    objs = rendered(doc)
+    objs = [o for o in rendered(doc) if o["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"]
     (service,) = [o for o in objs if o["kind"] == "Service"]
-    (workload,) = [o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet")]
+    workload, *tiers = [o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet")]
     assert service["metadata"]["name"] == service_name(name) == f"{name}-api"
     assert workload["metadata"]["name"] == name
+    tier_names = [t["name"] for t in doc["spec"].get("gateway", {}).get("tiers", [])]
+    assert [t["metadata"]["name"] for t in tiers] == [f"{name}-{tier}" for tier in tier_names]
     # The LeaderWorkerSet controller creates its own headless Service <name> (LWS_LEADER_ADDRESS
     # resolves through it): no child of ours may take that name.
     assert not [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == name]
@@ -178,7 +198,9 @@ def _label_values(obj: dict[str, Any]) -> list[str]:
 @pytest.mark.parametrize("path", SAMPLE_FILES, ids=[p.stem for p in SAMPLE_FILES])
 def test_the_longest_accepted_name_makes_valid_children(path: Path) -> None:
     doc = load_sample(path)
-    name = doc["metadata"]["name"] = "m" + "3" * (MAX_NAME_LENGTH - 1)
+    # A context tier's workload is <name>-<tier>: the CRD keeps that within MAX_NAME_LENGTH too.
+    tier_suffix = max((1 + len(t["name"]) for t in doc["spec"].get("gateway", {}).get("tiers", [])), default=0)
+    doc["metadata"]["name"] = "m" + "3" * (MAX_NAME_LENGTH - tier_suffix - 1)
     resource = parse_resource(doc)
     objs = render(resource, plan(resource.spec))
     for obj in objs:
@@ -194,7 +216,7 @@ def test_the_longest_accepted_name_makes_valid_children(path: Path) -> None:
         # What the LWS controller derives: a worker StatefulSet per group, <name>-<group> (groups up to
         # replicas + maxSurge - 1), whose pods carry controller-revision-hash <statefulset>-<10 chars>,
         # and pods <statefulset>-<worker>, whose names are also their hostnames.
-        statefulset = f"{name}-{MAX_REPLICAS + MAX_SURGE - 1}"
+        statefulset = f"{lws['metadata']['name']}-{MAX_REPLICAS + MAX_SURGE - 1}"
         assert len(f"{statefulset}-0123456789") <= 63
         assert len(f"{statefulset}-{lws['spec']['leaderWorkerTemplate']['size'] - 1}") <= 63
 

@@ -60,6 +60,8 @@ class EngineName(StrEnum):
 class Accelerator(StrEnum):
     H200 = "h200"
     GB200 = "gb200"
+    B200 = "b200"  # HGX B200: 8 GPUs a node
+    B300 = "b300"  # HGX B300 (Blackwell Ultra): 8 GPUs a node
     MI355X = "mi355x"
 
 
@@ -80,6 +82,11 @@ class KvCacheDtype(StrEnum):
     AUTO = "auto"
     BF16 = "bf16"
     FP8 = "fp8"
+
+
+class SpeculativeMethod(StrEnum):
+    MTP = "mtp"  # the checkpoint's own multi-token-prediction modules
+    EAGLE3 = "eagle3"  # an EAGLE3 draft model
 
 
 class AutoscalingMode(StrEnum):

@@ -18,6 +18,7 @@ READY: Final = "Ready"
 AVAILABLE: Final = "Available"
 PROGRESSING: Final = "Progressing"
 DEGRADED: Final = "Degraded"
+GATEWAY_READY: Final = "GatewayReady"
 TRUE: Final = "True"
 FALSE: Final = "False"
 
@@ -54,6 +55,13 @@ class DeploymentReason(StrEnum):
     CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
     CREATE_CONTAINER_ERROR = "CreateContainerError"
     FAILED_CREATE = "FailedCreate"
+    # The serving path (spec.gateway): whether the route is accepted and the pool has endpoints.
+    ROUTE_ACCEPTED = "RouteAccepted"
+    GATEWAY_API_NOT_INSTALLED = "GatewayApiNotInstalled"
+    GATEWAY_NOT_FOUND = "GatewayNotFound"
+    ROUTE_PENDING = "RoutePending"
+    ROUTE_NOT_ACCEPTED = "RouteNotAccepted"
+    NO_ENDPOINTS = "NoEndpoints"
 
 
 class CacheReason(StrEnum):
@@ -151,6 +159,18 @@ DEPLOYMENT_REASON_MEANINGS: Final[Mapping[Reason, str]] = {
     _D.CREATE_CONTAINER_ERROR: "The container runtime cannot create the container.",
     _D.FAILED_CREATE: "The workload controller may not create the pods: Pod Security, a ResourceQuota, a "
     "LimitRange or an admission webhook refused them (the message quotes the refusal).",
+    _D.ROUTE_ACCEPTED: "The Gateway accepted the HTTPRoute and the InferencePool has at least one ready endpoint.",
+    _D.GATEWAY_API_NOT_INSTALLED: "The cluster does not serve the InferencePool (inference.networking.k8s.io/v1) or "
+    "HTTPRoute (gateway.networking.k8s.io/v1) API: the pool, picker or route are not applied; the engines serve "
+    "through the <name>-api Service meanwhile.",
+    _D.GATEWAY_NOT_FOUND: "spec.gateway.gatewayRef names a Gateway that does not exist; the route is applied and "
+    "waits for it, nothing else changes.",
+    _D.ROUTE_PENDING: "No Gateway controller has accepted or refused the HTTPRoute yet (none implements the "
+    "Gateway's class, or it has not got to it).",
+    _D.ROUTE_NOT_ACCEPTED: "The Gateway refused the HTTPRoute; the message quotes its reason (e.g. "
+    "NotAllowedByListeners).",
+    _D.NO_ENDPOINTS: "The InferencePool has no ready endpoint: the endpoint picker holds requests (bounded) until a "
+    "replica is ready, e.g. while the fleet scales from zero.",
 }
 
 CACHE_REASON_MEANINGS: Final[Mapping[Reason, str]] = {
@@ -277,6 +297,21 @@ DEPLOYMENT: Final = Catalogue(
             FALSE,
             RECONCILE,
             ((FALSE, _D.AS_EXPECTED), (TRUE, BLOCKED), (TRUE, PODS_FAIL)),
+        ),
+        ConditionType(
+            GATEWAY_READY,
+            "Only with spec.gateway: the Gateway accepted the HTTPRoute to the fleet's InferencePool and the pool has "
+            "a ready endpoint. Never blocks the rest: the engines keep serving through <name>-api.",
+            TRUE,
+            RECONCILE,
+            (
+                (TRUE, _D.ROUTE_ACCEPTED),
+                (FALSE, _D.GATEWAY_API_NOT_INSTALLED),
+                (FALSE, _D.GATEWAY_NOT_FOUND),
+                (FALSE, _D.ROUTE_PENDING),
+                (FALSE, _D.ROUTE_NOT_ACCEPTED),
+                (FALSE, _D.NO_ENDPOINTS),
+            ),
         ),
     ),
     (BLOCKED, PODS_FAIL),

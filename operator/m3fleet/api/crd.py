@@ -26,6 +26,7 @@ from m3fleet.api.cache import (
 from m3fleet.api.children import KEEP_ABSENT
 from m3fleet.api.models import (
     CATEGORIES,
+    DEPLOYMENT_VALIDATIONS,
     GROUP,
     KIND,
     PLURAL,
@@ -61,6 +62,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "name": "Status",
         "type": "string",
         "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "priority": 1,
+    },
+    {
+        "name": "Gateway",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="GatewayReady")].reason',
         "priority": 1,
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
@@ -133,7 +140,12 @@ def schema_of(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def _root_schema(
-    spec_model: type[BaseModel], status_model: type[BaseModel], kind: str, description: str, spec_description: str
+    spec_model: type[BaseModel],
+    status_model: type[BaseModel],
+    kind: str,
+    description: str,
+    spec_description: str,
+    validations: list[dict[str, Any]] = RESOURCE_VALIDATIONS,
 ) -> dict[str, Any]:
     spec = schema_of(spec_model)
     status = schema_of(status_model)
@@ -159,7 +171,7 @@ def _root_schema(
             "spec": {**spec, "description": spec_description},
             "status": {**status, "description": "What the operator observed."},
         },
-        "x-kubernetes-validations": RESOURCE_VALIDATIONS,
+        "x-kubernetes-validations": validations,
     }
 
 
@@ -171,6 +183,7 @@ def openapi_schema() -> dict[str, Any]:
         "MiniMaxM3Deployment serves MiniMax-M3 on a GPU pool: m3fleet plans the layout, renders "
         "the engine pods, reconciles them and autoscales replicas.",
         "What to serve and how.",
+        [*RESOURCE_VALIDATIONS, *DEPLOYMENT_VALIDATIONS],
     )
 
 

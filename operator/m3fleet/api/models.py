@@ -35,6 +35,7 @@ from m3fleet.api.base import (
     EngineName,
     KvCacheDtype,
     MoeBackend,
+    SpeculativeMethod,
     Strategy,
     Variant,
     invalid,
@@ -98,6 +99,14 @@ from m3fleet.api.spec_engine import (
     ObjectKeySelector,
     ResourceFieldSelector,
 )
+from m3fleet.api.spec_gateway import (
+    TIER_CONTEXT_FIX,
+    TIER_CONTEXT_PROBLEM,
+    ContextTier,
+    EndpointPickerSpec,
+    GatewayRef,
+    InferenceGatewaySpec,
+)
 from m3fleet.api.spec_model import (
     CACHE_PREFERRED_FIX,
     CACHE_PREFERRED_PROBLEM,
@@ -120,6 +129,13 @@ from m3fleet.api.spec_placement import (
     RolloutSpec,
 )
 from m3fleet.api.spec_pod import PodTemplateMetadata, PodTemplateSpec, VolumeMount
+from m3fleet.api.spec_speculative import (
+    SGLANG_MTP_FIX,
+    SGLANG_MTP_PROBLEM,
+    TRTLLM_SPECULATIVE_FIX,
+    TRTLLM_SPECULATIVE_PROBLEM,
+    SpeculativeDecodingSpec,
+)
 
 # --- metadata.name -------------------------------------------------------------------------
 #
@@ -146,6 +162,12 @@ NAME_FORMAT_PROBLEM = (
     "Service <name> must be DNS-1035 labels"
 )
 NAME_FORMAT_FIX = "rename it, e.g. m3-chat"
+# A context tier's workload is <name>-<tier>: the same StatefulSet limit holds for it.
+TIER_NAME_LENGTH_PROBLEM = (
+    f"plus '-' and a spec.gateway.tiers name is longer than {MAX_NAME_LENGTH} characters: a tier's workload is "
+    "<name>-<tier>, and the LeaderWorkerSet controller names its StatefulSets after it"
+)
+TIER_NAME_LENGTH_FIX = "shorten the resource's name or the tier's"
 # Rules on the whole resource, at the CRD's root (m3fleet.api.crd builds it), where CEL may read
 # metadata.name; ObjectMeta below checks the same for the CLI and the operator.
 RESOURCE_VALIDATIONS: list[dict[str, Any]] = [
@@ -157,6 +179,15 @@ RESOURCE_VALIDATIONS: list[dict[str, Any]] = [
     cel(
         f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
         f"metadata.name {NAME_LENGTH_PROBLEM}; fix: {NAME_LENGTH_FIX}",
+        ".metadata.name",
+    ),
+]
+# Rules on the MiniMaxM3Deployment's root only (the model cache has no spec.gateway).
+DEPLOYMENT_VALIDATIONS: list[dict[str, Any]] = [
+    cel(
+        "!has(self.spec.gateway) || !has(self.spec.gateway.tiers) || "
+        f"self.spec.gateway.tiers.all(t, size(self.metadata.name) + 1 + size(t.name) <= {MAX_NAME_LENGTH})",
+        f"metadata.name {TIER_NAME_LENGTH_PROBLEM}; fix: {TIER_NAME_LENGTH_FIX}",
         ".metadata.name",
     ),
 ]
@@ -197,6 +228,19 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                     "FieldValueForbidden",
                 ),
                 cel(
+                    "self.engine.name != 'trtllm' || !has(self.speculativeDecoding)",
+                    f"speculativeDecoding {TRTLLM_SPECULATIVE_PROBLEM}; fix: {TRTLLM_SPECULATIVE_FIX}",
+                    ".speculativeDecoding",
+                    "FieldValueForbidden",
+                ),
+                cel(
+                    "self.engine.name != 'sglang' || !has(self.speculativeDecoding) || "
+                    "self.speculativeDecoding.method != 'mtp'",
+                    f"speculativeDecoding.method mtp {SGLANG_MTP_PROBLEM}; fix: {SGLANG_MTP_FIX}",
+                    ".speculativeDecoding.method",
+                    "FieldValueForbidden",
+                ),
+                cel(
                     "self.engine.name != 'trtllm' || !has(self.engine.apiKeySecretRef)",
                     f"engine.apiKeySecretRef {TRTLLM_API_KEY_PROBLEM}; fix: {TRTLLM_API_KEY_FIX}",
                     ".engine.apiKeySecretRef",
@@ -230,12 +274,33 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                     ".model.variant",
                     "FieldValueForbidden",
                 ),
+                cel(
+                    "!has(self.gateway) || !has(self.disaggregation)",
+                    "gateway and disaggregation are two routers for one fleet: the endpoint picker cannot route to "
+                    "Dynamo's prefill and decode workers; fix: drop spec.gateway (Dynamo's frontend routes a "
+                    "disaggregated fleet) or spec.disaggregation",
+                    ".gateway",
+                    "FieldValueForbidden",
+                ),
+                cel(
+                    "self.autoscaling.minReplicas >= 1 || has(self.gateway)",
+                    f"autoscaling.minReplicas {MIN_REPLICAS_PROBLEM}; fix: {MIN_REPLICAS_FIX}",
+                    ".autoscaling.minReplicas",
+                ),
+                cel(
+                    "!has(self.gateway) || !has(self.gateway.tiers) || "
+                    "self.gateway.tiers.all(t, t.maxModelLen < self.context.maxModelLen)",
+                    f"gateway.tiers[].maxModelLen {TIER_CONTEXT_PROBLEM}; fix: {TIER_CONTEXT_FIX}",
+                    ".gateway.tiers",
+                ),
             ]
         }
     )
     model: ModelSpec = Field(description="Which MiniMax-M3 checkpoint to serve and where its weights are.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Serving engine and its overrides.")
-    accelerator: Accelerator = Field(default=Accelerator.H200, description="GPU pool: h200, gb200 or mi355x.")
+    accelerator: Accelerator = Field(
+        default=Accelerator.H200, description="GPU pool: h200, gb200, b200, b300 or mi355x."
+    )
     node_pool: NodePoolSpec = Field(default_factory=NodePoolSpec, description="Extra placement for the pool.")
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec, description="Parallel layout; zeros let the planner decide."
@@ -251,6 +316,18 @@ class MiniMaxM3DeploymentSpec(CamelModel):
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="Context-length-aware autoscaling from Prometheus."
     )
+    gateway: InferenceGatewaySpec | None = Field(
+        default=None,
+        description="Serve through the user's Gateway (Gateway API Inference Extension): an InferencePool over the "
+        "serving pods, its endpoint picker (prefix-cache, KV-cache and queue aware) and an HTTPRoute from the named "
+        "Gateway; optional context tiers behind the same pool; scale from zero (docs/gateway.md).",
+        json_schema_extra={KEEP_ABSENT: True},  # its presence turns the serving path on: never defaulted to {}
+    )
+    speculative_decoding: SpeculativeDecodingSpec | None = Field(
+        default=None,
+        description="Speculative decoding: M3's own MTP modules or an EAGLE3 draft. The plan counts the draft's "
+        "weights and KV cache; absent, none.",
+    )
     disaggregation: DisaggregationSpec | None = Field(
         default=None,
         description="Serve with prefill and decode on separate workers behind NVIDIA Dynamo's frontend and KV "
@@ -262,6 +339,33 @@ class MiniMaxM3DeploymentSpec(CamelModel):
         description="What a platform adds to the engine pods and their workload: labels, annotations, "
         "priorityClassName, schedulerName, extra volumes and mounts (Kueue, Volcano, site policy). Never changes "
         "the plan or the engine's flags.",
+    )
+
+
+class TierPlan(CamelModel):
+    """One context tier of a gatewayed fleet, as planned (the fleet's own context is the tier `main`)."""
+
+    name: str = Field(max_length=8, description="The tier (main: the spec's own context).")
+    max_model_len: int = Field(description="Context this tier serves; the picker sends it prompts that fit.")
+    gpus_per_replica: int = Field(description="GPUs in one replica (its TP x DP x PP).")
+    nodes_per_replica: int = Field(description="Pods (one per node) in one replica.")
+    kv_cache_tokens_per_replica: int = Field(description="KV tokens one replica holds.")
+    max_sequences_at_max_len: int = Field(description="Full-length sequences one replica holds at once.")
+
+
+class GatewayPlan(CamelModel):
+    """The serving path spec.gateway renders: the pool, its endpoint picker and the route."""
+
+    gateway: str = Field(
+        max_length=400, description="The Gateway the HTTPRoute attaches to: name, or namespace/name elsewhere."
+    )
+    endpoint_picker_image: str = Field(max_length=512, description="The endpoint picker image.")
+    scorers: list[str] = Field(
+        default_factory=list, max_length=8, description="The picker's scorers, fitted to the engine."
+    )
+    filters: list[str] = Field(default_factory=list, max_length=8, description="The picker's filters.")
+    tiers: list[TierPlan] = Field(
+        default_factory=list, max_length=8, description="Context tiers, shortest first; the last is the spec's own."
     )
 
 
@@ -304,16 +408,38 @@ class Plan(CamelModel):
     max_sequences_at_max_len: int = Field(description="Full-length sequences the replica holds at once.")
     validated: bool = Field(description="The shape equals a published recipe's.")
     notes: list[str] = Field(default_factory=list, max_length=32, description="Assumptions and warnings.")
+    speculative_decoding: SpeculativePlan | None = Field(
+        default=None, description="The draft, its memory and the acceptance length assumed (absent: none)."
+    )
     model_cache: str | None = Field(
         default=None, description="MiniMaxM3ModelCache the weights come from (absent: spec.model.source)."
     )
     model_cache_node_affinity: NodeAffinityMode | None = Field(
         default=None, description="Required or Preferred: how pods are placed on nodes holding the cache."
     )
+    gateway: GatewayPlan | None = Field(
+        default=None, description="The serving path spec.gateway renders (absent: no gateway)."
+    )
     disaggregation: DisaggregationPlan | None = Field(
         default=None,
         description="Prefill and decode workers on NVIDIA Dynamo (spec.disaggregation); the fields above then "
         "describe one decode worker.",
+    )
+
+
+class SpeculativePlan(CamelModel):
+    """Speculative decoding as planned: the draft, what it costs on each GPU, and the acceptance length assumed."""
+
+    method: SpeculativeMethod = Field(description="mtp or eagle3.")
+    draft_model: str = Field(description="The draft served (the checkpoint itself for mtp).")
+    num_speculative_tokens: int = Field(description="Tokens drafted per step.")
+    draft_weights_gib_per_gpu: float = Field(alias="draftWeightsGiBPerGPU", description="Draft weights on each GPU.")
+    draft_kv_bytes_per_token_per_gpu: int = Field(
+        alias="draftKvBytesPerTokenPerGPU", description="KV bytes the draft adds per token on each GPU."
+    )
+    acceptance_length_prior: float = Field(
+        description="Tokens emitted per target forward pass the autoscaler assumes until the engine's counters "
+        "measure it (1: no gain assumed)."
     )
 
 
@@ -412,6 +538,11 @@ class MiniMaxM3DeploymentStatus(CamelModel):
         description="The autoscaler's last decision: desired replicas, every term, the reason, the time.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+    gateway: dict[str, Any] | None = Field(
+        default=None,
+        description="With spec.gateway: the Gateway, the pool's ready endpoints and each context tier's replicas.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
 
 
 class ObjectMeta(BaseModel):
@@ -442,6 +573,7 @@ __all__ = [
     "CA_AND_INSECURE_PROBLEM",
     "CA_WITHOUT_TLS_FIX",
     "CA_WITHOUT_TLS_PROBLEM",
+    "DEPLOYMENT_VALIDATIONS",
     "FIELD_PATH_PATTERN",
     "GATEWAY_LABEL_FIX",
     "GATEWAY_LABEL_PROBLEM",
@@ -473,6 +605,8 @@ __all__ = [
     "SHORT_NAMES",
     "SINGULAR",
     "STATEFULSET_NAME_MAX",
+    "TIER_NAME_LENGTH_FIX",
+    "TIER_NAME_LENGTH_PROBLEM",
     "TRTLLM_API_KEY_FIX",
     "TRTLLM_API_KEY_PROBLEM",
     "VERSION",
@@ -491,17 +625,22 @@ __all__ = [
     "CamelModel",
     "Condition",
     "ContextSpec",
+    "ContextTier",
     "DisaggregationPlan",
     "DisaggregationRoleSpec",
     "DisaggregationSpec",
+    "EndpointPickerSpec",
     "EngineName",
     "EngineSpec",
     "EnvVar",
     "EnvVarSource",
     "ForecastSpec",
     "FrontendSpec",
+    "GatewayPlan",
+    "GatewayRef",
     "GatewaySpec",
     "HuggingFaceSource",
+    "InferenceGatewaySpec",
     "KvCacheDtype",
     "KvTransfer",
     "MiniMaxM3Deployment",
@@ -534,7 +673,11 @@ __all__ = [
     "ScheduleWindowSpec",
     "SecretKeyRef",
     "SloSpec",
+    "SpeculativeDecodingSpec",
+    "SpeculativeMethod",
+    "SpeculativePlan",
     "Strategy",
+    "TierPlan",
     "TimeToReadyPhases",
     "TimeToReadySample",
     "TimeToReadyStatus",

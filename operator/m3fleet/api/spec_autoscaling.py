@@ -127,10 +127,13 @@ class AutoscalingBehavior(CamelModel):
 
 
 MIN_REPLICAS_PROBLEM = (
-    "must be at least 1: at zero replicas no engine exports the metrics a scale-up needs (m3fleet reads no "
-    "gateway queue), so an idle fleet would stay at zero and its requests would wait forever"
+    "must be at least 1 without spec.gateway: at zero replicas no engine exports the metrics a scale-up needs and "
+    "nothing holds the requests that arrive, so an idle fleet would stay at zero and its requests would fail"
 )
-MIN_REPLICAS_FIX = "set minReplicas to 1 or more (scale to zero is not supported)"
+MIN_REPLICAS_FIX = (
+    "set minReplicas to 1 or more, or set spec.gateway (its endpoint picker holds requests and reports them, so the "
+    "fleet scales from zero)"
+)
 WINDOW_BOUNDS_PROBLEM = "has a window whose minReplicas exceeds its maxReplicas"
 WINDOW_BOUNDS_FIX = "lower that window's minReplicas or raise its maxReplicas"
 WINDOW_EMPTY_PROBLEM = "has a window with neither minReplicas nor maxReplicas: it would change nothing"
@@ -317,11 +320,6 @@ class AutoscalingSpec(CamelModel):
                     ".minReplicas",
                 ),
                 cel(
-                    "self.minReplicas >= 1",
-                    f"minReplicas {MIN_REPLICAS_PROBLEM}; fix: {MIN_REPLICAS_FIX}",
-                    ".minReplicas",
-                ),
-                cel(
                     "!has(self.schedule) || self.schedule.all(w, "
                     "w.minReplicas == 0 || w.maxReplicas == 0 || w.minReplicas <= w.maxReplicas)",
                     f"schedule {WINDOW_BOUNDS_PROBLEM}; fix: {WINDOW_BOUNDS_FIX}",
@@ -345,9 +343,20 @@ class AutoscalingSpec(CamelModel):
         default=AutoscalingMode.ACT, description="act (apply decisions) or advisory (decide and report only)."
     )
     min_replicas: int = Field(
-        default=1, ge=0, le=MAX_REPLICAS, description="Fewest replicas; at least 1 (no scale to zero)."
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,
+        description="Fewest replicas; at least 1, or 0 with spec.gateway (scale to zero after "
+        "scaleToZeroAfterSeconds idle; the endpoint picker holds requests during the scale-up).",
     )
     max_replicas: int = Field(default=4, ge=1, le=MAX_REPLICAS, description="Most replicas.")
+    scale_to_zero_after_seconds: int = Field(
+        default=600,
+        ge=60,
+        le=86400,
+        description="With minReplicas 0 (spec.gateway): scale to zero once no request has run, waited or been "
+        "held for this long.",
+    )
     interval_seconds: int = Field(default=15, ge=5, le=3600, description="Seconds between decisions.")
     prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="Where engine metrics are read.")
     target: AutoscalingTarget = Field(default_factory=AutoscalingTarget, description="Utilisation targets.")

@@ -468,9 +468,20 @@ class PrometheusAdapter:
                     ttft_seconds=histograms.get("ttftSeconds", {}).get(name),
                     queue_seconds=histograms.get("queueSeconds", {}).get(name),
                     itl_seconds=histograms.get("itlSeconds", {}).get(name),
+                    acceptance_length=acceptance_length(
+                        get("specAcceptedRate"), get("specDraftRate"), get("specAcceptanceLength")
+                    ),
                 )
             )
         return replace(base, replicas=tuple(signals), gateway=self._gateway(at))
+
+
+def acceptance_length(accepted_rate: float | None, draft_rate: float | None, gauge: float | None) -> float | None:
+    """Tokens a target forward pass emits: 1 + accepted draft tokens per draft (vLLM's counters), else the engine's
+    own gauge (SGLang); None without drafts in the window."""
+    if accepted_rate is not None and draft_rate:
+        return 1.0 + accepted_rate / draft_rate
+    return gauge if gauge and math.isfinite(gauge) else None
 
 
 def _opt(value: float | int | None) -> float | None:

@@ -110,6 +110,11 @@ def build_queries(
         scalars["kvCapacityTokens"] = rank_gauge(metrics.capacity)
     if metrics.block_size:
         scalars["blockSize"] = rank_gauge(metrics.block_size)
+    if metrics.spec_accepted_tokens and metrics.spec_drafts:
+        scalars["specAcceptedRate"] = rate(metrics.spec_accepted_tokens)
+        scalars["specDraftRate"] = rate(metrics.spec_drafts)
+    if metrics.spec_acceptance_length:
+        scalars["specAcceptanceLength"] = f"avg by ({by}) ({either(metrics.spec_acceptance_length)})"
 
     def histogram(names: Names) -> tuple[str, str, str]:
         def part(suffix: str, extra: str = "") -> str:
@@ -166,3 +171,9 @@ class Gateway:
             "recent_request_rate": f"sum(irate({self.metric}_count{sel}[{w}]))",
             "recent_bytes_rate": f"sum(irate({self.metric}_sum{sel}[{w}]))",
         }
+
+
+def held_requests_query(namespace: str, pool: str, metric: str) -> str:
+    """Requests the endpoint picker of `pool` holds in its flow control (its gauge `metric`, by pool), summed over
+    priorities and flows: what scales a fleet from zero. The picker's pod is scraped into the pool's namespace."""
+    return f"sum({metric}{selector_string({'namespace': namespace, 'inference_pool': pool})})"

@@ -139,6 +139,7 @@ class ReplicaSignals:
     ttft_seconds: Histogram | None = None
     queue_seconds: Histogram | None = None  # time requests waited before being scheduled (their TTFT's queue part)
     itl_seconds: Histogram | None = None  # each finished request's mean seconds per output token after the first
+    acceptance_length: float | None = None  # speculative decoding: tokens emitted per target forward pass
 
     def used_tokens(self, plan_capacity: float) -> float | None:
         """Resident KV tokens: the engine's own count, else usage x the capacity it reports (the plan's if none)."""

@@ -40,6 +40,11 @@ class EngineMetrics:
     capacity_info: str | None = None  # vLLM's info metric (labels kv_cache_size_tokens, num_gpu_blocks, block_size)
     block_size: Names = ()  # tokens per KV block when kv_used / capacity count blocks (TRT-LLM)
     rank_label: str | None = None  # the label that tells a replica's DP ranks (KV pools) apart
+    # Speculative decoding: counters of accepted draft tokens and of drafts (one per target forward pass of a
+    # request), whose ratio + 1 is the mean acceptance length; or a gauge of that length itself.
+    spec_accepted_tokens: Names = ()
+    spec_drafts: Names = ()
+    spec_acceptance_length: Names = ()
 
 
 VLLM: Final = EngineMetrics(
@@ -58,6 +63,10 @@ VLLM: Final = EngineMetrics(
     preemptions=("vllm:num_preemptions_total",),
     capacity_info="vllm:cache_config_info",
     rank_label="engine",
+    # vllm/v1/spec_decode/metrics.py (counters vllm:spec_decode_num_accepted_tokens and _num_drafts; vLLM's own log
+    # line reports the mean acceptance length as 1 + accepted / drafts)
+    spec_accepted_tokens=("vllm:spec_decode_num_accepted_tokens_total",),
+    spec_drafts=("vllm:spec_decode_num_drafts_total",),
 )
 SGLANG: Final = EngineMetrics(
     engine="sglang",
@@ -76,6 +85,8 @@ SGLANG: Final = EngineMetrics(
     kv_used=("sglang:num_used_tokens",),
     capacity=("sglang:max_total_num_tokens",),
     rank_label="dp_rank",
+    # SGL-MET: "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward)"
+    spec_acceptance_length=("sglang:spec_accept_length",),
 )
 # TRT-LLM's Prometheus endpoint is /prometheus/metrics (its /metrics is a JSON queue), names with the
 # trtllm_ prefix; KV gauges need `enable_iter_perf_stats`. It counts KV in blocks of its own size.

@@ -54,6 +54,8 @@ SOURCES: Final[dict[str, str]] = {
     "the same layout in NVIDIA NeMo AutoModel's nvfp4 docs (docs.nvidia.com/nemo/automodel)",
     "3P-NVFP4": "third-party M3 NVFP4 quantization huggingface.co/Mapika/MiniMax-M3-NVFP4 (model card): routed and "
     "shared experts NVFP4 group 16, attention/indexer/router/embeddings/lm_head/vision tower BF16, ~256 GB on disk",
+    "INFX": "SemiAnalysisAI/InferenceX PRs #1724, #1733 (B300) and #1741 (B200): the vLLM recipe's MiniMax-M3 MXFP8 "
+    "shapes TP8, TP4 and TP8+EP8 on one 8-GPU HGX node",
     "DERIVED": "computed in this file from the sourced numbers above it",
 }
 
@@ -228,6 +230,7 @@ class AcceleratorFacts:
     nvlink_spans_nodes: bool = False
     # Node label whose value names one NVLink domain; every pod of a multi-node group must share it.
     nvlink_domain_label: str | None = None
+    blackwell: bool = False  # SM100-class NVIDIA GPU: the engines' Blackwell kernels and flags apply
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -240,6 +243,23 @@ POD_SHM_GIB: Final = 32
 # Resource names that bring an RDMA NIC into the pod (device plugins for InfiniBand/RoCE, AWS EFA); a
 # multi-node replica without one sends its inter-node traffic over TCP through the pod network.
 RDMA_RESOURCE_MARKERS: Final = ("rdma", "infiniband", "/ib", "hca", "roce", "efa")
+
+
+def _hgx_blackwell(name: Accelerator, memory_gib: float, sources: dict[str, str]) -> AcceleratorFacts:
+    """An HGX Blackwell pool: 8 GPUs on NVSwitch in one x86_64 node; nodes talk over the network (no NVLink between
+    them). Host CPU and memory per GPU as H200's (HGX hosts have 2 x 56+ cores and 2 TB or more)."""
+    return AcceleratorFacts(
+        name=name,
+        vendor="nvidia",
+        memory_gib=memory_gib,
+        gpus_per_node=8,
+        resource_name="nvidia.com/gpu",
+        node_labels={"nvidia.com/gpu.product": (f"NVIDIA-{name.value.upper()}",), "kubernetes.io/arch": ("amd64",)},
+        cpu_per_gpu=8,
+        memory_gib_per_gpu=64,
+        blackwell=True,
+        sources={**sources, "cpu_per_gpu": "as H200: 64 CPU / 512 GiB per 8-GPU pod; a sizing choice, UNVERIFIED"},
+    )
 
 
 ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
@@ -273,6 +293,7 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         memory_gib_per_gpu=128,
         nvlink_spans_nodes=True,
         nvlink_domain_label="nvidia.com/gpu.clique",
+        blackwell=True,
         sources={
             "node_labels": "nvidia.com/gpu.product: GFD ('NVIDIA GB200' -> NVIDIA-GB200, seen in several "
             "manifests); kubernetes.io/arch: the kubelet's well-known label (Grace compute trays are arm64)",
@@ -282,6 +303,26 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
             "2 x 480 GB LPDDR5X; a sizing choice, UNVERIFIED per provider",
             "memory_gib": "aiwiki GB200 NVL72 (186 GB); reported MiB UNVERIFIED",
             "gpus_per_node": "TRT-GUIDE",
+        },
+    ),
+    Accelerator.B200: _hgx_blackwell(
+        Accelerator.B200,
+        178.0,  # 179 GB as nvidia-smi reports it on an HGX B200
+        {
+            "memory_gib": "docs.vultr.com inference-cookbook hardware-overview (HGX B200: 179 GB HBM3e, sm_100, 8 GPUs "
+            "on NVSwitch 5.0, verified with nvidia-smi); one GiB kept as margin",
+            "node_labels": "nvidia.com/gpu.product: GFD's product name with dashes ('NVIDIA B200' -> NVIDIA-B200; the "
+            "string is UNVERIFIED on live nodes); HGX hosts are x86_64. Override with nodePool.nodeSelector",
+        },
+    ),
+    Accelerator.B300: _hgx_blackwell(
+        Accelerator.B300,
+        268.0,  # 288 GB HBM3e = 268 GiB; what nvidia-smi reports is UNVERIFIED
+        {
+            "memory_gib": "glennklockwood.com garden/processors/B300 (288 GB HBM3e, 8 stacks 12-high); acecloud.ai "
+            "HGX B300 (8 GPUs, 288 GB each, 2.3 TB a node)",
+            "node_labels": "nvidia.com/gpu.product: GFD's product name with dashes (the B300 string, which may carry "
+            "a form-factor suffix, is UNVERIFIED: set nodePool.nodeSelector to what your nodes show); x86_64 hosts",
         },
     ),
     Accelerator.MI355X: AcceleratorFacts(
@@ -366,11 +407,15 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             # cores); on Blackwell through the FlashInfer/CUTLASS FP4 kernels (VLLM-NVFP4).
             Accelerator.H200: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
             Accelerator.GB200: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
+            Accelerator.B200: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
+            Accelerator.B300: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
             Accelerator.MI355X: ALL_VARIANTS,
         },
         images={
             Accelerator.H200: f"vllm/vllm-openai:v{VLLM_VERSION}",
             Accelerator.GB200: f"vllm/vllm-openai:v{VLLM_VERSION}",
+            Accelerator.B200: f"vllm/vllm-openai:v{VLLM_VERSION}",
+            Accelerator.B300: f"vllm/vllm-openai:v{VLLM_VERSION}",
             Accelerator.MI355X: f"vllm/vllm-openai-rocm:v{VLLM_VERSION}",
         },
         # vLLM 0.33.0's own default (CacheConfig.gpu_memory_utilization = 0.92, VLLM-SRC config/cache.py); the
@@ -397,7 +442,8 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         },
         sources={
             "support": "VLLM-RCP (NVIDIA Hopper/Blackwell; AMD CDNA4 incl. MXFP4); VLLM-NVFP4 (modelopt_fp4 from "
-            "compute capability 7.5: Marlin W4A16 on H200, FP4 kernels on GB200)",
+            "compute capability 7.5: Marlin W4A16 on H200, FP4 kernels on Blackwell); INFX (the recipe's MXFP8 "
+            "TP8/TP4/TP8+EP8 on B200 and B300)",
             "images": "ENGINE-ARGPARSE: 0.33.0 has the M3 model classes and minimax_m3 parsers",
             "memory_fraction": "VLLM-SRC config/cache.py: gpu_memory_utilization default 0.92",
             "activation_reserve_gib": "DERIVED: about 4 GiB of non-KV overhead per GPU (UNVERIFIED)",
@@ -418,16 +464,26 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             # MXFP8 MoE kernels in SGLang are Blackwell/gfx950-only (SGL-CFG).
             Accelerator.H200: (Variant.BF16,),
             Accelerator.GB200: (Variant.BF16, Variant.MXFP8),
+            Accelerator.B200: (Variant.BF16, Variant.MXFP8),
+            Accelerator.B300: (Variant.BF16, Variant.MXFP8),
             Accelerator.MI355X: (Variant.BF16, Variant.MXFP8),
         },
         images={
             Accelerator.H200: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu129",
             Accelerator.GB200: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu130",
+            Accelerator.B200: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu130",
+            Accelerator.B300: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu130",
             Accelerator.MI355X: f"lmsysorg/sglang:v{SGLANG_VERSION}-rocm720-mi35x",
         },
         # GB200 takes the NVIDIA blog's Blackwell 0.8 (NV-BLOG); SGL-CFG's GB200 cell (0.75) is "inferred, not
         # benchmarked". H200 and MI355X keep their SGL-CFG cells.
-        memory_fraction={Accelerator.H200: 0.75, Accelerator.GB200: 0.80, Accelerator.MI355X: 0.80},
+        memory_fraction={
+            Accelerator.H200: 0.75,
+            Accelerator.GB200: 0.80,
+            Accelerator.B200: 0.80,
+            Accelerator.B300: 0.80,
+            Accelerator.MI355X: 0.80,
+        },
         memory_model="static",
         activation_reserve_gib=0.0,  # outside the static fraction
         reasoning_parser="minimax-m3",
@@ -466,7 +522,7 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
         sources={
             "support": "SGL-CFG (H200 BF16; GB200 MXFP8; MI355X MXFP8)",
             "images": "SGL-CFG tag families (cu12 H200, cu13 multi-arch GB200, rocm720-mi35x); tags UNVERIFIED",
-            "memory_fraction": "SGL-CFG (0.75 H200, 0.80 MI355X); NV-BLOG (0.8 on Blackwell)",
+            "memory_fraction": "SGL-CFG (0.75 H200, 0.80 MI355X); NV-BLOG (0.8 on Blackwell: GB200, B200, B300)",
             "parsers": "ENGINE-ARGPARSE (dash form registered; underscore rejected)",
             "pipeline_parallel": "SGL-SRC: --pp-size (fields/parallel.py); MiniMaxM3Model splits layers with "
             "make_pp_layers and PPMissingLayer, the VL wrapper forwards pp_proxy_tensors",
@@ -554,6 +610,7 @@ def _s(
 
 V, S, T = EngineName.VLLM, EngineName.SGLANG, EngineName.TRTLLM
 H, G, M = Accelerator.H200, Accelerator.GB200, Accelerator.MI355X
+B2, B3 = Accelerator.B200, Accelerator.B300
 TP, TPEP, DPEP = Strategy.TP, Strategy.TP_EP, Strategy.DP_EP
 
 VALIDATED_SHAPES: Final[tuple[Shape, ...]] = (
@@ -568,6 +625,13 @@ VALIDATED_SHAPES: Final[tuple[Shape, ...]] = (
     _s(V, M, Variant.MXFP8, TP, 8, 1, 1, "VLLM-RCP ('use TP=8 for lower latency or long context')"),
     _s(V, M, Variant.MXFP4, TP, 4, 1, 1, "VLLM-RCP MXFP4 AITER MoE TP4"),
     _s(V, M, Variant.MXFP4, TP, 8, 1, 1, "VLLM-RCP MXFP4 emulation MoE TP8"),
+    *(
+        _s(V, b, Variant.MXFP8, strategy, tp, 1, 1, f"INFX {b.value} MXFP8 {label}")
+        for b in (B2, B3)
+        for strategy, tp, label in ((TP, 8, "TP8"), (TP, 4, "TP4"), (TPEP, 8, "TP8+EP8"))
+    ),
+    # NV-BLOG's SGLang command as written: one 8-GPU Blackwell node, TP8 + EP8, MXFP8.
+    *(_s(S, b, Variant.MXFP8, TPEP, 8, 1, 1, "NV-BLOG SGLang 8-GPU Blackwell node") for b in (B2, B3)),
     _s(S, H, Variant.BF16, TP, 8, 1, 1, "SGL-CFG H200 BF16 --tp 8"),
     _s(S, M, Variant.MXFP8, TP, 8, 1, 1, "SGL-CFG MI355X MXFP8 --tp 8"),
     # NV-BLOG's SGLang TP8+EP8 command is CUDA-only (flashinfer, flashinfer_cudnn, deep_gemm) on one 8-GPU

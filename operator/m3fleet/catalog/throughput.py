@@ -11,9 +11,23 @@ disaggregation planner (the prefill:decode ratio). Stand-ins for a measured prof
 from collections.abc import Mapping
 from typing import Final
 
-PREFILL_TOKENS_PER_GPU_SECOND: Final[Mapping[str, float]] = {"h200": 5000.0, "gb200": 11000.0, "mi355x": 9000.0}
+# HGX B200 and B300 carry the GB200's Blackwell GPU (B300: Blackwell Ultra, the same dense BF16/FP8 rate):
+# GB200's figures.
+PREFILL_TOKENS_PER_GPU_SECOND: Final[Mapping[str, float]] = {
+    "h200": 5000.0,
+    "gb200": 11000.0,
+    "b200": 11000.0,
+    "b300": 11000.0,
+    "mi355x": 9000.0,
+}
 MULTI_NODE_EFFICIENCY: Final = 0.85  # prefill throughput kept when a worker spans nodes
-DECODE_STEP_SECONDS: Final[Mapping[str, float]] = {"h200": 0.025, "gb200": 0.01625, "mi355x": 0.01625}
+DECODE_STEP_SECONDS: Final[Mapping[str, float]] = {
+    "h200": 0.025,
+    "gb200": 0.01625,
+    "b200": 0.01625,
+    "b300": 0.01625,
+    "mi355x": 0.01625,
+}
 DECODE_SECONDS_PER_SEQUENCE: Final = 5e-5
 DECODE_SECONDS_PER_CONTEXT_TOKEN: Final = 3e-9
 MULTI_NODE_DECODE_PENALTY: Final = 1.15  # a decode step over the network between nodes

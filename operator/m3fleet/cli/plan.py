@@ -15,6 +15,7 @@ from m3fleet.documents import dump
 from m3fleet.exitcodes import EXIT_INVALID, EXIT_OK
 from m3fleet.planner import plan
 from m3fleet.render import check
+from m3fleet.text import tokens
 
 
 def register(sub: Any) -> None:
@@ -77,8 +78,23 @@ CACHE_COLUMN: Column = (
 )
 
 
+def gateway_text(p: Plan) -> str:
+    """The gateway and its context tiers in one table cell, e.g. inference-gateway (short 131k x4, main 524k x1)."""
+    if p.gateway is None:
+        return "-"
+    tiers = ", ".join(f"{t.name} {tokens(t.max_model_len)} x{t.max_sequences_at_max_len}" for t in p.gateway.tiers)
+    return f"{p.gateway.gateway} ({tiers})"
+
+
+GATEWAY_COLUMN: Column = ("GATEWAY (TIER CONTEXT xSEQS)", lambda n, p: gateway_text(p))
+
+
 def format_table(rows: list[Row]) -> str:
-    columns = [*PLAN_COLUMNS, *([CACHE_COLUMN] if any(p.model_cache for _, p, _ in rows) else [])]
+    columns = [
+        *PLAN_COLUMNS,
+        *([CACHE_COLUMN] if any(p.model_cache for _, p, _ in rows) else []),
+        *([GATEWAY_COLUMN] if any(p.gateway for _, p, _ in rows) else []),
+    ]
     cells = [[h for h, _ in columns]] + [[str(f(n, p)) for _, f in columns] for n, p, _ in rows]
     if any(a is not None for _, _, a in rows):  # as the cache: a column only when a row has something in it
         cells[0] += ["REPLICAS", "SLO"]

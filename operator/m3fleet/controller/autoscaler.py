@@ -42,9 +42,11 @@ from m3fleet.autoscaling.policy import (
     decide,
     worth_recording,
 )
-from m3fleet.autoscaling.prometheus import PrometheusAdapter, Tls
-from m3fleet.autoscaling.promql import Gateway
+from m3fleet.autoscaling.policy.zero import zero_rule
+from m3fleet.autoscaling.prometheus import PrometheusAdapter, PrometheusError, PrometheusHttp, Tls
+from m3fleet.autoscaling.promql import Gateway, held_requests_query
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
+from m3fleet.catalog.gateway import HELD_REQUESTS_METRIC
 from m3fleet.controller import metrics
 from m3fleet.controller.decide import Understood
 from m3fleet.controller.events import Events
@@ -54,6 +56,7 @@ from m3fleet.render import labels
 # Engine series carry the pod's labels as Prometheus labels (the chart's PodMonitor, or the usual
 # `labelmap` of __meta_kubernetes_pod_label_(.+) for annotation-based scraping).
 FLEET_LABEL = "m3fleet_dev_name"
+TIER_LABEL = "m3fleet_dev_tier"  # a context tier's pods (spec.gateway.tiers): the autoscaler sizes the spec's own tier
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +83,15 @@ AdapterFactory = Callable[[SourceSpec], MetricsSource]
 
 
 def source_spec(
-    namespace: str, name: str, engine: str, scaling: AutoscalingSpec, multi_node: bool, tls: Tls
+    namespace: str, name: str, engine: str, scaling: AutoscalingSpec, multi_node: bool, tls: Tls, tiered: bool = False
 ) -> SourceSpec:
-    """How the resource's spec says its metrics are read."""
+    """How the resource's spec says its metrics are read (`tiered`: only the spec's own tier's pods, those without
+    the tier label, when spec.gateway has context tiers)."""
     prometheus = scaling.prometheus
     return SourceSpec(
         engine=engine,
         url=prometheus.url,
-        selector=(("namespace", namespace), (FLEET_LABEL, name)),
+        selector=(("namespace", namespace), (FLEET_LABEL, name), *(((TIER_LABEL, ""),) if tiered else ())),
         overrides=tuple(sorted(prometheus.query_overrides.items())),
         tls=tls,
         gateway=gateway_of(scaling),
@@ -210,7 +214,7 @@ class Autoscaler:
         return Tls(ca_pem=ca_from_secret(secret, ref.name, ref.key))
 
     async def _source(
-        self, body: Mapping[str, Any], engine: str, scaling: AutoscalingSpec, multi_node: bool
+        self, body: Mapping[str, Any], engine: str, scaling: AutoscalingSpec, multi_node: bool, tiered: bool
     ) -> MetricsSource:
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         prometheus = scaling.prometheus
@@ -218,7 +222,7 @@ class Autoscaler:
             tls = await self._tls(key[0], prometheus)
         except ValueError as exc:
             return Unreadable(engine, str(exc))
-        wanted = source_spec(key[0], key[1], engine, scaling, multi_node, tls)
+        wanted = source_spec(key[0], key[1], engine, scaling, multi_node, tls, tiered)
         cached = self._sources.get(key)
         if cached is None or cached[0] != wanted:
             cached = (wanted, self.adapters(wanted))
@@ -260,6 +264,46 @@ class Autoscaler:
                 log.warning("%s/%s: %s", namespace, body["metadata"]["name"], message)
                 return
 
+    async def _zero(
+        self,
+        key: tuple[str, str],
+        scaling: AutoscalingSpec,
+        decision: Decision,
+        snapshot: MetricsSnapshot,
+        before: Mapping[str, Any],
+    ) -> tuple[Decision, dict[str, Any]]:
+        """The zero rule (policy/zero.py) over the policy's decision, with the requests the endpoint picker holds
+        (read from the same Prometheus; None when unreadable) and `status.autoscaling.scaleToZero` as it was."""
+        held = await asyncio.to_thread(self._held_requests, key, scaling)
+        busy = any((r.running or 0) + (r.waiting or 0) > 0 for r in snapshot.replicas)
+        last_busy = before.get("lastBusyTime")
+        verdict = zero_rule(
+            decision.desired_replicas,
+            decision.current_replicas,
+            held,
+            busy,
+            float(last_busy) if isinstance(last_busy, int | float) else None,
+            decision.time,
+            float(scaling.scale_to_zero_after_seconds),
+        )
+        record = {"scaleToZero": {"heldRequests": held, "lastBusyTime": verdict.last_busy, "rule": verdict.rule}}
+        if verdict.rule is None or verdict.replicas == decision.desired_replicas:
+            return decision, record
+        change = verdict.replicas - decision.current_replicas
+        action = Action.SCALE_UP if change > 0 else Action.SCALE_DOWN if change < 0 else Action.HOLD
+        return replace(decision, desired_replicas=verdict.replicas, action=action, reason=str(verdict.reason)), record
+
+    def _held_requests(self, key: tuple[str, str], scaling: AutoscalingSpec) -> float | None:
+        """Requests the fleet's endpoint picker holds, summed; None when Prometheus does not answer or has no series."""
+        cached = self._sources.get(key)
+        tls = cached[0].tls if cached is not None else Tls()
+        query = held_requests_query(key[0], key[1], HELD_REQUESTS_METRIC)
+        try:
+            result = PrometheusHttp(scaling.prometheus.url, tls).custom_query(query)
+            return float(result[0]["value"][1]) if result else None
+        except (PrometheusError, OSError, ValueError, KeyError, IndexError):
+            return None
+
     async def tick(self, body: Mapping[str, Any], understood: Understood) -> Tick:
         """One decision for one resource, as the watch last delivered it (`understood`: its spec parsed and planned)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -276,9 +320,11 @@ class Autoscaler:
         workload = await self.api.get(workload_kind, namespace, name)
         if workload is None:  # not applied yet (or blocked): the reconcile owns that; or deleted unseen, then
             return Tick(gone=not await kubeapi.still_exists(self.api, body))  # never tick it again
-        pods = await self.api.list(kubeapi.POD, namespace, labels.owned_selector(name))
+        # The spec's own tier: a context tier's pods (spec.gateway.tiers) are another workload's.
+        pods = await self.api.list(kubeapi.POD, namespace, f"{labels.owned_selector(name)},!{labels.TIER}")
         key = (namespace, name)
-        source = await self._source(body, str(plan.engine), scaling, plan.nodes_per_replica > 1)
+        tiered = bool(resource.spec.gateway is not None and resource.spec.gateway.tiers)
+        source = await self._source(body, str(plan.engine), scaling, plan.nodes_per_replica > 1, tiered)
         snapshot = await asyncio.to_thread(source.read)
         status = body.get("status") or {}
         previous = status.get("autoscaling") or {}
@@ -294,6 +340,9 @@ class Autoscaler:
             snapshot = replace(snapshot, demand_history=demand.history(fleet.now, period, look_ahead))
         decision, state = decide(config, state, snapshot, fleet)
         self._states[key] = state
+        zero: dict[str, Any] = {}
+        if resource.spec.gateway is not None and scaling.min_replicas == 0:
+            decision, zero = await self._zero(key, scaling, decision, snapshot, previous.get("scaleToZero") or {})
         if config.forecast:
             demand = record_demand(demand, fleet.now, decision.terms.get("demandReplicas"), period, look_ahead)
             self._demand[key] = demand
@@ -301,7 +350,7 @@ class Autoscaler:
             # Before the new count is written: the ReplicaSet must find the marks when it picks whom to delete.
             await self._mark_removal_order(body, pods, decision.removal_costs)
         sampled = demand.worth_saving(previous.get("demand"))
-        record = {**decision.to_status(), **slo_status(scaling, config, decision.terms, snapshot)}
+        record = {**decision.to_status(), **slo_status(scaling, config, decision.terms, snapshot), **zero}
         metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decision.desired_replicas)
         if not worth_recording(previous, record, decision.time) and not sampled:
             return Tick(decision)

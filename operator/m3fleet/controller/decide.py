@@ -19,7 +19,7 @@ cache/plan.py):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from m3fleet.api import parse_resource
@@ -27,12 +27,22 @@ from m3fleet.api.conditions import READY, DeploymentReason
 from m3fleet.api.models import MiniMaxM3Deployment, Plan
 from m3fleet.api.parse import parse_cache
 from m3fleet.autoscaling.policy import replicas_to_apply
-from m3fleet.controller.status import Blocked, PodFailure, Workload, cache_not_ready, model_cache_record
+from m3fleet.catalog.gateway import ROUTE_API
+from m3fleet.controller.status import (
+    Blocked,
+    GatewayReport,
+    PodFailure,
+    TierReport,
+    Workload,
+    cache_not_ready,
+    model_cache_record,
+)
 from m3fleet.engines.base import CacheMount
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.permissions import SECRETS_REFUSED, SECRETS_RETRY_SECONDS, secrets_refused
 from m3fleet.planner import plan as make_plan
-from m3fleet.render import cache_mount, labels, render, replacement_notice, required_secrets, set_owner
+from m3fleet.render import cache_mount, labels, render, replacement_notice, required_secrets, set_owner, tier_contexts
+from m3fleet.render.gateway import EPP_COMPONENT, ROUTE_COMPONENT
 from m3fleet.render.ownership import NameConflict, conflict, conflict_message, controlled_by
 
 Key = tuple[str, str, str]  # apiVersion, kind, name
@@ -55,8 +65,35 @@ MISSING_API = {
 }
 
 
+# The serving path's custom APIs (spec.gateway): without them the rest of the fleet is applied all the same.
+SERVING_PATH_APIS = {
+    "InferencePool": "inferencepools.inference.networking.k8s.io/v1",
+    "HTTPRoute": "httproutes.gateway.networking.k8s.io/v1",
+}
+SERVING_PATH_COMPONENTS = frozenset({EPP_COMPONENT, ROUTE_COMPONENT})
+GATEWAY_RETRY_SECONDS = 30.0  # a Gateway created later sends us no event: look again this often
+
+
 def key_of(obj: Mapping[str, Any]) -> Key:
     return (obj["apiVersion"], obj["kind"], obj["metadata"]["name"])
+
+
+def serving_path_served(
+    objects: list[dict[str, Any]], served: frozenset[str]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The children the cluster can take, and the serving-path API it lacks (None: all served). Without the
+    InferencePool API nothing of the serving path is applied (a picker with no pool to serve would crash-loop);
+    without HTTPRoute everything but the route. Never a reason to hold back the engines."""
+    if "InferencePool" not in served:
+        kept = [
+            o
+            for o in objects
+            if o["metadata"]["labels"].get("app.kubernetes.io/component") not in SERVING_PATH_COMPONENTS
+        ]
+        return kept, SERVING_PATH_APIS["InferencePool"] if len(kept) < len(objects) else None
+    if "HTTPRoute" not in served and any(o["kind"] == "HTTPRoute" for o in objects):
+        return [o for o in objects if o["kind"] != "HTTPRoute"], SERVING_PATH_APIS["HTTPRoute"]
+    return objects, None
 
 
 @dataclass(frozen=True)
@@ -129,6 +166,7 @@ class Observed:
     named: dict[Key, dict[str, Any]] = field(default_factory=dict)  # wanted names a listing missed, held by others
     secrets: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # the wanted Secrets, by name
     secrets_forbidden: bool = False  # the API server refused them: the operator is granted none here
+    gateway_found: bool = True  # the Gateway spec.gateway.gatewayRef names exists (or cannot be looked at)
 
 
 @dataclass(frozen=True)
@@ -151,6 +189,7 @@ class StatusDraft:
     model_cache: dict[str, Any] | None = None
     autoscaling: bool | None = None
     cache_hint: str | None = None  # when pods wait, a model cache they require that is not ready
+    gateway: GatewayReport | None = None  # spec.gateway's path as decided; completed from the live children
 
 
 @dataclass(frozen=True)
@@ -168,6 +207,7 @@ class Work:
     replaced: dict[str, str] = field(default_factory=dict)  # workload kind -> what pruning it costs, said then
     workload: dict[str, Any] | None = None  # the workload child applied: its report is the status's basis
     owner: dict[str, Any] = field(default_factory=dict)  # the owner reference's source, for generated Secrets
+    resource: MiniMaxM3Deployment | None = None  # the spec the work was decided from
 
 
 def missing_api(objects: list[dict[str, Any]], served: set[str] | frozenset[str], nodes: int) -> Blocked | None:
@@ -197,9 +237,17 @@ def conflicts(seen: Observed) -> list[NameConflict]:
     return found
 
 
-def running_workload(live: Mapping[Key, Mapping[str, Any]], uid: str) -> Workload:
-    """What our own workload reports (a foreign one with our labels is not this fleet): for a blocked status."""
-    ours = next((o for o in live.values() if o["kind"] in WORKLOAD_KINDS and controlled_by(o, uid)), None)
+def running_workload(live: Mapping[Key, Mapping[str, Any]], uid: str, name: str) -> Workload:
+    """What our own workload `name` reports (a foreign one with our labels is not this fleet; a context tier's or the
+    endpoint picker's is another workload): for a blocked status."""
+    ours = next(
+        (
+            o
+            for o in live.values()
+            if o["kind"] in WORKLOAD_KINDS and o["metadata"]["name"] == name and controlled_by(o, uid)
+        ),
+        None,
+    )
     desired = int(((ours or {}).get("spec") or {}).get("replicas") or 0)
     return Workload.from_live(desired, None if ours is None else dict(ours))
 
@@ -215,12 +263,13 @@ def decide(seen: Observed) -> Work:
     )
 
     def blocked(why: Blocked, retry_after: float | None = None, draft: StatusDraft = planned) -> Work:
-        return Work(draft, why, running_workload(seen.live, uid), retry_after)
+        return Work(draft, why, running_workload(seen.live, uid, name), retry_after)
 
     if wanted.blocked is not None or resource is None or plan is None:  # the last two: only with wanted.blocked
         why = wanted.blocked or Blocked(DeploymentReason.INVALID_SPEC, "the resource cannot be planned")
         return blocked(why, draft=StatusDraft(selector=planned.selector))
-    unserved = missing_api(wanted.objects, seen.served, plan.nodes_per_replica)
+    objects, path_missing = serving_path_served(wanted.objects, seen.served)
+    unserved = missing_api(objects, seen.served, plan.nodes_per_replica)
     if unserved is not None:  # installing the API sends us no event: look again once discovery is asked again
         return blocked(unserved, SERVED_TTL_SECONDS)
     if seen.secrets_forbidden:  # not granted in this namespace (the chart's default): say how, look again later
@@ -231,7 +280,7 @@ def decide(seen: Observed) -> Work:
         return blocked(Blocked(DeploymentReason.NAME_CONFLICT, conflict_message(held)), CONFLICT_RETRY_SECONDS)
 
     owner = {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": {"name": name, "uid": uid}}
-    wanted_keys = {key_of(obj) for obj in wanted.objects}
+    wanted_keys = {key_of(obj) for obj in objects}
     prune = [
         Prune(key[0], key[1], key[2], obj["metadata"]["uid"])
         for key, obj in sorted(seen.live.items())
@@ -253,15 +302,50 @@ def decide(seen: Observed) -> Work:
             model_cache=model_cache_record(ref, wanted.mount),
             autoscaling=resource.spec.autoscaling.enabled,
             cache_hint=cache_not_ready(seen.cache) if required else None,
+            gateway=planned_gateway(resource, path_missing, seen.gateway_found),
         ),
-        apply=[set_owner(obj, owner) for obj in wanted.objects],
+        apply=[set_owner(obj, owner) for obj in objects],
         prune=prune,
         generate=[s for s in wanted.secrets if seen.secrets.get(s) is None],
         prune_secrets=[s for s in status.get("generatedSecrets") or [] if s not in wanted.secrets],
         replaced=replaced,
-        workload=next(o for o in wanted.objects if o["kind"] in WORKLOAD_KINDS),
+        workload=next(o for o in objects if o["kind"] in WORKLOAD_KINDS),
         owner=owner,
+        resource=resource,
     )
+
+
+def planned_gateway(resource: MiniMaxM3Deployment, missing: str | None, found: bool) -> GatewayReport | None:
+    """What is known of spec.gateway's path before the children report (None: no spec.gateway)."""
+    gateway = resource.spec.gateway
+    if gateway is None:
+        return None
+    ref = gateway.gateway_ref
+    where = f"{ref.namespace or resource.metadata.namespace}/{ref.name}"
+    return GatewayReport(where, resource.metadata.name, missing_api=missing, gateway_found=found)
+
+
+def gateway_report(
+    draft: GatewayReport, resource: MiniMaxM3Deployment, live: Mapping[Key, Mapping[str, Any]], main_ready: int
+) -> GatewayReport:
+    """`draft` completed from the children as the apply left them: the route's Accepted condition from this Gateway,
+    the ready endpoints (a ready replica serves from one pod) and each context tier's replicas."""
+    ref = resource.spec.gateway.gateway_ref if resource.spec.gateway is not None else None
+    route = live.get((ROUTE_API, "HTTPRoute", resource.metadata.name)) or {}
+    accepted = None
+    for parent in (route.get("status") or {}).get("parents") or []:
+        parent_ref = parent.get("parentRef") or {}
+        namespace = parent_ref.get("namespace") or resource.metadata.namespace
+        if ref is not None and parent_ref.get("name") == ref.name and namespace == draft.gateway.split("/")[0]:
+            accepted = next((c for c in parent.get("conditions") or [] if c.get("type") == "Accepted"), None)
+    tiers = []
+    for ctx in tier_contexts(resource):
+        found = next((o for (_, kind, n), o in live.items() if kind in WORKLOAD_KINDS and n == ctx.workload_name), {})
+        ready = int((found.get("status") or {}).get("readyReplicas") or 0)
+        desired = int((found.get("spec") or {}).get("replicas") or 0)
+        tiers.append(TierReport(ctx.tier, ctx.workload_name, desired, ready))
+    endpoints = main_ready + sum(t.ready for t in tiers)
+    return replace(draft, accepted=accepted, endpoints=endpoints, tiers=tuple(tiers))
 
 
 def failure_to_tell(body: Mapping[str, Any], report: Workload) -> PodFailure | None:

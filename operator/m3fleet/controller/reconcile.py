@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,6 +29,7 @@ from m3fleet import kubeapi
 from m3fleet.api.conditions import DeploymentReason
 from m3fleet.controller import metrics
 from m3fleet.controller.decide import (
+    GATEWAY_RETRY_SECONDS,
     SERVED_TTL_SECONDS,
     Key,
     Observed,
@@ -37,6 +38,7 @@ from m3fleet.controller.decide import (
     Work,
     decide,
     failure_to_tell,
+    gateway_report,
     key_of,
     running_workload,
     want,
@@ -155,6 +157,7 @@ class Reconciler:
             if existing is not None:
                 existing = {"apiVersion": key[0], "kind": key[1], **existing}
                 (live if controlled_by(existing, uid) else named)[key] = existing
+        found = await self._gateway_found(understood, namespace, served)
         secrets: dict[str, dict[str, Any] | None] = {}
         for secret_name in wanted.secrets:  # by name: Secrets are never listed
             try:
@@ -163,7 +166,22 @@ class Reconciler:
                 if exc.status != 403:
                     raise
                 return Observed(body, understood, cache, wanted, frozenset(served), live, named, secrets_forbidden=True)
-        return Observed(body, understood, cache, wanted, frozenset(served), live, named, secrets)
+        return Observed(body, understood, cache, wanted, frozenset(served), live, named, secrets, gateway_found=found)
+
+    async def _gateway_found(self, understood: Understood, namespace: str, served: set[str]) -> bool:
+        """Whether the Gateway spec.gateway.gatewayRef names exists; True when there is none to look for, the
+        Gateway API is not served (said otherwise) or the operator may not read it there (the route's status
+        still tells)."""
+        gateway = understood.resource.spec.gateway if understood.resource is not None else None
+        if gateway is None or "HTTPRoute" not in served:
+            return True
+        ref = gateway.gateway_ref
+        try:
+            return await self.api.get(kubeapi.GATEWAY, ref.namespace or namespace, ref.name) is not None
+        except ApiError as exc:
+            if exc.status in (403, 404):
+                return True
+            raise
 
     async def _model_cache(self, understood: Understood, namespace: str) -> dict[str, Any] | None:
         """The MiniMaxM3ModelCache that spec.model.cacheRef names, as stored (None: none named, or not there)."""
@@ -178,7 +196,7 @@ class Reconciler:
         now = time.monotonic()
         if self._served is not None and now - self._served[0] < SERVED_TTL_SECONDS:
             return self._served[1]
-        optional = (kubeapi.LEADER_WORKER_SET, kubeapi.COMPUTE_DOMAIN)
+        optional = kubeapi.OPTIONAL_CHILD_KINDS
         flags = await asyncio.gather(*(self.api.served(k) for k in optional))
         served = {k.kind for k in kubeapi.CHILD_KINDS if k not in optional} | {
             k.kind for k, ok in zip(optional, flags, strict=True) if ok
@@ -213,7 +231,7 @@ class Reconciler:
             if exc.status in REJECTED:  # the cluster refuses our intent: say so, then retry like any failure
                 blocked = Blocked(DeploymentReason.APPLY_FAILED, f"the API server rejected a child: {exc}")
                 draft = StatusDraft(plan=work.status.plan, selector=work.status.selector)
-                await self._report_blocked(body, outcome, blocked, running_workload(live, uid), draft)
+                await self._report_blocked(body, outcome, blocked, running_workload(live, uid, name), draft)
             raise
         finally:  # what was done is said, also when a later step failed
             for reason, done in (("Applied", outcome.applied), ("Pruned", outcome.pruned)):
@@ -227,7 +245,12 @@ class Reconciler:
         report = await self._workload_report(work, live, namespace, name)
         if report.pods_missing:  # a refusal to create pods announces itself by no event we watch: look again
             outcome.retry_after = PODS_MISSING_RETRY_SECONDS
-        await self._write_status(body, outcome, report, None, work.status)
+        draft, gateway = work.status, work.status.gateway
+        if gateway is not None and work.resource is not None:  # the route's verdict and the pool's endpoints
+            draft = replace(draft, gateway=gateway_report(gateway, work.resource, live, report.ready))
+            if not gateway.gateway_found:  # a Gateway created later sends us no event: look again
+                outcome.retry_after = min(outcome.retry_after or GATEWAY_RETRY_SECONDS, GATEWAY_RETRY_SECONDS)
+        await self._write_status(body, outcome, report, None, draft)
         failure = failure_to_tell(body, report)
         if failure is not None and outcome.status is not None:
             self.events.warn(body, failure.reason, failure.message)
@@ -355,6 +378,7 @@ class Reconciler:
             draft.secrets,
             draft.model_cache,
             draft.autoscaling,
+            draft.gateway if blocked is None else None,
         )
         if new is None:
             return

@@ -23,6 +23,7 @@ from m3fleet.api.conditions import (
     CONTAINER_CONFIG_REASONS,
     DEGRADED,
     FALSE,
+    GATEWAY_READY,
     IMAGE_PULL_REASONS,
     PROGRESSING,
     READY,
@@ -326,7 +327,113 @@ def condition(
     }
 
 
+@dataclass(frozen=True)
+class TierReport:
+    """One context tier's workload, as it reports."""
+
+    name: str
+    workload: str
+    desired: int
+    ready: int
+
+
+@dataclass(frozen=True)
+class GatewayReport:
+    """What the serving path (spec.gateway) reports: the Gateway, the route's verdict from it, the pool's endpoints."""
+
+    gateway: str  # namespace/name, for messages
+    route: str  # the HTTPRoute's name
+    missing_api: str | None = None  # the API the cluster does not serve (nothing of the path is applied)
+    gateway_found: bool = True
+    accepted: Mapping[str, Any] | None = None  # the route's Accepted condition from this Gateway (None: none yet)
+    endpoints: int = 0  # ready serving pods in the pool, every tier
+    tiers: tuple[TierReport, ...] = ()
+
+    def to_status(self) -> dict[str, Any]:
+        """`status.gateway`: the Gateway, the ready endpoints, each tier's replicas."""
+        return {
+            "gateway": self.gateway,
+            "readyEndpoints": self.endpoints,
+            "tiers": [
+                {"name": t.name, "workload": t.workload, "replicas": t.desired, "readyReplicas": t.ready}
+                for t in self.tiers
+            ],
+        }
+
+
+def gateway_condition(report: GatewayReport) -> tuple[bool, DeploymentReason, str]:
+    """GatewayReady: (status, reason, message). Nothing here ever stops the rest of the reconcile."""
+    meanwhile = "the engines keep serving through the <name>-api Service"
+    if report.missing_api is not None:
+        return (
+            False,
+            DeploymentReason.GATEWAY_API_NOT_INSTALLED,
+            (
+                f"the cluster does not serve {report.missing_api}: install the Gateway API and Gateway API Inference "
+                f"Extension (v1.3.0) CRDs and a Gateway implementation; {meanwhile}"
+            ),
+        )
+    if not report.gateway_found:
+        return (
+            False,
+            DeploymentReason.GATEWAY_NOT_FOUND,
+            (
+                f"Gateway {report.gateway} does not exist: create it, or fix spec.gateway.gatewayRef; the HTTPRoute "
+                f"{report.route} waits for it and {meanwhile}"
+            ),
+        )
+    accepted = report.accepted
+    if accepted is None:
+        return (
+            False,
+            DeploymentReason.ROUTE_PENDING,
+            (
+                f"Gateway {report.gateway} has not accepted or refused HTTPRoute {report.route} yet: is a controller "
+                "implementing the Gateway API Inference Extension running for its GatewayClass?"
+            ),
+        )
+    if accepted.get("status") != TRUE:
+        why = _detail(f"{accepted.get('reason', '')}: {accepted.get('message', '')}")
+        return (
+            False,
+            DeploymentReason.ROUTE_NOT_ACCEPTED,
+            (
+                f"Gateway {report.gateway} refused HTTPRoute {report.route} ({why}): allow routes from this namespace "
+                "in its listener (allowedRoutes), or fix spec.gateway.gatewayRef.sectionName"
+            ),
+        )
+    if report.endpoints == 0:
+        return (
+            False,
+            DeploymentReason.NO_ENDPOINTS,
+            (
+                f"HTTPRoute {report.route} is accepted by Gateway {report.gateway} but the pool has no ready endpoint: "
+                "the endpoint picker holds requests until a replica is ready"
+            ),
+        )
+    return (
+        True,
+        DeploymentReason.ROUTE_ACCEPTED,
+        (f"HTTPRoute {report.route} accepted by Gateway {report.gateway}; {report.endpoints} ready endpoint(s)"),
+    )
+
+
 def conditions(
+    previous: list[dict[str, Any]],
+    generation: int,
+    now: str,
+    workload: Workload,
+    blocked: Blocked | None,
+    gateway: GatewayReport | None = None,
+) -> list[dict[str, Any]]:
+    found = _conditions(previous, generation, now, workload, blocked)
+    if gateway is not None:
+        ok, reason, message = gateway_condition(gateway)
+        found.append(condition(previous, GATEWAY_READY, TRUE if ok else FALSE, reason, message, generation, now))
+    return found
+
+
+def _conditions(
     previous: list[dict[str, Any]],
     generation: int,
     now: str,
@@ -405,6 +512,7 @@ def status_update(
     secrets: list[str] | None,
     model_cache: dict[str, Any] | None = None,
     autoscaling: bool | None = None,
+    gateway: GatewayReport | None = None,
 ) -> dict[str, Any] | None:
     """The status a reconcile reports, or None when the resource's status says all of it already (no write).
     `plan` None keeps the last plan (an invalid spec has none); `secrets` None (blocked) keeps the record of
@@ -415,7 +523,7 @@ def status_update(
     generation = int(body["metadata"].get("generation") or 0)
     new = {
         "observedGeneration": generation,
-        "conditions": conditions(current.get("conditions") or [], generation, now, workload, blocked),
+        "conditions": conditions(current.get("conditions") or [], generation, now, workload, blocked, gateway),
         "plan": plan if plan is not None else current.get("plan"),
         "replicas": workload.replicas,
         "readyReplicas": workload.ready,
@@ -425,6 +533,10 @@ def status_update(
         new["generatedSecrets"] = secrets
     if secrets is not None and (model_cache is not None or current.get("modelCache") is not None):
         new["modelCache"] = model_cache  # which MiniMaxM3ModelCache the pods mount
+    if gateway is not None:
+        new["gateway"] = gateway.to_status()
+    elif blocked is None and current.get("gateway") is not None:
+        new["gateway"] = None  # spec.gateway was removed
     if autoscaling is False and current.get("autoscaling") is not None:
         new["autoscaling"] = None  # a merge patch removes it
     return None if all(current.get(k) == v for k, v in new.items()) else new

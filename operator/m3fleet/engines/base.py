@@ -72,6 +72,7 @@ class Context:
     spec: MiniMaxM3DeploymentSpec
     plan: Plan
     cache: CacheMount | None = None
+    tier: str = ""  # a context tier of spec.gateway (its own workload); "" is the spec's own context
 
     @property
     def engine(self) -> EngineFacts:
@@ -102,6 +103,16 @@ class Context:
 
     def resource_name(self, suffix: str) -> str:
         return f"{self.name}-{suffix}"
+
+    @property
+    def workload_name(self) -> str:
+        """The Deployment or LeaderWorkerSet: `<name>`, a context tier's `<name>-<tier>`."""
+        return self.resource_name(self.tier) if self.tier else self.name
+
+    @property
+    def config_map_name(self) -> str:
+        """The engine-config ConfigMap of this workload."""
+        return f"{self.workload_name}-engine-config"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import json
 from functools import cache
 from importlib import resources
 
-from m3fleet.api.models import Accelerator, Strategy, Variant
+from m3fleet.api.models import Strategy, Variant
 from m3fleet.engines import flags
 from m3fleet.engines.base import (
     LWS_GROUP_SIZE,
@@ -35,6 +35,7 @@ from m3fleet.engines.base import (
 )
 from m3fleet.engines.flags import API_KEY, CATALOG, CONFIG_FILE, PLANNER, OwnedFlag
 
+SPECULATIVE = "set spec.speculativeDecoding instead"
 # Flags m3fleet renders and the spec field that drives each; every spelling SGLang's own parser accepts is refused
 # in spec.engine.extraArgs (engines.flags, from engine-options.json).
 OWNED = (
@@ -74,6 +75,11 @@ OWNED = (
         "set spec.engine.adminApiKeySecretRef instead (without it the admin endpoints answer no one)",
     ),
     OwnedFlag("--config", CONFIG_FILE),
+    OwnedFlag("--speculative-algorithm", SPECULATIVE),
+    OwnedFlag("--speculative-draft-model-path", SPECULATIVE),
+    OwnedFlag("--speculative-num-steps", SPECULATIVE),
+    OwnedFlag("--speculative-eagle-topk", SPECULATIVE),
+    OwnedFlag("--speculative-num-draft-tokens", SPECULATIVE),
 )
 
 # SGLang 0.5.23 serves its whole configuration on /server_info, `admin_api_key` and `launch_command` (with --api-key)
@@ -124,9 +130,30 @@ def multimodal_args(ctx: Context) -> list[str]:
         # Refuses image/video requests; SGLang's M3 model still loads the vision tower (the plan counts it).
         return ["--language-model-only"]
     args = ["--enable-multimodal"]
-    if ctx.plan.accelerator == Accelerator.GB200:
+    if ctx.accelerator.blackwell:
         args += ["--mm-attention-backend", "flashinfer_cudnn"]  # NV-BLOG's Blackwell vision-encoder attention
     return args
+
+
+def speculative_args(ctx: Context) -> list[str]:
+    """EAGLE3 in SGLang's spelling (SGL-SPEC): a chain of numSpeculativeTokens draft steps, one candidate each
+    (top-k 1), so the target verifies steps + 1 tokens per pass. SGLang 0.5.23 builds no MTP module for M3."""
+    speculative = ctx.plan.speculative_decoding
+    if speculative is None:
+        return []
+    steps = speculative.num_speculative_tokens
+    return [
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        literal(speculative.draft_model),
+        "--speculative-num-steps",
+        str(steps),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(steps + 1),
+    ]
 
 
 def serve_args(ctx: Context) -> list[str]:
@@ -165,6 +192,7 @@ def serve_args(ctx: Context) -> list[str]:
     if plan.kv_cache_dtype == "fp8":
         args += ["--kv-cache-dtype", "fp8_e4m3"]
     args += multimodal_args(ctx)
+    args += speculative_args(ctx)
     if plan.rope_scaling_factor > 1:
         # The whole RoPE block, rope_theta included (engines.base.yarn_overrides).
         args += ["--json-model-override-args", compact_json(yarn_overrides(plan))]

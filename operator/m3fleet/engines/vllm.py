@@ -6,7 +6,9 @@ Multi-node replicas use vLLM's own multi-process launcher (`--nnodes/--node-rank
 
 from __future__ import annotations
 
-from m3fleet.api.models import MoeBackend, Strategy, Variant
+from typing import Any
+
+from m3fleet.api.models import MoeBackend, SpeculativeMethod, Strategy, Variant
 from m3fleet.catalog import KV_LAYOUT
 from m3fleet.engines import flags
 from m3fleet.engines.base import (
@@ -49,6 +51,7 @@ OWNED = (
     OwnedFlag("--num-gpu-blocks-override", PLANNER),
     OwnedFlag("--tool-call-parser", CATALOG),
     OwnedFlag("--reasoning-parser", CATALOG),
+    OwnedFlag("--speculative-config", "set spec.speculativeDecoding instead"),
     OwnedFlag("--hf-overrides", "set spec.context.maxModelLen instead (m3fleet renders YaRN past the native context)"),
     OwnedFlag("--language-model-only", "set spec.model.languageModelOnly instead"),
     OwnedFlag("--nnodes", PLANNER),
@@ -77,6 +80,29 @@ def moe_backend(ctx: Context) -> str | None:
         return None
     chosen = MoeBackend(ctx.spec.engine.moe_backend)
     return MoeBackend.EMULATION.value if chosen == MoeBackend.AUTO else chosen.value
+
+
+# vLLM's names for the methods (VLLM-MTP: M3's MTP is its own method, minimax_m3_mtp).
+SPECULATIVE_METHODS = {SpeculativeMethod.MTP: "minimax_m3_mtp", SpeculativeMethod.EAGLE3: "eagle3"}
+
+
+def speculative_config(ctx: Context) -> dict[str, Any] | None:
+    """`--speculative-config` as the vLLM recipe writes it (VLLM-RCP-SPEC): the method, the draft (MTP drafts with the
+    served checkpoint's own modules), the tokens per step; on NVIDIA the EAGLE3 drafter on FLASH_ATTN, since
+    FlashInfer serves M3's mandatory block size 128 only through a GQA-only kernel and the draft is MHA."""
+    speculative = ctx.plan.speculative_decoding
+    if speculative is None:
+        return None
+    method = SpeculativeMethod(speculative.method)
+    config: dict[str, Any] = {
+        "method": SPECULATIVE_METHODS[method],
+        "num_speculative_tokens": speculative.num_speculative_tokens,
+    }
+    if method == SpeculativeMethod.EAGLE3:
+        config["model"] = speculative.draft_model
+        if ctx.accelerator.vendor == "nvidia":
+            config["attention_backend"] = "FLASH_ATTN"
+    return config
 
 
 def serve_args(ctx: Context) -> list[str]:
@@ -134,6 +160,9 @@ def serve_args(ctx: Context) -> list[str]:
         ]
     if plan.rope_scaling_factor > 1:
         args += ["--hf-overrides", compact_json(yarn_overrides(plan))]
+    speculative = speculative_config(ctx)
+    if speculative is not None:
+        args += ["--speculative-config", literal(compact_json(speculative))]
     args += [
         "--tool-call-parser",
         ctx.engine.tool_parser,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
@@ -23,7 +24,9 @@ from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, ModelCacheRef, 
 from m3fleet.engines import Context, EngineLaunch, Role, launch
 from m3fleet.engines.base import SERVING_PORT, CacheMount
 from m3fleet.errors import SpecError
+from m3fleet.planner import plan_tier, tier_spec
 from m3fleet.render import labels
+from m3fleet.render.gateway import gateway_objects
 from m3fleet.render.pod import pod_security_level, pod_template
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
@@ -43,6 +46,21 @@ def context_for(resource: MiniMaxM3Deployment, plan: Plan, cache: CacheMount | N
     return Context(resource.metadata.name, resource.metadata.namespace, resource.spec, plan, cache)
 
 
+def tier_contexts(resource: MiniMaxM3Deployment, cache: CacheMount | None = None) -> list[Context]:
+    """The context tiers of spec.gateway besides the spec's own: each planned and rendered as the spec at the
+    tier's context, as its own workload `<name>-<tier>`."""
+    gateway = resource.spec.gateway
+    if gateway is None:
+        return []
+    meta = resource.metadata
+    return [
+        Context(
+            meta.name, meta.namespace, tier_spec(resource.spec, tier), plan_tier(resource.spec, i), cache, tier.name
+        )
+        for i, tier in enumerate(gateway.tiers)
+    ]
+
+
 def _meta(ctx: Context, name: str, **extra: Any) -> dict[str, Any]:
     return {"name": name, "namespace": ctx.namespace, "labels": labels.object_labels(ctx), **extra}
 
@@ -51,7 +69,7 @@ def _config_map(ctx: Context, engine: EngineLaunch) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(ctx, ctx.resource_name("engine-config")),
+        "metadata": _meta(ctx, ctx.config_map_name),
         "data": dict(sorted(engine.config_files.items())),
     }
 
@@ -90,7 +108,7 @@ def _workload_meta(ctx: Context, engine: EngineLaunch) -> dict[str, Any]:
     metadata.labels; "Run Deployment" reads it from the pod template (the pod integration), where pod_template
     puts it on every engine pod as well."""
     passthrough = ctx.spec.pod_template.metadata
-    meta = _meta(ctx, ctx.name, annotations={**passthrough.annotations, **_security_annotation(ctx, engine)})
+    meta = _meta(ctx, ctx.workload_name, annotations={**passthrough.annotations, **_security_annotation(ctx, engine)})
     meta["labels"] = {**passthrough.labels, **meta["labels"]}
     return meta
 
@@ -109,7 +127,7 @@ def _deployment(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, 
         "metadata": _workload_meta(ctx, engine),
         "spec": {
             "replicas": replicas,
-            "selector": {"matchLabels": {labels.NAME: ctx.name, labels.ROLE: Role.SINGLE.value}},
+            "selector": {"matchLabels": {**labels.workload_selector(ctx), labels.ROLE: Role.SINGLE.value}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": _rolling(ctx)},
             "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
             "template": template,
@@ -221,29 +239,44 @@ def replacement_notice(running: str, plan: Plan) -> str | None:
     )
 
 
-def render(
-    resource: MiniMaxM3Deployment, plan: Plan, replicas: int | None = None, cache: CacheMount | None = None
-) -> list[dict[str, Any]]:
-    """Every child object. `replicas` overrides spec.replicas (the autoscaler's decision); `cache` is the
-    MiniMaxM3ModelCache that spec.model.cacheRef names (needed when it is set)."""
-    if resource.spec.model.cache_ref is not None and cache is None:
-        cache_mount(resource, None)  # raises: which cache is missing, and the fix
-    ctx = context_for(resource, plan, cache)
+def _workload(ctx: Context, count: int) -> list[dict[str, Any]]:
+    """One workload and the engine-config ConfigMap it mounts (if its engine needs one)."""
     engine = launch(ctx)
-    count = resource.spec.replicas if replicas is None else replicas
-    objects: list[dict[str, Any]] = []
-    if engine.config_files:
-        objects.append(_config_map(ctx, engine))
-    if ctx.multi_node and plan.accelerator == Accelerator.GB200:
-        objects.append(_compute_domain(ctx))
-    if workload_kind(plan) == "LeaderWorkerSet":
+    objects = [_config_map(ctx, engine)] if engine.config_files else []
+    if workload_kind(ctx.plan) == "LeaderWorkerSet":
         objects.append(_leader_worker_set(ctx, engine, count))
     else:
         objects.append(_deployment(ctx, engine, count))
+    return objects
+
+
+def render(
+    resource: MiniMaxM3Deployment,
+    plan: Plan,
+    replicas: int | None = None,
+    cache: CacheMount | None = None,
+    tier_replicas: Mapping[str, int] | None = None,
+) -> list[dict[str, Any]]:
+    """Every child object. `replicas` overrides spec.replicas (the autoscaler's decision), `tier_replicas` a context
+    tier's replicas by tier name; `cache` is the MiniMaxM3ModelCache that spec.model.cacheRef names (needed when it
+    is set)."""
+    if resource.spec.model.cache_ref is not None and cache is None:
+        cache_mount(resource, None)  # raises: which cache is missing, and the fix
+    ctx = context_for(resource, plan, cache)
+    count = resource.spec.replicas if replicas is None else replicas
+    tiers = tier_contexts(resource, cache)
+    *config_map, workload = _workload(ctx, count)
+    objects = list(config_map)
+    if any(c.multi_node and c.plan.accelerator == Accelerator.GB200 for c in (ctx, *tiers)):
+        objects.append(_compute_domain(ctx))  # one IMEX domain for every multi-node workload of the resource
+    objects.append(workload)
+    for tier in tiers:
+        objects += _workload(tier, (tier_replicas or {}).get(tier.tier, tier.spec.replicas))
     if resource.spec.network.ingress_policy:
         objects.append(_network_policy(ctx))  # before the Service exposes the pods
     objects.append(_disruption_budget(ctx))
     objects.append(_service(ctx))
+    objects += gateway_objects(resource, plan, ctx.engine.port)
     return objects
 
 

@@ -146,7 +146,7 @@ def _volumes(ctx: Context, launch_config: bool, ssh_secret: str | None) -> tuple
         *model_mounts,
     ]
     if launch_config:
-        volumes.append({"name": "engine-config", "configMap": {"name": ctx.resource_name("engine-config")}})
+        volumes.append({"name": "engine-config", "configMap": {"name": ctx.config_map_name}})
         mounts.append({"name": "engine-config", "mountPath": CONFIG_MOUNT, "readOnly": True})
     if ssh_secret is not None:
         volumes.append({"name": "mpi-ssh", "secret": {"secretName": ssh_secret, "defaultMode": 0o400}})

@@ -29,7 +29,7 @@ HORIZON_SECONDS = 12 * 3600.0  # every turn is answered well before this; a run 
 GOAL_PREFILL_RATIO = 2.0
 
 
-def fleet_description(plan: Plan, model: PerfModel, replicas: int) -> dict[str, Any]:
+def fleet_description(plan: Plan, model: PerfModel, replicas: int, weights: dict[str, float]) -> dict[str, Any]:
     return {
         "sample": f"manifests/samples/{SAMPLE}",
         "engine": str(plan.engine),
@@ -43,14 +43,21 @@ def fleet_description(plan: Plan, model: PerfModel, replicas: int) -> dict[str, 
         "replicas": replicas,
         "routers": {
             "round-robin": "ClusterIP Service (kube-proxy): requests spread in turn, blind to caches and load",
-            "endpoint-picker": f"GIE v1.3.0 chart defaults (no m3fleet EndpointPickerConfig merged yet): {EPP_WEIGHTS}",
+            "endpoint-picker": f"scorer weights {weights}"
+            + (
+                " (GIE v1.3.0 chart defaults; no m3fleet EndpointPickerConfig is merged yet)"
+                if weights == EPP_WEIGHTS
+                else ""
+            ),
         },
     }
 
 
-def seed_report(plan: Plan, model: PerfModel, workload: str, seed: int, replicas: int) -> dict[str, Any]:
+def seed_report(
+    plan: Plan, model: PerfModel, workload: str, seed: int, replicas: int, weights: dict[str, float]
+) -> dict[str, Any]:
     sessions = sessions_for(workload, seed, plan.max_model_len)
-    routers: list[Router] = [RoundRobin(), EndpointPicker(seed)]
+    routers: list[Router] = [RoundRobin(), EndpointPicker(seed, weights)]
     results = {
         router.name: RoutedSimulation(plan, model, sessions, router, replicas=replicas)
         .run_all(HORIZON_SECONDS)
@@ -100,8 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1-5", help="A-B or A,B,C")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="agentic, mixed or both")
     parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--epp-weights", default="", help="e.g. queue=2,kv=2,prefix=3 (default: GIE's chart)")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     args = parser.parse_args(argv)
+    weights = dict(EPP_WEIGHTS)
+    for item in filter(None, args.epp_weights.split(",")):
+        name, _, value = item.partition("=")
+        if name not in EPP_WEIGHTS:
+            parser.error(f"--epp-weights: unknown scorer {name!r}; choose from {', '.join(EPP_WEIGHTS)}")
+        weights[name] = float(value)
     workloads = args.workloads.split(",")
     if unknown := [w for w in workloads if w not in WORKLOADS]:
         parser.error(f"--workloads: unknown {unknown}; choose from {', '.join(WORKLOADS)}")
@@ -110,11 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     for workload in workloads:
         for seed in parse_seeds(args.seeds):
-            reports.append(seed_report(plan, model, workload, seed, args.replicas))
+            reports.append(seed_report(plan, model, workload, seed, args.replicas, weights))
             print(f"{workload} seed {seed} done", file=sys.stderr, flush=True)
     agentic = [r for r in reports if r["workload"] == "agentic"]
     header = {
-        "fleet": fleet_description(plan, model, args.replicas),
+        "fleet": fleet_description(plan, model, args.replicas, weights),
         "engineModel": model.describe(),
         "workloads": {w: describe(w) for w in workloads},
         "goal": f"agentic: >= {GOAL_PREFILL_RATIO:g}x fewer prefill tokens and a lower TTFT p90 than round-robin",

@@ -16,8 +16,9 @@ import http.client
 import json
 import re
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from hypothesis import strategies as st
@@ -33,6 +34,28 @@ from tests.support.cluster.controlplane import ControlPlane
 NAMESPACE = "contract"
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=12)
 
+# Every strategy is built once and reused. Built anew on each draw, each new strategy object was validated again by
+# Hypothesis (a regular expression parsed again, a filter wrapped again): 35 ms of CPU per document, most of
+# tests/cluster/test_contract.py's time. Reusing them draws exactly the same documents (the same strategies, only
+# not rebuilt): a derandomized run gives the same documents before and after.
+_BUILT: dict[Hashable, st.SearchStrategy[Any]] = {}
+
+
+def _once(key: Hashable, build: Callable[[], st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
+    if key not in _BUILT:
+        _BUILT[key] = build()
+    return _BUILT[key]
+
+
+@cache
+def _integers(low: int, high: int) -> st.SearchStrategy[int]:
+    return st.integers(low, high)
+
+
+def _one_of(values: tuple[Hashable, ...]) -> st.SearchStrategy[Any]:
+    # keyed with each value's type: (0, 1) == (0.0, 1.0) == (False, True), but they draw different documents
+    return _once(("one of", tuple((type(v), v) for v in values)), lambda: st.sampled_from(values))
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -44,23 +67,12 @@ class Verdict:
 # --- drawing documents from the schema ---------------------------------------------------------------
 
 
+WRONG_VALUES = st.sampled_from(["8", "yes", "true", [1], {"a": 1}, True, 7, 2.5, 8.0, None, "", 2**70])
+
+
 def _wrong_value(draw: st.DrawFn, kind: str | None) -> Any:
     """A value of another type than `kind` (the strict-typing cases: "8" for 8, "yes" for true...)."""
-    choices: list[Any] = [
-        "8",
-        "yes",
-        "true",
-        [1],
-        {"a": 1},
-        True,
-        7,
-        2.5,
-        8.0,
-        None,
-        "",
-        2**70,
-    ]
-    value = draw(st.sampled_from(choices))
+    value = draw(WRONG_VALUES)
     return value
 
 
@@ -80,78 +92,94 @@ def _cel_pattern(schema: dict[str, Any]) -> str | None:
 def _scalar(draw: st.DrawFn, schema: dict[str, Any], valid: bool) -> Any:
     kind = schema.get("type")
     if "enum" in schema:
-        return draw(st.sampled_from(schema["enum"])) if valid else draw(st.sampled_from(["h100", "VLLM", "", "auto "]))
+        return draw(_one_of(tuple(schema["enum"]))) if valid else draw(_one_of(("h100", "VLLM", "", "auto ")))
     if kind in ("integer", "number"):
         low, high = schema.get("minimum", -5), schema.get("maximum", 10**6)
         if valid:
             if kind == "integer":
-                small = [v for v in (0, 1, 2, 4, 8, 16, 32) if low <= v <= high] or [low]
-                return draw(st.sampled_from(small) | st.sampled_from(small) | st.integers(int(low), int(high)))
-            return draw(st.floats(float(low), float(high), allow_nan=False))
-        out = draw(st.sampled_from([low - 1, high + 1, low, high, -(2**40), 2**40]))
+                small = tuple(v for v in (0, 1, 2, 4, 8, 16, 32) if low <= v <= high) or (low,)
+                key = ("mostly small", small, int(low), int(high))
+                return draw(_once(key, lambda: _one_of(small) | _one_of(small) | _integers(int(low), int(high))))
+            return draw(_once(("floats", low, high), lambda: st.floats(float(low), float(high), allow_nan=False)))
+        out = draw(_one_of((low - 1, high + 1, low, high, -(2**40), 2**40)))
         return out if kind == "integer" else float(out)
     if kind == "boolean":
         return draw(st.booleans())
     if kind == "string":
         pattern = schema.get("pattern")
         required = _cel_pattern(schema)
-        if required and valid and draw(st.integers(0, 5)):
+        if required and valid and draw(_integers(0, 5)):
             limit = schema.get("maxLength", 64)
-            return draw(st.from_regex(required.rstrip("$") + r"\Z").filter(lambda t: 0 < len(t) <= limit))
+            matching = ("matching", required, limit)
+            return draw(
+                _once(
+                    matching, lambda: st.from_regex(required.rstrip("$") + r"\Z").filter(lambda t: 0 < len(t) <= limit)
+                )
+            )
         if pattern and valid:
-            return draw(st.from_regex(pattern.rstrip("$") + r"\Z"))
+            return draw(_once(("pattern", pattern), lambda: st.from_regex(pattern.rstrip("$") + r"\Z")))
         if pattern:
-            return draw(st.sampled_from(["9:00", "24:00", "09:00\n", "0900", "12:60"]))
+            return draw(_one_of(("9:00", "24:00", "09:00\n", "0900", "12:60")))
         limit = schema.get("maxLength", 64)
         if not valid:
-            return draw(st.sampled_from(["", "x" * (limit + 1), "x" * limit]))
-        return draw(TEXT.filter(lambda t: len(t) >= schema.get("minLength", 0)) | st.just("w"))
+            return draw(_one_of(("", "x" * (limit + 1), "x" * limit)))
+        shortest = schema.get("minLength", 0)
+        return draw(_once(("text", shortest), lambda: TEXT.filter(lambda t: len(t) >= shortest) | st.just("w")))
     return draw(TEXT)
 
 
 LABEL_VALUES = st.sampled_from(["", "true", "h200", "nvidia-h200-141gb"])
+PRESERVED = st.dictionaries(TEXT, st.integers() | TEXT | st.booleans(), max_size=2)  # preserve-unknown-fields
+MAP_KEYS = st.sampled_from(["a", "rdma/ib", "kubernetes.io/arch", "x y"])
+
+
+def value_for(schema: dict[str, Any], path: str, depth: int = 0) -> st.SearchStrategy[Any]:
+    """A value for `schema`: mostly valid, sometimes one mutation (wrong type, out of range, unknown key,
+    missing required field). The schemas are crd_schema's, built once per kind: one strategy per node."""
+    return _once((id(schema), path, depth), lambda: _value_for(schema, path, depth))
 
 
 @st.composite
-def value_for(draw: st.DrawFn, schema: dict[str, Any], path: str, depth: int = 0) -> Any:
-    """A value for `schema`: mostly valid, sometimes one mutation (wrong type, out of range, unknown key,
-    missing required field)."""
-    mutate = draw(st.integers(0, 80)) == 0
+def _value_for(draw: st.DrawFn, schema: dict[str, Any], path: str, depth: int) -> Any:
+    mutate = draw(_integers(0, 80)) == 0
     kind = schema.get("type")
     if mutate and draw(st.booleans()):
         return _wrong_value(draw, kind)
     if schema.get("x-kubernetes-preserve-unknown-fields"):
-        return draw(st.dictionaries(TEXT, st.integers() | TEXT | st.booleans(), max_size=2))
+        return draw(PRESERVED)
     if kind == "object" and "properties" in schema:
         out: dict[str, Any] = {}
         required = set(schema.get("required") or [])
         for name, sub in schema["properties"].items():
-            if name in required or draw(st.integers(0, 2)) == 0:
+            if name in required or draw(_integers(0, 2)) == 0:
                 out[name] = draw(value_for(sub, f"{path}.{name}", depth + 1))
         if mutate:
-            action = draw(st.sampled_from(["unknown", "snake", "drop"]))
+            action = draw(_one_of(("unknown", "snake", "drop")))
             names = sorted(schema["properties"])
             if action == "unknown":
-                out[draw(st.sampled_from(["foo", "contxt", "replica", "Name"]))] = 1
+                out[draw(_one_of(("foo", "contxt", "replica", "Name")))] = 1
             elif action == "snake" and names:
-                name = draw(st.sampled_from(names))
+                name = draw(_one_of(tuple(names)))
                 if to_snake(name) != name:
                     out[to_snake(name)] = out.pop(name, draw(value_for(schema["properties"][name], path)))
             elif required:
-                out.pop(draw(st.sampled_from(sorted(required))), None)
+                out.pop(draw(_one_of(tuple(sorted(required)))), None)
         return out
     if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
-        keys = st.sampled_from(["a", "rdma/ib", "kubernetes.io/arch", "x y"])
-        values = value_for(schema["additionalProperties"], path, depth + 1)
-        if schema["additionalProperties"].get("type") == "string":  # label maps: mostly label values, as users write
-            values = st.one_of(LABEL_VALUES, LABEL_VALUES, values)
-        return draw(st.dictionaries(keys, values, max_size=2))
+        return draw(_once((id(schema), path, depth, "map"), lambda: _map(schema, path, depth)))
     if kind == "array":
         items = schema.get("items") or {}
         limit = schema.get("maxItems", 4)
-        count = draw(st.sampled_from([0, 1, 2, limit + 1] if mutate else [0, 1, 2]))
+        count = draw(_one_of((0, 1, 2, limit + 1) if mutate else (0, 1, 2)))
         return [draw(value_for(items, f"{path}[]", depth + 1)) for _ in range(count)]
     return _scalar(draw, schema, valid=not mutate)
+
+
+def _map(schema: dict[str, Any], path: str, depth: int) -> st.SearchStrategy[dict[Any, Any]]:
+    values = value_for(schema["additionalProperties"], path, depth + 1)
+    if schema["additionalProperties"].get("type") == "string":  # label maps: mostly label values, as users write
+        values = st.one_of(LABEL_VALUES, LABEL_VALUES, values)
+    return st.dictionaries(MAP_KEYS, values, max_size=2)
 
 
 VALID_NAMES = st.from_regex(r"[a-z]([-a-z0-9]*[a-z0-9])?", fullmatch=True).filter(lambda n: len(n) <= MAX_NAME_LENGTH)
@@ -165,30 +193,32 @@ NAMES = st.one_of(
 )
 
 
+NOT_NAMES = st.sampled_from([5, True, ["x"]])
+SOURCES = st.sampled_from([{"pvc": {"claimName": "w"}}, {"huggingFace": {"cacheClaimName": "hf"}}])
+
+
 @st.composite
 def documents(draw: st.DrawFn, kind: str = KIND) -> dict[str, Any]:
     """A MiniMaxM3Deployment (or, with `kind`, a MiniMaxM3ModelCache) drawn from its CRD's schema."""
     spec_schema = crd_schema(kind)["properties"]["spec"]
     metadata: dict[str, Any] = {"name": draw(NAMES)}
-    if draw(st.integers(0, 60)) == 0:
-        metadata["name"] = draw(st.sampled_from([5, True, ["x"]]))
-    if draw(st.integers(0, 40)) == 0:
-        metadata[draw(st.sampled_from(["labels", "annotations"]))] = {draw(st.sampled_from(["a", "a b", "x/"])): "v"}
+    if draw(_integers(0, 60)) == 0:
+        metadata["name"] = draw(NOT_NAMES)
+    if draw(_integers(0, 40)) == 0:
+        metadata[draw(_one_of(("labels", "annotations")))] = {draw(_one_of(("a", "a b", "x/"))): "v"}
     doc = {"apiVersion": API_VERSION, "kind": kind, "metadata": metadata}
     doc["spec"] = draw(value_for(spec_schema, "spec"))
     spec = doc["spec"]
     if kind == CACHE_KIND:
-        if isinstance(spec, dict) and draw(st.integers(0, 4)):  # mostly one source and a plausible path
+        if isinstance(spec, dict) and draw(_integers(0, 4)):  # mostly one source and a plausible path
             spec["source"] = {"pvc": {"claimName": "w"}}
-            spec["path"] = draw(st.sampled_from(["/mnt/nvme/m3fleet/m3", "/var/lib/m3fleet/m3", "/x"]))
-    elif isinstance(spec, dict) and draw(st.integers(0, 4)):  # mostly one source (the CEL rule wants exactly one)
+            spec["path"] = draw(_one_of(("/mnt/nvme/m3fleet/m3", "/var/lib/m3fleet/m3", "/x")))
+    elif isinstance(spec, dict) and draw(_integers(0, 4)):  # mostly one source (the CEL rule wants exactly one)
         model = spec.setdefault("model", {})
         if isinstance(model, dict):
-            model["source"] = draw(
-                st.sampled_from([{"pvc": {"claimName": "w"}}, {"huggingFace": {"cacheClaimName": "hf"}}])
-            )
-    if draw(st.integers(0, 60)) == 0:
-        doc[draw(st.sampled_from(["spec_", "Spec", "extra"]))] = {}
+            model["source"] = draw(SOURCES)
+    if draw(_integers(0, 60)) == 0:
+        doc[draw(_one_of(("spec_", "Spec", "extra")))] = {}
     return doc
 
 

@@ -16,8 +16,9 @@ import yaml
 from tests.support.cluster.cluster import BIN, SAMPLES, Cluster, OperatorProcess, eventually
 from tests.support.cluster.nodes import NODES
 
-WEIGHT_CLAIMS = ("m3-weights", "m3-weights-mxfp8", "m3-weights-mxfp4", "m3-weights-nvfp4")
-POOL_OF_ACCELERATOR = {"h200": "h200", "gb200": "gb200", "mi355x": "mi355x"}
+# The samples' claims: their weights, and the Hub cache of the one that reads the checkpoint from Hugging Face.
+WEIGHT_CLAIMS = ("m3-weights", "m3-weights-mxfp8", "m3-weights-mxfp4", "m3-weights-nvfp4", "hf-cache")
+POOL_OF_ACCELERATOR = {"h200": "h200", "gb200": "gb200", "b200": "b200", "mi355x": "mi355x"}
 NODE_POOL = {spec.name: spec.pool for spec in NODES}
 
 

@@ -81,6 +81,8 @@ class Image:
                 if not point.exists():
                     point.touch()
             script += [f"mount --bind {_q(source)} {_q(point)}", f"mount -o remount,bind,ro {_q(point)}"]
+        for point in ("/tmp", "/proc"):  # a runtime makes them where the image has none (a FROM scratch image)
+            self.inside(point).mkdir(exist_ok=True)
         script += [
             f"mount -t tmpfs -o size={TMP_SIZE},mode=1777 tmpfs {_q(self.inside('/tmp'))}",
             f"mount -t proc proc {_q(self.inside('/proc'))}",

@@ -13,7 +13,7 @@ A CPU-only `system` node runs everything that is not an engine (the operator's o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Two NVLink cliques of two trays each, so a group that ignored its clique could be split across them.
@@ -39,24 +39,34 @@ class NodeSpec:
 RDMA_RESOURCE = "rdma/ib"  # what an RDMA device plugin advertises (the CRD's own example name)
 
 
-def _h200(i: int) -> NodeSpec:
+def _hgx(pool: str, i: int, cpu: str, memory: str, product: str, gpu_memory_mib: str, family: str) -> NodeSpec:
+    """An 8-GPU NVIDIA HGX node as GPU feature discovery labels it."""
     return NodeSpec(
-        f"h200-{i}",
+        f"{pool}-{i}",
         "amd64",
-        cpu="192",
-        memory="2063731952Ki",
+        cpu=cpu,
+        memory=memory,
         gpus=8,
         gpu_resource="nvidia.com/gpu",
-        extended={RDMA_RESOURCE: "8"},  # one InfiniBand NIC per GPU, as p5en nodes have
         labels={
             "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": "NVIDIA-H200",
+            "nvidia.com/gpu.product": product,
             "nvidia.com/gpu.count": "8",
-            "nvidia.com/gpu.memory": "143771",
-            "nvidia.com/gpu.family": "hopper",
-            "node.kubernetes.io/instance-type": "p5en.48xlarge",
+            "nvidia.com/gpu.memory": gpu_memory_mib,
+            "nvidia.com/gpu.family": family,
         },
     )
+
+
+def _h200(i: int) -> NodeSpec:
+    node = _hgx("h200", i, "192", "2063731952Ki", "NVIDIA-H200", "143771", "hopper")
+    # one InfiniBand NIC per GPU, as p5en nodes have
+    labels = {**node.labels, "node.kubernetes.io/instance-type": "p5en.48xlarge"}
+    return replace(node, labels=labels, extended={RDMA_RESOURCE: "8"})
+
+
+def _b200(i: int) -> NodeSpec:
+    return _hgx("b200", i, "224", "2113264832Ki", "NVIDIA-B200", "183359", "blackwell")
 
 
 def _gb200(i: int) -> NodeSpec:
@@ -97,8 +107,9 @@ def _mi355x(i: int) -> NodeSpec:
 
 NODES: tuple[NodeSpec, ...] = (
     NodeSpec("system-0", "amd64", cpu="16", memory="65842360Ki"),
-    *(_h200(i) for i in range(6)),
+    *(_h200(i) for i in range(7)),  # 7: every single-node H200 sample at once (the gateway sample runs two tiers)
     *(_gb200(i) for i in range(4)),
+    *(_b200(i) for i in range(2)),
     *(_mi355x(i) for i in range(4)),
 )
 

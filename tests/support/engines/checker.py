@@ -24,6 +24,7 @@ import io
 import json
 import os
 import sys
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -102,7 +103,8 @@ def vllm_engine() -> Engine:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
 
-    from vllm.config import AttentionConfig, CacheConfig, MultiModalConfig, ParallelConfig
+    from vllm.config import AttentionConfig, CacheConfig, MultiModalConfig, ParallelConfig, SpeculativeConfig
+    from vllm.config.speculative import SpeculativeMethod
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.model_executor.layers.quantization import DEPRECATED_QUANTIZATION_METHODS, QUANTIZATION_METHODS
@@ -146,6 +148,28 @@ def vllm_engine() -> Engine:
         MultiModalConfig(**config_kwargs(MultiModalConfig, ea, {"limit_per_prompt": "limit_mm_per_prompt"}))
         parallel = config_kwargs(ParallelConfig, ea, {"data_parallel_master_ip": "data_parallel_address"})
         ParallelConfig(**parallel)
+        if ea.speculative_config is not None:
+            speculative(ea.speculative_config)
+
+    def literal_values(annotation: Any) -> set[str]:
+        # SpeculativeMethod is a Literal of strings and of further Literals (MTP, EAGLE and DFlash types).
+        values: set[str] = set()
+        for arg in typing.get_args(annotation):
+            values |= literal_values(arg) if typing.get_args(arg) else {arg}
+        return values
+
+    def speculative(config: Any) -> None:
+        # SpeculativeConfig's own __post_init__ needs the target's ModelConfig (the checkpoint's config.json), so check
+        # what it would read: a dict of its fields, a method it knows, an attention backend the enum holds.
+        if not isinstance(config, dict):
+            raise ValueError(f"--speculative-config did not parse to a dict: {config!r}")
+        unknown = set(config) - {f.name for f in dataclasses.fields(SpeculativeConfig) if f.init}
+        if unknown:
+            raise ValueError(f"--speculative-config: unknown keys {sorted(unknown)}")
+        if config.get("method") not in literal_values(SpeculativeMethod):
+            raise ValueError(f"--speculative-config: unknown method {config.get('method')!r}")
+        if "attention_backend" in config:
+            AttentionConfig.validate_backend_before(config["attention_backend"])
 
     def check(argv: list[str]) -> None:
         args = run_stage("parse", lambda: make_parser().parse_args(["serve", *argv]))
@@ -177,11 +201,14 @@ def vllm_engine() -> Engine:
 def sglang_engine() -> Engine:
     """Import SGLang once and return its checker (prepare_server_args on one argv)."""
     from sglang.srt.server_args import ServerArgs, prepare_server_args
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     def check(argv: list[str]) -> None:
         # prepare_server_args = argparse + ServerArgs.from_cli_args (types and choices only; the
         # semantic checks live in resolve_once(), which needs the checkpoint's config).
-        run_stage("parse", lambda: prepare_server_args(list(argv)))
+        args = run_stage("parse", lambda: prepare_server_args(list(argv)))
+        # The algorithm name is only resolved at launch (SpeculativeAlgorithm.from_string in the scheduler).
+        run_stage("speculative", lambda: SpeculativeAlgorithm.from_string(args.speculative_algorithm))
 
     parser = argparse.ArgumentParser(prog="sglang serve")  # what prepare_server_args builds
     ServerArgs.add_cli_args(parser)

@@ -36,6 +36,9 @@ ENGINE_CONTAINER = "engine"
 # The grid's axes. Contexts: short (below every long-context switch), the default, and 1M, which is
 # past the BF16/MXFP4 native 512K (YaRN) and plans to two nodes on H200 and GB200 (leader + worker).
 STRATEGIES = ("tp", "tp-ep", "dp-ep")
+# Pools rendered with another pool's flags (same vendor, architecture and GPUs a node; only GPU memory differs, which
+# the planner's tests cover): left out of the cross product to keep the tier's time, checked through their twin.
+FLAG_TWINS = {Accelerator.B300: Accelerator.B200}
 CONTEXTS = (8_192, 131_072, 1_048_576)
 KV_DTYPES = ("bf16", "fp8")
 
@@ -109,6 +112,8 @@ def spec_grid(
     specs: list[Spec] = []
     for engine in engines:
         for accelerator, variants in ENGINES[EngineName(engine)].support.items():
+            if accelerator in FLAG_TWINS:
+                continue
             for variant in variants:
                 backends = [b.value for b in MoeBackend] if variant == Variant.MXFP4 else [MoeBackend.AUTO.value]
                 for strategy, context, kv, lmo, backend in itertools.product(
@@ -208,7 +213,11 @@ def commands(rendered: Rendered) -> list[Command]:
         return []
     found: list[Command] = []
     for template, injected in pod_templates(rendered.objects):
-        role = template["metadata"]["labels"][labels.ROLE]
+        pod_labels = template["metadata"]["labels"]
+        if labels.ROLE not in pod_labels:
+            continue  # not an engine pod: spec.gateway's endpoint picker
+        role = pod_labels[labels.ROLE]
+        tier = f"/{pod_labels[labels.TIER]}" if labels.TIER in pod_labels else ""  # a context tier's own workload
         # The engine's container; SGLang's pods also run the key guard beside it (test_key_guard.py covers it).
         for container in (c for c in template["spec"]["containers"] if c["name"] == ENGINE_CONTAINER):
             full = [*container.get("command", []), *container.get("args", [])]
@@ -222,7 +231,7 @@ def commands(rendered: Rendered) -> list[Command]:
             argv = [expand(arg, variables) for arg in full[len(launcher) :]]
             found.append(
                 Command(
-                    id=f"{rendered.label}/{role}",
+                    id=f"{rendered.label}/{role}{tier}",
                     resource=f"{rendered.label} (metadata.name {rendered.name})",
                     role=role,
                     container=container["name"],

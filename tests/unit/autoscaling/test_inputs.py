@@ -255,7 +255,7 @@ def test_min_replicas_zero_is_rejected_with_the_reason() -> None:
     body["spec"]["autoscaling"] = {"minReplicas": 0}
     with pytest.raises((SpecError, SpecErrors)) as caught:
         parse_resource(body)
-    assert "spec.autoscaling.minReplicas" in str(caught.value) and "wait forever" in str(caught.value)
+    assert "spec.autoscaling.minReplicas" in str(caught.value) and "spec.gateway" in str(caught.value)
 
 
 def test_a_need_that_did_not_hold_is_not_forecast() -> None:

@@ -31,12 +31,28 @@ class Capacity:
     warning: str | None
 
 
+def acceptance_length(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> dict[str, Any] | None:
+    """Speculative decoding's tokens per target forward pass: the median the replicas' own counters measured, else
+    the plan's prior (catalog.speculative: 2.7 for the EAGLE3 draft, from its model card; 1 for MTP, unpublished).
+    It sets how many tokens a decode step emits, so the time a request stays resident at a given decode rate; None
+    without a draft."""
+    if config.acceptance_length_prior is None:
+        return None
+    measured = [r.acceptance_length for r in fresh if r.acceptance_length]
+    if not measured:
+        return {"tokensPerStep": config.acceptance_length_prior, "source": "prior"}
+    return {"tokensPerStep": round(median(measured), 3), "source": "engines", "prior": config.acceptance_length_prior}
+
+
 def checked_capacity(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> Capacity:
     """The engines' reported capacity where it agrees with the plan within `capacity_margin`; otherwise the
     smaller of the two, and a warning (a mis-combined per-rank series or an engine configured unlike the
     plan must not silently size the fleet)."""
     plan_cap, plan_rank = config.kv_tokens_per_replica, config.kv_tokens_per_rank
     status: dict[str, Any] = {"planTokensPerReplica": round(plan_cap), "planTokensPerRank": round(plan_rank)}
+    speculative = acceptance_length(config, fresh)
+    if speculative is not None:
+        status["acceptanceLength"] = speculative
     reported = [r.kv_capacity_tokens for r in fresh if r.kv_capacity_tokens]
     if not reported:
         return Capacity(plan_cap, plan_rank, {**status, "source": "plan"}, None)

@@ -27,6 +27,9 @@ class PolicyConfig:
     ranks_per_replica: int
     max_model_len: int
     prefill_tokens_per_second: float  # per replica
+    # Speculative decoding: tokens a target forward pass emits, assumed until the engines' counters measure it (the
+    # plan's prior; None without a draft). Each decode step then advances a request by this many tokens.
+    acceptance_length_prior: float | None = None
     min_replicas: int = 1
     max_replicas: int = 4
     mode: str = AutoscalingMode.ACT.value
@@ -99,6 +102,9 @@ class PolicyConfig:
             "ranks_per_replica": max(1, plan.data_parallel_size),
             "max_model_len": plan.max_model_len,
             "prefill_tokens_per_second": per_gpu * gpus * efficiency,
+            "acceptance_length_prior": (
+                plan.speculative_decoding.acceptance_length_prior if plan.speculative_decoding else None
+            ),
             "min_replicas": autoscaling.min_replicas,
             "max_replicas": autoscaling.max_replicas,
             "mode": str(autoscaling.mode),

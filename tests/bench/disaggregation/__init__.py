@@ -1,0 +1,1 @@
+"""The disaggregation benchmark (a dev tool, not part of the product): `python -m tests.bench.disaggregation`."""
