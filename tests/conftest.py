@@ -4,7 +4,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.cluster.fixtures import chart, cluster
 from tests.support.samples import ROOT, SAMPLE_FILES, load_sample
+
+# The real control plane and the chart on it, once per session (per xdist worker) for the cluster and the fault
+# tier together: defined in each tier's conftest instead, each tier would start a control plane of its own (a fixture
+# is cached per conftest that defines it), about a minute of a busy worker's time and 5% of a core while it idles.
+__all__ = ["chart", "cluster"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

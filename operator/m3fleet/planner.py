@@ -45,6 +45,7 @@ from m3fleet.catalog import (
     ModelVariant,
 )
 from m3fleet.catalog.facts import POD_SHM_GIB
+from m3fleet.disaggregation import plan_disaggregated
 from m3fleet.errors import SpecError
 from m3fleet.sizing import Fit, Layout, evaluate
 from m3fleet.text import tokens as format_tokens
@@ -56,7 +57,15 @@ MIN_POD_MEMORY_GIB = 2 * POD_SHM_GIB  # the memory-backed /dev/shm plus at least
 
 
 def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
-    """The smallest layout that serves `spec`, or `SpecError`."""
+    """The smallest layout that serves `spec`, or `SpecError`. With spec.disaggregation: each role planned as a
+    replica of its own and the prefill:decode ratio (`m3fleet.disaggregation`)."""
+    if spec.disaggregation is not None:
+        return plan_disaggregated(spec, _plan_replica)
+    return _plan_replica(spec)
+
+
+def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
+    """The smallest layout of one aggregated replica that serves `spec`, or `SpecError`."""
     engine_name = EngineName(spec.engine.name)
     accel_name = Accelerator(spec.accelerator)
     variant_name = Variant(spec.model.variant)

@@ -19,7 +19,6 @@ fit refuses a result measured on another shape (engine, accelerator, variant, TP
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 from typing import Any, Final
 
 from m3fleet.api.models import Plan
@@ -74,14 +73,7 @@ def calibrate(model: PerfModel, plan: Plan, result: BenchResult, source: str) ->
                 f"{source} puts {name} at {value:.3g}x the model's speed, outside {low:g}..{high:g}x",
                 "check the benchmark's table (failed requests, a wrong endpoint) and benchmark again",
             )
-    calibrated = replace(
-        model,
-        decode_step=model.decode_step * decode,
-        decode_per_sequence=model.decode_per_sequence * decode,
-        decode_per_context_token=model.decode_per_context_token * decode,
-        prefill_linear=model.prefill_linear * prefill,
-        prefill_quadratic=model.prefill_quadratic * prefill,
-    )
+    calibrated = model.scaled(prefill=prefill, decode=decode)
     described = {
         "source": source,
         "measured": {

@@ -105,6 +105,17 @@ class PerfModel:
             capacity_tokens=int(plan.kv_cache_tokens_per_rank * ENGINE_CAPACITY_FACTOR) // 128 * 128,
         )
 
+    def scaled(self, prefill: float, decode: float) -> PerfModel:
+        """The same engine with every prefill cost x `prefill` and every decode cost x `decode`."""
+        return replace(
+            self,
+            decode_step=self.decode_step * decode,
+            decode_per_sequence=self.decode_per_sequence * decode,
+            decode_per_context_token=self.decode_per_context_token * decode,
+            prefill_linear=self.prefill_linear * prefill,
+            prefill_quadratic=self.prefill_quadratic * prefill,
+        )
+
     def token_cost(self, prompt: float) -> float:
         """Mean compute seconds per token of a prompt of this length (linear + quadratic part)."""
         return self.prefill_linear + self.prefill_quadratic * prompt
@@ -303,11 +314,18 @@ class Engine:
         if r.admitted is None:
             r.admitted = self.t
         r.phase = PREFILL
-        r.cost = self.m.token_cost(r.need)
+        reused = self._reuse_prefix(r)
+        # Only the uncached suffix is computed; each of its tokens still attends to the whole context before it
+        # (the quadratic term's mean over positions reused..need is linear + quadratic x (need + reused)).
+        r.cost = self.m.prefill_linear + self.m.prefill_quadratic * (r.need + reused)
         self.prefilling = r
-        self.prefilled_at = self.P + r.need
+        self.prefilled_at = self.P + r.need - reused
         self.reserved += r.need
         self.running[r.spec.rid] = r
+
+    def _reuse_prefix(self, r: SimRequest) -> int:
+        """Prompt tokens of `r` whose KV this engine already holds (prefix caching); none without a cache."""
+        return 0
 
     def _leave_prefill(self) -> None:
         self.prefilling = None
@@ -564,7 +582,7 @@ class Simulation:
             self._ready(replica)
 
     # events -------------------------------------------------------------------------------------
-    ARRIVAL, ENGINE, READY, SCRAPE, TICK = 0, 1, 2, 3, 4
+    ARRIVAL, ENGINE, READY, SCRAPE, TICK, CALL = 0, 1, 2, 3, 4, 5
 
     def _push(self, t: float, kind: int, a: Any = None, b: Any = None) -> None:
         heapq.heappush(self.events, (t, next(self.seq), kind, a, b))
@@ -618,6 +636,8 @@ class Simulation:
                     return False
                 self._tick()
                 self._push(t + s.tick_seconds, self.TICK)
+            elif kind == self.CALL:  # a model built on this one (a KV transfer, a session's next turn)
+                a()
         return bool(self.events)
 
     def follow(self, names: Collection[str]) -> None:
@@ -650,7 +670,8 @@ class Simulation:
     def _serving(self) -> list[Replica]:
         return [r for r in self.replicas if r.ready and not r.draining and r.deleted is None]
 
-    def _route(self, request: SimRequest) -> None:
+    def _choose(self, request: SimRequest) -> Engine | None:
+        """The engine with the most free KV net of its queue; None with no serving replica."""
         best: Engine | None = None
         best_score = -math.inf
         for replica in self._serving():
@@ -658,13 +679,20 @@ class Simulation:
                 score = engine.cap - engine.used() - engine.queued_tokens
                 if score > best_score:
                     best, best_score = engine, score
+        return best
+
+    def _route(self, request: SimRequest) -> None:
+        best = self._choose(request)
         if best is None:
             self.gateway.append(request)
             return
-        best.advance(self.now)
-        best.enqueue(request)
-        best.process(self.now)
-        self._reschedule(best)
+        self._send(best, request)
+
+    def _send(self, engine: Engine, request: SimRequest) -> None:
+        engine.advance(self.now)
+        engine.enqueue(request)
+        engine.process(self.now)
+        self._reschedule(engine)
 
     def on_finish(self, r: SimRequest) -> None:
         self.in_flight -= 1
@@ -686,11 +714,14 @@ class Simulation:
 
     def _ready(self, replica: Replica) -> None:
         replica.ready = True
-        replica.engines = [Engine(self.model, self, replica) for _ in range(self.ranks)]
+        replica.engines = [self._new_engine(replica) for _ in range(self.ranks)]
         held = list(self.gateway)
         self.gateway.clear()
         for request in held:
             self._route(request)
+
+    def _new_engine(self, replica: Replica) -> Engine:
+        return Engine(self.model, self, replica)
 
     def _apply(self, desired: int) -> None:
         starting = [r for r in self.replicas if not r.ready and r.deleted is None]

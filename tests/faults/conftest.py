@@ -1,5 +1,6 @@
-"""The fault tier's fixtures: the real control plane's (tests/support/cluster/fixtures.py, shared with the cluster
-tier), a fault proxy in front of its apiserver, and the operator talking to the apiserver through it."""
+"""The fault tier's fixtures: the real control plane's (tests/support/cluster/fixtures.py; `cluster` and `chart` are
+tests/conftest.py's, the same control plane as the cluster tier's), a fault proxy in front of its apiserver, and the
+operator talking to the apiserver through it."""
 
 from collections.abc import Iterator
 
@@ -7,9 +8,9 @@ import pytest
 
 from tests.support.cluster.cluster import Cluster, OperatorProcess
 from tests.support.cluster.faultproxy import FaultProxy
-from tests.support.cluster.fixtures import chart, cluster, fleets_removed_after_each_module, pytest_runtest_makereport
+from tests.support.cluster.fixtures import fleets_removed_after_each_module, pytest_runtest_makereport
 
-__all__ = ["chart", "cluster", "fleets_removed_after_each_module", "operator", "proxy", "pytest_runtest_makereport"]
+__all__ = ["fleets_removed_after_each_module", "operator", "proxy", "pytest_runtest_makereport"]
 
 
 @pytest.fixture()

@@ -223,6 +223,17 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(model__variant="mxfp4", accelerator="gb200"), "mxfp4", "spec.model.variant"),
     (with_spec(engine__name="trtllm", accelerator="mi355x"), "NVIDIA", "spec.engine.name"),
     (with_spec(engine__name="trtllm", accelerator="gb200", model__variant="mxfp8"), "bf16 only", "spec.model.variant"),
+    (with_spec(accelerator="mi355x", disaggregation={}), "NVIDIA GPUs only", "spec.disaggregation"),
+    (
+        with_spec(disaggregation={"inputTokens": 131072}),
+        "together with outputTokens is longer",
+        "spec.disaggregation.inputTokens",
+    ),
+    (
+        with_spec(disaggregation={"ratio": "1:2", "prefill": {"replicas": 1}, "decode": {"replicas": 2}}),
+        "ratio cannot be pinned together",
+        "spec.disaggregation.ratio",
+    ),
     (
         with_spec(engine__name="trtllm", accelerator="h200", engine__apiKeySecretRef={"name": "k", "key": "key"}),
         "no API key option",

@@ -16,15 +16,16 @@ import pytest
 import yaml
 from jsonschema import Draft202012Validator
 
-from m3fleet.api.models import EngineName
+from m3fleet.api import parse_resource
+from m3fleet.api.models import EngineName, Plan
 from m3fleet.catalog import ENGINES, TRTLLM_VERSION
 from m3fleet.engines.trtllm import CONFIG_FILE, LEADER_SCRIPT
+from m3fleet.planner import plan
 from tests.support.engines import grid
 from tests.support.trtllm_schema import DOCUMENTED_RELEASE, SCHEMA, errors
 
-RENDERED = [r for r in grid.samples() if r.engine == "trtllm"] + grid.grid(
-    grid.spec_grid(("trtllm",), contexts=(2_068, 131_072, 524_288), kv_dtypes=("bf16",), text_only=(False,))
-)
+TRT_SPECS = grid.spec_grid(("trtllm",), contexts=(2_068, 131_072, 524_288), kv_dtypes=("bf16",), text_only=(False,))
+RENDERED = [r for r in grid.samples() if r.engine == "trtllm"] + grid.grid(TRT_SPECS)
 
 # The curated MiniMax-M3 throughput config's values (TRT-YAML): the schema must take it.
 CURATED: dict[str, Any] = {
@@ -148,3 +149,40 @@ def _without(key: str) -> dict[str, Any]:
 def test_schema_rejects(document: dict[str, Any], needle: str) -> None:
     problems = errors(document)
     assert any(needle in p for p in problems), problems
+
+
+def _planned(document: dict[str, Any]) -> tuple[Plan, dict[str, Any]]:
+    """The plan and the rendered LLM API options of one resource."""
+    planned = plan(parse_resource(document).spec)
+    return planned, options(grid.render_document("planned", document))
+
+
+SAMPLE_DOCUMENTS = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(grid.SAMPLES_DIR.glob("trtllm-*.yaml"))}
+PLANNED = {r.label: _planned(s.document()) for s in TRT_SPECS for r in grid.grid([s])} | {
+    f"sample/{stem}": _planned(document) for stem, document in SAMPLE_DOCUMENTS.items()
+}
+
+
+@pytest.mark.parametrize("label", sorted(PLANNED))
+def test_batch_is_what_the_kv_pool_holds_at_the_curated_length(label: str) -> None:
+    # max_batch_size comes from the plan's KV pool (per attention-DP rank under DEP), not from full-length sequences:
+    # the largest power of two whose sequences of the curated length (TRT-YAML: max_seq_len 2068) all fit, capped at
+    # the curated 256; CUDA graphs are captured up to the same batch.
+    planned, opts = PLANNED[label]
+    batch = opts["max_batch_size"]
+    per_sequence = min(planned.max_model_len, 2068)
+    assert 1 <= batch <= 256
+    assert batch & (batch - 1) == 0, batch
+    assert batch == 1 or batch * per_sequence <= planned.kv_cache_tokens_per_rank
+    assert batch == 256 or 2 * batch * per_sequence > planned.kv_cache_tokens_per_rank
+    assert opts["cuda_graph_config"]["max_batch_size"] == batch
+
+
+def test_the_tep_sample_schedules_at_least_the_benchmarks_smallest_concurrency() -> None:
+    # The guide's benchmark (and `m3fleet bench` on a trtllm resource) sweeps concurrency 32..1024; at 131072 tokens the
+    # old full-length rule scheduled 8 sequences at a time.
+    planned, opts = PLANNED["sample/trtllm-gb200-2x4-tep"]
+    assert opts["enable_attention_dp"] is False, "TRT-GUIDE's TEP layout"
+    assert planned.max_model_len == 131_072
+    assert opts["max_batch_size"] >= 32
+    assert opts["max_batch_size"] > planned.max_sequences_at_max_len

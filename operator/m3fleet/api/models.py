@@ -39,7 +39,9 @@ from m3fleet.api.base import (
     Variant,
     invalid,
 )
+from m3fleet.api.children import KEEP_ABSENT
 from m3fleet.api.conditions import DEPLOYMENT, conditions_description
+from m3fleet.api.plan_disaggregation import DisaggregationPlan, RolePlan
 from m3fleet.api.rules import cel as cel  # also imported from here by api/cache.py
 from m3fleet.api.spec_autoscaling import (
     CA_AND_INSECURE_FIX,
@@ -74,6 +76,13 @@ from m3fleet.api.spec_autoscaling import (
     ScheduleWindowSpec,
     SloSpec,
     Weekday,
+)
+from m3fleet.api.spec_disaggregation import (
+    DisaggregationRoleSpec,
+    DisaggregationSpec,
+    FrontendSpec,
+    KvTransfer,
+    RenderAs,
 )
 from m3fleet.api.spec_engine import (
     ADMIN_KEY_FIX,
@@ -200,6 +209,21 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                     "FieldValueForbidden",
                 ),
                 cel(
+                    "!has(self.disaggregation) || self.accelerator in ['h200', 'gb200']",
+                    "disaggregation runs on NVIDIA Dynamo, whose release images are built for NVIDIA GPUs only; fix: "
+                    "use accelerator h200 or gb200, or remove disaggregation",
+                    ".disaggregation",
+                    "FieldValueForbidden",
+                ),
+                cel(
+                    "!has(self.disaggregation) || "
+                    "self.disaggregation.inputTokens + self.disaggregation.outputTokens <= self.context.maxModelLen",
+                    "disaggregation.inputTokens together with outputTokens is longer than context.maxModelLen, so no "
+                    "request of the shape the ratio is planned for could be served; fix: raise context.maxModelLen or "
+                    "lower the expected lengths",
+                    ".disaggregation.inputTokens",
+                ),
+                cel(
                     "self.engine.name != 'trtllm' || self.model.variant == 'bf16'",
                     "the pinned TensorRT-LLM release serves MiniMax-M3 in bf16 only; fix: use variant bf16, or engine "
                     "vllm for the other variants (sglang serves bf16 and mxfp8)",
@@ -226,6 +250,12 @@ class MiniMaxM3DeploymentSpec(CamelModel):
     )
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="Context-length-aware autoscaling from Prometheus."
+    )
+    disaggregation: DisaggregationSpec | None = Field(
+        default=None,
+        description="Serve with prefill and decode on separate workers behind NVIDIA Dynamo's frontend and KV "
+        "router (absent: aggregated replicas). spec.replicas then counts decode workers.",
+        json_schema_extra={KEEP_ABSENT: True},  # its presence turns disaggregation on: never defaulted to {}
     )
     pod_template: PodTemplateSpec = Field(
         default_factory=PodTemplateSpec,
@@ -279,6 +309,11 @@ class Plan(CamelModel):
     )
     model_cache_node_affinity: NodeAffinityMode | None = Field(
         default=None, description="Required or Preferred: how pods are placed on nodes holding the cache."
+    )
+    disaggregation: DisaggregationPlan | None = Field(
+        default=None,
+        description="Prefill and decode workers on NVIDIA Dynamo (spec.disaggregation); the fields above then "
+        "describe one decode worker.",
     )
 
 
@@ -456,14 +491,19 @@ __all__ = [
     "CamelModel",
     "Condition",
     "ContextSpec",
+    "DisaggregationPlan",
+    "DisaggregationRoleSpec",
+    "DisaggregationSpec",
     "EngineName",
     "EngineSpec",
     "EnvVar",
     "EnvVarSource",
     "ForecastSpec",
+    "FrontendSpec",
     "GatewaySpec",
     "HuggingFaceSource",
     "KvCacheDtype",
+    "KvTransfer",
     "MiniMaxM3Deployment",
     "MiniMaxM3DeploymentSpec",
     "MiniMaxM3DeploymentStatus",
@@ -485,7 +525,9 @@ __all__ = [
     "PodTemplateSpec",
     "PrometheusSpec",
     "PvcSource",
+    "RenderAs",
     "ResourceFieldSelector",
+    "RolePlan",
     "RolloutSpec",
     "ScaleDownBehavior",
     "ScaleUpBehavior",

@@ -513,6 +513,12 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             "support": "TRT-GUIDE ('served in BF16; no FP8/NVFP4 serving path')",
             "images": "TRT-GUIDE (nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc20)",
             "memory_fraction": "TRT-YAML (kv_cache_config.free_gpu_memory_fraction 0.7)",
+            "version": "stays 1.3.0rc20, the release of TRT-GUIDE: Dynamo documents no M3 path on TensorRT-LLM "
+            "(its M3 recipe is vLLM-only, its M3.1 recipe serves another checkpoint, MiniMax-M3.1-Flash), so its "
+            "1.3.0rc29 pin brings no M3 option m3fleet can check; the 1.4.0rc1 guide (MXFP8, mixed MXFP8/NVFP4, "
+            "FP8/NVFP4 KV, linear Eagle3) is not in our sources beyond its introduction, and its Eagle3 path needs a "
+            "separate draft KV manager (NVIDIA/TensorRT-LLM PR #16021) whose options cannot be transcribed into "
+            "tests/support/trtllm_schema.py without that text",
         },
     ),
 }

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from m3fleet.api import MiniMaxM3Deployment, Plan
-from m3fleet.api.models import AutoscalingSpec, SloSpec
+from m3fleet.api.models import AutoscalingSpec, RolePlan, SloSpec
 from m3fleet.cli.inputs import Caches, cache_of, input_flags, process
 from m3fleet.documents import dump
 from m3fleet.exitcodes import EXIT_INVALID, EXIT_OK
@@ -85,7 +85,25 @@ def format_table(rows: list[Row]) -> str:
         for row, (_, _, a) in zip(cells[1:], rows, strict=True):
             row += [f"{a.min_replicas}-{a.max_replicas}", slo_text(a.slo)] if a is not None else ["-", "-"]
     widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells) + "\n"
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells) + "\n"
+    return table + "".join(disaggregation_text(n, p) for n, p, _ in rows if p.disaggregation is not None)
+
+
+def disaggregation_text(name: str, p: Plan) -> str:
+    """Below the table, for a disaggregated resource: both roles, the ratio and how it was reached."""
+    d = p.disaggregation
+    if d is None:
+        return ""
+
+    def role(label: str, r: RolePlan) -> str:
+        layout = f"{r.strategy} TP{r.tensor_parallel_size} DP{r.data_parallel_size} EP{r.expert_parallel_size}"
+        return f"{r.replicas} {label} x ({layout}, {r.gpus_per_worker} GPUs on {r.nodes_per_worker} node(s))"
+
+    head = (
+        f"\n{name}: disaggregated on NVIDIA Dynamo {d.dynamo_version} ({d.render_as}), ratio {d.ratio}: "
+        f"{role('prefill', d.prefill)} + {role('decode', d.decode)} + {d.frontend_replicas} frontend(s)\n"
+    )
+    return head + "".join(f"  {line}\n" for line in d.reasoning)
 
 
 def _plan(resource: MiniMaxM3Deployment, caches: Caches) -> Row:

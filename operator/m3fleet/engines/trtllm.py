@@ -76,6 +76,9 @@ SSH_PORT = 2222
 SSHD_CAPABILITIES = ("AUDIT_WRITE", "CHOWN", "SETGID", "SETUID", "SYS_CHROOT")
 MAX_BATCH_SIZE = 256  # the curated throughput config (TRT-YAML)
 MAX_NUM_TOKENS = 8192
+# The request length the curated config sizes its batch for: 256 sequences of up to max_seq_len 2068 tokens
+# (TRT-YAML), the guide's benchmark sending 1024 + 1024 tokens at concurrency 32..1024 (TRT-GUIDE).
+CURATED_SEQUENCE_TOKENS = 2068
 
 
 def ssh_secret_name(ctx: Context) -> str:
@@ -83,10 +86,16 @@ def ssh_secret_name(ctx: Context) -> str:
 
 
 def max_batch_size(ctx: Context) -> int:
-    """CUDA-graph warmup scales with max_batch_size x max_seq_len, so a long max_seq_len must cut the
-    batch (TRT-GUIDE warns of OOM at the checkpoint default): at most as many sequences as the KV pool
-    holds at full length, as a power of two, capped at the curated 256."""
-    fit = max(1, ctx.plan.kv_cache_tokens_per_rank // ctx.plan.max_model_len)
+    """Sequences one rank's KV pool holds at the curated request length, as a power of two capped at the curated 256.
+
+    max_batch_size caps how many requests TensorRT-LLM schedules at once (per attention-DP rank under DEP, for the
+    whole TP group under TEP); its KV-cache manager then admits only what its blocks hold, so a long max_seq_len needs
+    the pool to hold one full-length sequence (the plan's minSequencesAtMaxLen), not max_batch_size of them. Sizing
+    it by full-length sequences instead left a TEP replica at 131072 tokens with 8 while the guide's benchmark sweeps
+    concurrency 32..1024. What breaks CUDA-graph warmup is a max_seq_len left at the checkpoint's default (512k;
+    UNVERIFIED on the pinned image), and m3fleet always sets max_seq_len to the plan's maxModelLen."""
+    per_sequence = min(ctx.plan.max_model_len, CURATED_SEQUENCE_TOKENS)
+    fit = max(1, ctx.plan.kv_cache_tokens_per_rank // per_sequence)
     return min(MAX_BATCH_SIZE, 1 << (fit.bit_length() - 1))
 
 

@@ -1,9 +1,10 @@
 """`python -m tests.bench.autoscaling --scenario NAME [--seeds A-B] [--cold-start S] [--gateway] [--slo-ttft S]
-[-o json|text]`.
+[--robustness] [-o json|text]`.
 
 Runs the policy, the swept baselines and the oracle on each seed and prints the per-seed table and the
 summary of per-seed minimums (text), or the JSON list of per-seed objects (`-o json`: the
-`m3fleet simulate` contract's shape, with `frontier`, `workLowerBound` and `checks`);
+`m3fleet simulate` contract's shape, with `frontier`, `lateOracleCurve` (the late-oracle envelope, envelope.py),
+`workLowerBound` and `checks`; `python -m tests.bench.autoscaling.check` judges it);
 `--summary-json FILE` also writes the summary. `--cold-start-model cache|pvc|hub` builds every cold start
 from phases (simulator/m3fleet_simulator/coldstart.py); `--compare-cold-start-models pvc,cache` runs each seed under
 each model side by side (same requests; the policy, the default baselines and the oracle; no sweep) and
@@ -11,6 +12,7 @@ prints one row per seed and model. `--gateway` puts an inference gateway in fron
 (spec.autoscaling.gateway): the policy also reads the request sizes it records as requests arrive; the baselines
 and the oracle do not change. `--slo-ttft S` sets the resource's spec.autoscaling.slo.ttft.seconds: the policy
 sizes prefill for it and every policy is scored against it (each seed's `slo` says which SLO was used).
+`--robustness` also runs the policy with the simulator's time model x0.7 and x1.4 (`checks.robustness`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from m3fleet_simulator.whatif import Setup, prepare
 from .report import _pct, format_text, seed_report, summarize
 
 MODELS = ("cache", "pvc", "hub")
+TIME_SCALES = (0.7, 1.4)  # issue 46 item 3: the simulator's time model x0.7 and x1.4
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -50,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, help="only the first N minutes of the scenario")
     parser.add_argument("--no-sweep", action="store_true", help="defaults and the oracle only")
     parser.add_argument("--priors-off", action="store_true", help="also run ours with its priors x0.5 and x2")
+    parser.add_argument(
+        "--robustness", action="store_true", help="also run ours with the simulator's time model x0.7 and x1.4"
+    )
     parser.add_argument("--gateway", action="store_true", help="a gateway exports request sizes (autoscaling.gateway)")
     parser.add_argument("--slo-ttft", type=float, help="the SLO's fixed TTFT allowance (slo.ttft.seconds)")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
@@ -74,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.slo_ttft is not None:
             setup = with_slo_ttft(setup, args.slo_ttft)
         reports.append(
-            seed_report(setup, with_sweep=not args.no_sweep, prior_scales=(0.5, 2.0) if args.priors_off else ())
+            seed_report(
+                setup,
+                with_sweep=not args.no_sweep,
+                prior_scales=(0.5, 2.0) if args.priors_off else (),
+                time_scales=TIME_SCALES if args.robustness else (),
+            )
         )
         print(f"seed {seed} done", file=sys.stderr, flush=True)
     summary = summarize(reports)

@@ -17,20 +17,23 @@ attainment). A family's frontier is its Pareto points joined by straight lines; 
 its cheapest setting it has no value (it cannot run that cheaply), above its dearest it keeps its
 best attainment; an attainment above all its points is `unreachable` (met, at any cost it swept).
 `oracleChecks` holds the frontier checks of the oracle's own run: where perfect foresight fails one, the check
-asks more of a seed than foresight buys.
+asks more of a seed than foresight buys. `lateOracleCurve` is the late-oracle envelope (`envelope.py`): the Pareto
+front of reference runs that know each episode of the load from its second visible tick; `check.py` judges the
+policy against it and against the frontiers (issue 46 items 2 and 3).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from m3fleet_simulator.fleet import Autoscaler, PolicyResult
 from m3fleet_simulator.whatif import Setup, context_aware, run_context_aware, simulate
 
 from .baselines import Fixed, kv_utilization, queue_length, request_count
+from .envelope import envelope, reference_runs
 from .learning import Recording, learned_prefill_report
 from .oracle import run_late_oracle, run_oracle, work_lower_bound
 
@@ -175,7 +178,9 @@ def frontier_checks(setup: Setup, result: PolicyResult, swept: dict[str, list[Po
     return checks
 
 
-def seed_report(setup: Setup, with_sweep: bool = True, prior_scales: Sequence[float] = ()) -> dict[str, Any]:
+def seed_report(
+    setup: Setup, with_sweep: bool = True, prior_scales: Sequence[float] = (), time_scales: Sequence[float] = ()
+) -> dict[str, Any]:
     recording = Recording(context_aware(setup), setup)
     ours = simulate(setup, recording)
     oracle = run_oracle(setup)
@@ -210,6 +215,7 @@ def seed_report(setup: Setup, with_sweep: bool = True, prior_scales: Sequence[fl
         # The same checks for the perfect-foresight oracle: a check the oracle itself fails on a seed asks more
         # of a policy than knowing every request in advance buys (e.g. whole replicas against a constant fleet).
         report["oracleChecks"] = frontier_checks(setup, oracle.result, swept)
+        report["lateOracleCurve"] = [run.to_dict() for run in envelope(reference_runs(setup))]
     policies["oracle"] = {**oracle.result.to_dict(), "headroom": oracle.headroom, "metGoal": oracle.met_goal}
     ratio = ours.gpu_hours / oracle.result.gpu_hours if oracle.result.gpu_hours else None
     checks["oracleRatio"] = {
@@ -240,8 +246,25 @@ def seed_report(setup: Setup, with_sweep: bool = True, prior_scales: Sequence[fl
             }
         worst = max(r["pointsLost"] for r in runs.values())
         checks["priorsOff"] = {"met": worst <= PRIOR_LOSS_POINTS, "byScale": runs}
+    if time_scales:
+        checks["robustness"] = time_model_check(setup, ours, time_scales)
     report["checks"] = checks
     return report
+
+
+def time_model_check(setup: Setup, ours: PolicyResult, scales: Sequence[float]) -> dict[str, Any]:
+    """The policy on the same requests with the simulator's time model (every prefill and decode cost) scaled: the
+    engines run that much slower or faster than the plan's priors say, and the SLO's unloaded allowance with them."""
+    runs = {}
+    for scale in scales:
+        off = simulate(replace(setup, model=setup.model.scaled(prefill=scale, decode=scale)), context_aware(setup))
+        runs[f"time x{scale:g}"] = {
+            "sloAttainment": round(off.slo_attainment, 4),
+            "gpuHours": round(off.gpu_hours, 2),
+            "pointsLost": round((ours.slo_attainment - off.slo_attainment) * 100, 2),
+        }
+    worst = max(r["pointsLost"] for r in runs.values())
+    return {"met": worst <= PRIOR_LOSS_POINTS, "byScale": runs}
 
 
 def late_oracle_report(setup: Setup, goal: float, oracle_gpu_hours: float) -> list[dict[str, Any]]:

@@ -47,11 +47,16 @@ def chart(cluster: Cluster) -> Cluster:
     return cluster
 
 
+ENGINE_PODS = "app.kubernetes.io/component=engine,app.kubernetes.io/managed-by=m3fleet"  # render/labels.py's
+
+
 @pytest.fixture(scope="module", autouse=True)
 def fleets_removed_after_each_module(request: pytest.FixtureRequest) -> Iterator[None]:
     """The GPU nodes are few (kwok's 6 H200, 4 GB200, 4 MI355X): what one test file leaves running would leave the
     next without a node. After each file every MiniMaxM3Deployment goes (its children by garbage collection),
-    and the next file starts once their pods are gone."""
+    and the next file starts once their engine pods are gone. Only those: a model cache's staging pods (also
+    managed by m3fleet) hold no GPU and stay Completed until their cache goes, so waiting for them ran out the
+    whole deadline after every file that leaves a cache (2 min each)."""
     yield
     if "cluster" not in request.fixturenames and "chart" not in request.fixturenames:
         return
@@ -61,7 +66,7 @@ def fleets_removed_after_each_module(request: pytest.FixtureRequest) -> Iterator
         return  # no CRD (this file never installed one) or nothing left
     cluster.kubectl("delete", "minimaxm3deployments", "--all", "--all-namespaces", "--wait=false", check=False)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and cluster.list("pods", None, "app.kubernetes.io/managed-by=m3fleet"):
+    while time.monotonic() < deadline and cluster.list("pods", None, ENGINE_PODS):
         time.sleep(1)
 
 

@@ -3,7 +3,6 @@ from."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -11,10 +10,10 @@ from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, Plan, SloSpec
 from m3fleet.autoscaling.forecast import Bounds, ScheduleWindow, bounds_at, parse_hhmm
 
 # Prefill throughput prior, prompt tokens per second per GPU at long context (a stand-in for a
-# measured profile; UNVERIFIED). Multi-node replicas lose some of it to inter-node traffic.
-PREFILL_TOKENS_PER_GPU_SECOND: Final[Mapping[str, float]] = {"h200": 5000.0, "gb200": 11000.0, "mi355x": 9000.0}
-MULTI_NODE_EFFICIENCY: Final = 0.85
-
+# measured profile; UNVERIFIED), shared with the disaggregation planner. Multi-node replicas lose some of it to
+# inter-node traffic.
+from m3fleet.catalog.throughput import MULTI_NODE_EFFICIENCY as MULTI_NODE_EFFICIENCY
+from m3fleet.catalog.throughput import PREFILL_TOKENS_PER_GPU_SECOND as PREFILL_TOKENS_PER_GPU_SECOND
 
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 
