@@ -98,7 +98,7 @@ def _replacement(old: Mapping[str, Any] | None, planned: Plan) -> str | None:
         previous = plan(parse_resource(old).spec)
     except (SpecError, SpecErrors):
         return None
-    return replacement_notice(workload_kind(previous), planned)
+    return replacement_notice(workload_kind(previous), planned, previous.disaggregation is not None)
 
 
 REVIEW_API_VERSION = "admission.k8s.io/v1"  # the chart's admissionReviewVersions

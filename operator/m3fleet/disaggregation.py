@@ -69,15 +69,8 @@ def plan_disaggregated(spec: MiniMaxM3DeploymentSpec, plan_role: Callable[[MiniM
     if wanted is None:
         raise ValueError("plan_disaggregated needs spec.disaggregation")
     backend = _backend(spec)
-    role_plans = {role: _plan_role(spec, wanted, role, backend, plan_role) for role in ROLES}
+    role_plans = plan_roles(spec, plan_role)
     prefill, decode = role_plans["prefill"], role_plans["decode"]
-    if backend.equal_tp and prefill.tensor_parallel_size != decode.tensor_parallel_size:
-        raise SpecError(
-            f"{FIELD}.prefill.parallelism.tensorParallelSize",
-            f"{prefill.tensor_parallel_size} differs from the decode workers' {decode.tensor_parallel_size}: "
-            f"{spec.engine.name} hands the KV over block for block, so both roles need the same TP size",
-            "give both roles the same tensorParallelSize, or leave both 0",
-        )
     rates = {
         "prefill": _prefill_rate(prefill, wanted.input_tokens),
         "decode": _decode_rate(decode, wanted.input_tokens, wanted.output_tokens),
@@ -129,6 +122,38 @@ def plan_disaggregated(spec: MiniMaxM3DeploymentSpec, plan_role: Callable[[MiniM
     )
 
 
+def plan_roles(spec: MiniMaxM3DeploymentSpec, plan_role: Callable[[MiniMaxM3DeploymentSpec], Plan]) -> dict[Role, Plan]:
+    """Each role's worker as a replica of its own (what its pods are rendered from), with Dynamo's image."""
+    wanted = spec.disaggregation
+    if wanted is None:
+        raise ValueError("plan_roles needs spec.disaggregation")
+    backend = _backend(spec)
+    image = spec.engine.image or backend.image
+    plans = {
+        role: _plan_role(spec, wanted, role, backend, plan_role).model_copy(update={"image": image}) for role in ROLES
+    }
+    prefill, decode = plans["prefill"], plans["decode"]
+    if backend.equal_tp and prefill.tensor_parallel_size != decode.tensor_parallel_size:
+        raise SpecError(
+            f"{FIELD}.prefill.parallelism.tensorParallelSize",
+            f"{prefill.tensor_parallel_size} differs from the decode workers' {decode.tensor_parallel_size}: "
+            f"{spec.engine.name} hands the KV over block for block, so both roles need the same TP size",
+            "give both roles the same tensorParallelSize, or leave both 0",
+        )
+    return plans
+
+
+def prefill_count(d: DisaggregationPlan, decode_replicas: int) -> int:
+    """Prefill workers for `decode_replicas` decode workers: the plan's count at the plan's decode count, else the
+    ratio in force applied to the new count (the autoscaler's)."""
+    if decode_replicas == d.decode.replicas:
+        return d.prefill.replicas
+    if decode_replicas == 0:
+        return 0
+    p, q = (int(x) for x in d.ratio.split(":"))
+    return max(1, -(-decode_replicas * p // q)) if q else d.prefill.replicas
+
+
 def _backend(spec: MiniMaxM3DeploymentSpec) -> DynamoBackend:
     if spec.accelerator not in ACCELERATORS:
         raise SpecError(
@@ -152,7 +177,10 @@ def _plan_role(
     plan_role: Callable[[MiniMaxM3DeploymentSpec], Plan],
 ) -> Plan:
     """One worker of `role` as an aggregated replica of its own; errors name the role's fields."""
-    asked = _role_spec(wanted, role).parallelism
+    # A role without a layout of its own takes spec.parallelism's.
+    own = _role_spec(wanted, role).parallelism
+    inherited = own == ParallelismSpec()
+    asked = spec.parallelism if inherited else own
     auto = Strategy(asked.strategy) == Strategy.AUTO
     strategy = backend.default_strategy[role] if auto else Strategy(asked.strategy)
     # A prefill worker holds the prompt it prefills (one of up to maxModelLen per rank); a decode worker the
@@ -162,7 +190,7 @@ def _plan_role(
         return plan_role(_role_view(spec, asked, strategy, sequences))
     except SpecError as exc:
         if not (auto and strategy == Strategy.DP_EP):
-            raise _for_role(exc, role) from None
+            raise _for_role(exc, role, inherited) from None
     # DEP needs a whole sequence in one rank: at this context it does not fit, so the role falls back to TEP.
     fallback = plan_role(_role_view(spec, asked, Strategy.TP_EP, sequences))
     note = f"{role}: a {spec.context.max_model_len}-token sequence does not fit one DEP rank, so tp-ep (TEP)"
@@ -177,9 +205,11 @@ def _role_view(
     return spec.model_copy(update={"parallelism": parallelism, "context": context, "disaggregation": None})
 
 
-def _for_role(exc: SpecError, role: Role) -> SpecError:
-    """The planner's error about one role's layout, naming the role's own fields."""
+def _for_role(exc: SpecError, role: Role, inherited: bool) -> SpecError:
+    """The planner's error about one role's layout, naming the role's own fields (unless it took spec.parallelism)."""
     field = exc.field
+    if inherited:
+        return SpecError(field, f"{role} workers: {exc.problem}", exc.fix)
     if field.startswith("spec.parallelism"):
         field = f"{FIELD}.{role}.parallelism" + field.removeprefix("spec.parallelism")
     fix = exc.fix.replace("tensorParallelSize", f"disaggregation.{role}.parallelism.tensorParallelSize")

@@ -56,6 +56,12 @@ CONFIG_MAP = Kind("v1", "ConfigMap", "configmaps")
 NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 POD_DISRUPTION_BUDGET = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 SECRET = Kind("v1", "Secret", "secrets")
+# A disaggregated fleet (spec.disaggregation): the identity Dynamo's Kubernetes discovery runs as, or the
+# DynamoGraphDeployment the Dynamo operator runs.
+SERVICE_ACCOUNT = Kind("v1", "ServiceAccount", "serviceaccounts")
+ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles")
+ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
+DYNAMO_GRAPH_DEPLOYMENT = Kind("nvidia.com/v1beta1", "DynamoGraphDeployment", "dynamographdeployments")
 M3D = Kind("m3fleet.dev/v1alpha1", "MiniMaxM3Deployment", "minimaxm3deployments")
 # Read only: why pods wait for a node (status), and serving pods' time to ready (the autoscaler).
 POD = Kind("v1", "Pod", "pods")
@@ -78,10 +84,14 @@ CHILD_KINDS = (
     CONFIG_MAP,
     COMPUTE_DOMAIN,
     DEPLOYMENT,
+    DYNAMO_GRAPH_DEPLOYMENT,
     LEADER_WORKER_SET,
     NETWORK_POLICY,
     POD_DISRUPTION_BUDGET,
+    ROLE,
+    ROLE_BINDING,
     SERVICE,
+    SERVICE_ACCOUNT,
 )
 BY_KIND = {(k.api_version, k.kind): k for k in (*CHILD_KINDS, SECRET, M3D, CACHE, JOB, DAEMON_SET, LEASE, EVENT)}
 

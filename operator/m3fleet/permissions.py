@@ -50,12 +50,45 @@ RBAC: tuple[Grant, ...] = (
         "`spec.autoscaling.prometheus.caSecretRef` names, and whether a model cache's token Secret exists "
         "(metadata only)",
     ),
+    Grant(
+        "",
+        "serviceaccounts",
+        CHILD_VERBS,
+        "a disaggregated fleet's ServiceAccount `<name>-dynamo`, which Dynamo's Kubernetes discovery runs as",
+    ),
+    Grant("rbac.authorization.k8s.io", "roles", CHILD_VERBS, "a disaggregated fleet's discovery Role `<name>-dynamo`"),
+    Grant(
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        CHILD_VERBS,
+        "binds a disaggregated fleet's discovery Role to its own ServiceAccount only",
+    ),
+    Grant(
+        "nvidia.com",
+        "dynamoworkermetadatas",
+        ("create", "delete", "get", "list", "patch", "update", "watch"),
+        "never used by the operator: held so it may grant them in a disaggregated fleet's discovery Role (the API "
+        "server lets a Role grant only what its creator holds)",
+    ),
+    Grant(
+        "discovery.k8s.io",
+        "endpointslices",
+        ("get", "list", "watch"),
+        "never used by the operator: granted on in a disaggregated fleet's discovery Role (which pods are ready)",
+    ),
+    Grant(
+        "nvidia.com",
+        "dynamographdeployments",
+        CHILD_VERBS,
+        "a disaggregated fleet rendered as a DynamoGraphDeployment for the Dynamo operator",
+    ),
     Grant("", "events", ("create", "list"), "Events on its resources; the kubelet's `Pulled` events (time to ready)"),
     Grant(
         "",
         "pods",
-        ("list", "watch", "patch"),
-        "why a rollout waits and the autoscaler's time to ready (list/watch); on an autoscaled scale-down, the "
+        ("get", "list", "watch", "patch"),
+        "why a rollout waits and the autoscaler's time to ready (list/watch); get is granted on to a disaggregated "
+        "fleet's discovery Role; on an autoscaled scale-down, the "
         f"`{POD_DELETION_COST}` annotation (patch, and with `rbac.admissionPolicy` nothing else, and only on "
         "m3fleet's pods)",
     ),

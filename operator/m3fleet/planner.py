@@ -45,7 +45,7 @@ from m3fleet.catalog import (
     ModelVariant,
 )
 from m3fleet.catalog.facts import POD_SHM_GIB
-from m3fleet.disaggregation import plan_disaggregated
+from m3fleet.disaggregation import plan_disaggregated, plan_roles
 from m3fleet.errors import SpecError
 from m3fleet.sizing import Fit, Layout, evaluate
 from m3fleet.text import tokens as format_tokens
@@ -62,6 +62,11 @@ def plan(spec: MiniMaxM3DeploymentSpec) -> Plan:
     if spec.disaggregation is not None:
         return plan_disaggregated(spec, _plan_replica)
     return _plan_replica(spec)
+
+
+def role_plans(spec: MiniMaxM3DeploymentSpec) -> dict[str, Plan]:
+    """A disaggregated resource's prefill and decode workers, each planned as a replica of its own."""
+    return {str(role): p for role, p in plan_roles(spec, _plan_replica).items()}
 
 
 def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:

@@ -40,6 +40,7 @@ class DeploymentReason(StrEnum):
     MODEL_CACHE_NOT_FOUND = "ModelCacheNotFound"
     LEADER_WORKER_SET_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
     COMPUTE_DOMAIN_NOT_INSTALLED = "ComputeDomainNotInstalled"
+    DYNAMO_NOT_INSTALLED = "DynamoNotInstalled"
     SECRETS_FORBIDDEN = "SecretsForbidden"
     NAME_CONFLICT = "NameConflict"
     APPLY_FAILED = "ApplyFailed"
@@ -86,6 +87,7 @@ BLOCKING_REASONS: Final = (
     _D.MODEL_CACHE_NOT_FOUND,
     _D.LEADER_WORKER_SET_NOT_INSTALLED,
     _D.COMPUTE_DOMAIN_NOT_INSTALLED,
+    _D.DYNAMO_NOT_INSTALLED,
     _D.SECRETS_FORBIDDEN,
     _D.NAME_CONFLICT,
     _D.APPLY_FAILED,
@@ -133,6 +135,9 @@ DEPLOYMENT_REASON_MEANINGS: Final[Mapping[Reason, str]] = {
     "API (leaderworkerset.x-k8s.io/v1): install LeaderWorkerSet v0.9 or newer, or plan a replica that fits one node.",
     _D.COMPUTE_DOMAIN_NOT_INSTALLED: "Multi-node GB200 replicas need the NVIDIA DRA driver's ComputeDomain API "
     "(resource.nvidia.com/v1beta1), which the cluster does not serve.",
+    _D.DYNAMO_NOT_INSTALLED: "spec.disaggregation.renderAs DynamoGraphDeployment and the cluster does not serve the "
+    "Dynamo operator's DynamoGraphDeployment API (nvidia.com/v1beta1): install NVIDIA Dynamo's platform chart, or "
+    "render as pods.",
     _D.SECRETS_FORBIDDEN: "The plan needs a Secret (the TensorRT-LLM multi-node SSH key) in a namespace where the "
     "operator is granted none: add it to the chart's rbac.secretNamespaces.",
     _D.NAME_CONFLICT: "An object the resource does not control holds a child's name; it is left as it is and "

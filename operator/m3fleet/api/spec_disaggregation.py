@@ -40,8 +40,9 @@ class DisaggregationRoleSpec(CamelModel):
     )
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec,
-        description="This role's layout; strategy auto takes the engine's default for the role (TensorRT-LLM: TEP "
-        "for prefill, DEP for decode when a sequence fits one rank; vLLM and SGLang: tp-ep for both).",
+        description="This role's layout (unset: spec.parallelism's); strategy auto takes the engine's default for "
+        "the role (TensorRT-LLM: TEP for prefill, DEP for decode when a sequence fits one rank; vLLM and SGLang: "
+        "tp-ep for both).",
     )
 
 

@@ -23,6 +23,7 @@ DISCOVERY_BACKEND: Final = "kubernetes"
 REQUEST_PLANE: Final = "tcp"  # no NATS
 EVENT_PLANE: Final = "zmq"  # KV events from the workers to the router, no NATS
 ROUTER_MODE: Final = "kv"
+M3_PARSER: Final = "minimax_m3"  # Dynamo's own tool-call and reasoning parsers for M3 (dynamo._core registers both)
 # Kubernetes discovery: each worker records itself in a DynamoWorkerMetadata (nvidia.com/v1alpha1, the CRD ships
 # with Dynamo's platform chart) and readiness is read from the EndpointSlices of the Services in front of the pods
 # (strings of the 1.6.1 runtime, dynamo_runtime::discovery::kube).

@@ -36,7 +36,7 @@ from m3fleet.render import cache_mount, labels, render, replacement_notice, requ
 from m3fleet.render.ownership import NameConflict, conflict, conflict_message, controlled_by
 
 Key = tuple[str, str, str]  # apiVersion, kind, name
-WORKLOAD_KINDS = frozenset({"Deployment", "LeaderWorkerSet"})
+WORKLOAD_KINDS = frozenset({"Deployment", "LeaderWorkerSet", "DynamoGraphDeployment"})
 SERVED_TTL_SECONDS = 30.0  # discovery is asked again this often: an API installed later is noticed within it
 CONFLICT_RETRY_SECONDS = 10.0  # a name held by a foreign object is looked at again this often (it sends no event)
 MODEL_CACHE_FIELD = "spec.model.cacheRef.name"
@@ -46,6 +46,12 @@ MISSING_API = {
         DeploymentReason.LEADER_WORKER_SET_NOT_INSTALLED,
         "a replica spans {nodes} nodes and needs the LeaderWorkerSet API (leaderworkerset.x-k8s.io/v1), which this "
         "cluster does not serve: install LeaderWorkerSet v0.9 or newer, or plan a replica that fits one node",
+    ),
+    "DynamoGraphDeployment": (
+        DeploymentReason.DYNAMO_NOT_INSTALLED,
+        "spec.disaggregation.renderAs DynamoGraphDeployment needs the Dynamo operator's DynamoGraphDeployment API "
+        "(nvidia.com/v1beta1), which this cluster does not serve: install NVIDIA Dynamo's platform chart, or set "
+        "renderAs pods to let m3fleet run the frontend and workers itself",
     ),
     "ComputeDomain": (
         DeploymentReason.COMPUTE_DOMAIN_NOT_INSTALLED,
@@ -238,10 +244,13 @@ def decide(seen: Observed) -> Work:
         if key not in wanted_keys and controlled_by(obj, uid)
     ]
     replaced = {}
-    for kind in sorted({p.kind for p in prune} & WORKLOAD_KINDS):
-        notice = replacement_notice(kind, plan)
-        if notice is not None:
-            replaced[kind] = notice
+    for gone in prune:
+        if gone.kind in WORKLOAD_KINDS and gone.kind not in replaced:
+            # A workload named other than the resource is a disaggregated fleet's (<name>-prefill, -decode, ...).
+            was_disaggregated = gone.name != name or gone.kind == "DynamoGraphDeployment"
+            notice = replacement_notice(gone.kind, plan, was_disaggregated)
+            if notice is not None:
+                replaced[gone.kind] = notice
     status = body.get("status") or {}
     ref = resource.spec.model.cache_ref
     required = ref is not None and ref.node_affinity == "Required"

@@ -43,7 +43,14 @@ from m3fleet.controller.decide import (
 )
 from m3fleet.controller.events import Events, KopfEvents
 from m3fleet.controller.secrets import ssh_key_secret
-from m3fleet.controller.status import Blocked, Workload, create_failure, pods_per_replica, status_update
+from m3fleet.controller.status import (
+    Blocked,
+    Workload,
+    create_failure,
+    desired_replicas,
+    pods_per_replica,
+    status_update,
+)
 from m3fleet.kubeapi import ApiError, Kind, KubeApi
 from m3fleet.render import labels, set_owner
 from m3fleet.render.ownership import controlled_by
@@ -178,7 +185,7 @@ class Reconciler:
         now = time.monotonic()
         if self._served is not None and now - self._served[0] < SERVED_TTL_SECONDS:
             return self._served[1]
-        optional = (kubeapi.LEADER_WORKER_SET, kubeapi.COMPUTE_DOMAIN)
+        optional = (kubeapi.LEADER_WORKER_SET, kubeapi.COMPUTE_DOMAIN, kubeapi.DYNAMO_GRAPH_DEPLOYMENT)
         flags = await asyncio.gather(*(self.api.served(k) for k in optional))
         served = {k.kind for k in kubeapi.CHILD_KINDS if k not in optional} | {
             k.kind for k, ok in zip(optional, flags, strict=True) if ok
@@ -311,9 +318,7 @@ class Reconciler:
         workload = work.workload
         if workload is None:
             raise ValueError("a reconcile that is not blocked applies a workload")
-        report = Workload.from_live(
-            workload["spec"]["replicas"], live.get(key_of(workload)), pods_per_replica(workload)
-        )
+        report = Workload.from_live(desired_replicas(workload), live.get(key_of(workload)), pods_per_replica(workload))
         if not report.all_ready:
             pods = await self.api.list(kubeapi.POD, namespace, labels.owned_selector(name))
             refused = None

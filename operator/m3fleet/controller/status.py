@@ -104,6 +104,16 @@ class Workload:
         )
 
 
+def desired_replicas(workload: Mapping[str, Any]) -> int:
+    """The replicas a rendered workload asks for: its spec.replicas, or a DynamoGraphDeployment's decode workers
+    (what spec.replicas counts for a disaggregated fleet)."""
+    spec = workload.get("spec") or {}
+    if "replicas" in spec:
+        return int(spec["replicas"])
+    components = spec.get("components") or []
+    return sum(int(c.get("replicas") or 0) for c in components if c.get("type") == "decode")
+
+
 def pods_per_replica(workload: Mapping[str, Any]) -> int:
     """Engine pods per replica of a rendered workload: a LeaderWorkerSet group's size, else 1."""
     template = (workload.get("spec") or {}).get("leaderWorkerTemplate") or {}

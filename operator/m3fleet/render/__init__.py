@@ -14,190 +14,65 @@ rest `<name>-<suffix>`. The CRD's root CEL rules on metadata.name
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from typing import Any
 
 from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
-from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, ModelCacheRef, NodeAffinityMode, Plan
+from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, ModelCacheRef, NodeAffinityMode, Plan, RenderAs
 from m3fleet.engines import Context, EngineLaunch, Role, launch
-from m3fleet.engines.base import SERVING_PORT, CacheMount
+from m3fleet.engines.base import CacheMount
 from m3fleet.errors import SpecError
+from m3fleet.planner import role_plans
 from m3fleet.render import labels
-from m3fleet.render.pod import pod_security_level, pod_template
-
-LWS_API = "leaderworkerset.x-k8s.io/v1"
-COMPUTE_DOMAIN_API = "resource.nvidia.com/v1beta1"
-PROGRESS_DEADLINE_SECONDS = 2 * 60 * 60  # a rollout includes pulling a large image and loading 427B weights
-SERVICE_SUFFIX = "api"
-NETWORK_POLICY_SUFFIX = "ingress"
-POD_SECURITY_ANNOTATION = "m3fleet.dev/pod-security-level"  # the Pod Security Standard the engine pods meet
-
-
-def service_name(resource_name: str) -> str:
-    """The engine's ClusterIP Service: `<name>-api` (the LeaderWorkerSet controller owns `<name>`)."""
-    return f"{resource_name}-{SERVICE_SUFFIX}"
+from m3fleet.render.dynamo import render_pods, worker_secrets
+from m3fleet.render.dynamo_graph import render_graph
+from m3fleet.render.pod import pod_template
+from m3fleet.render.workloads import (
+    COMPUTE_DOMAIN_API,
+    LWS_API,
+    NETWORK_POLICY_SUFFIX,
+    POD_SECURITY_ANNOTATION,
+    PROGRESS_DEADLINE_SECONDS,
+    SERVICE_SUFFIX,
+    compute_domain,
+    config_digest,
+    deployment,
+    disruption_budget,
+    leader_worker_set,
+    meta,
+    network_policy,
+    service,
+    service_name,
+    workload_meta,
+)
 
 
 def context_for(resource: MiniMaxM3Deployment, plan: Plan, cache: CacheMount | None = None) -> Context:
     return Context(resource.metadata.name, resource.metadata.namespace, resource.spec, plan, cache)
 
 
-def _meta(ctx: Context, name: str, **extra: Any) -> dict[str, Any]:
-    return {"name": name, "namespace": ctx.namespace, "labels": labels.object_labels(ctx), **extra}
-
-
 def _config_map(ctx: Context, engine: EngineLaunch) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(ctx, ctx.resource_name("engine-config")),
+        "metadata": meta(ctx, ctx.resource_name("engine-config")),
         "data": dict(sorted(engine.config_files.items())),
     }
 
 
-def _config_digest(engine: EngineLaunch) -> str | None:
-    """What identifies the engine-config ConfigMap's data (None: the engine needs none)."""
-    if not engine.config_files:
-        return None
-    data = json.dumps(engine.config_files, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(data).hexdigest()[:16]
-
-
-def _compute_domain(ctx: Context) -> dict[str, Any]:
-    # One IMEX domain per resource; every group's pods claim its channel (DRA). numNodes 0: the driver
-    # follows the pods (recommended with IMEXDaemonsWithDNSNames).
-    return {
-        "apiVersion": COMPUTE_DOMAIN_API,
-        "kind": "ComputeDomain",
-        "metadata": _meta(ctx, ctx.resource_name("compute-domain")),
-        "spec": {
-            "numNodes": 0,
-            "channel": {"resourceClaimTemplate": {"name": ctx.resource_name("compute-domain-channel")}},
-        },
-    }
-
-
-def _security_annotation(ctx: Context, engine: EngineLaunch) -> dict[str, str]:
-    """Which `pod-security.kubernetes.io/enforce` level the namespace may have for these pods to be admitted."""
-    return {POD_SECURITY_ANNOTATION: pod_security_level(ctx, list(engine.containers.values())).value}
-
-
-def _workload_meta(ctx: Context, engine: EngineLaunch) -> dict[str, Any]:
-    """The Deployment's or LeaderWorkerSet's metadata: spec.podTemplate's labels and annotations go here too, where
-    the integrations read them on the workload object itself. Kueue (kueue.sigs.k8s.io, "Run LeaderWorkerSet")
-    admits a LeaderWorkerSet group as one Workload from `kueue.x-k8s.io/queue-name` in the LeaderWorkerSet's
-    metadata.labels; "Run Deployment" reads it from the pod template (the pod integration), where pod_template
-    puts it on every engine pod as well."""
-    passthrough = ctx.spec.pod_template.metadata
-    meta = _meta(ctx, ctx.name, annotations={**passthrough.annotations, **_security_annotation(ctx, engine)})
-    meta["labels"] = {**passthrough.labels, **meta["labels"]}
-    return meta
-
-
-def _rolling(ctx: Context) -> dict[str, int]:
-    # maxSurge 0 by default: replace a replica in place rather than needing a spare GPU node.
-    return {"maxSurge": ctx.spec.rollout.max_surge, "maxUnavailable": ctx.spec.rollout.max_unavailable}
-
-
 def _deployment(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, Any]:
     container = engine.containers[Role.SINGLE]
-    template = pod_template(ctx, Role.SINGLE, container, _config_digest(engine), None)
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _workload_meta(ctx, engine),
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {labels.NAME: ctx.name, labels.ROLE: Role.SINGLE.value}},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": _rolling(ctx)},
-            "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
-            "template": template,
-        },
-    }
+    template = pod_template(ctx, Role.SINGLE, container, config_digest(engine.config_files), None)
+    metadata = workload_meta(ctx, ctx.name, engine.containers.values())
+    return deployment(ctx, metadata, template, replicas, {labels.NAME: ctx.name, labels.ROLE: Role.SINGLE.value})
 
 
 def _leader_worker_set(ctx: Context, engine: EngineLaunch, replicas: int) -> dict[str, Any]:
     ssh = engine.ssh_secret
-    config = _config_digest(engine)
+    config = config_digest(engine.config_files)
     leader = pod_template(ctx, Role.LEADER, engine.containers[Role.LEADER], config, ssh)
     worker = pod_template(ctx, Role.WORKER, engine.containers[Role.WORKER], config, ssh)
-    return {
-        "apiVersion": LWS_API,
-        "kind": "LeaderWorkerSet",
-        "metadata": _workload_meta(ctx, engine),
-        "spec": {
-            "replicas": replicas,
-            "startupPolicy": "LeaderCreated",
-            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": _rolling(ctx)},
-            "leaderWorkerTemplate": {
-                "size": ctx.plan.nodes_per_replica,
-                # One rank dying breaks the collective: restart the whole group.
-                "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": leader,
-                "workerTemplate": worker,
-            },
-        },
-    }
-
-
-def _service(ctx: Context) -> dict[str, Any]:
-    port = ctx.engine.port
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _meta(ctx, service_name(ctx.name)),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": labels.serving_selector(ctx.name),
-            "ports": [{"name": SERVING_PORT, "port": port, "targetPort": SERVING_PORT, "protocol": "TCP"}],
-        },
-    }
-
-
-def _disruption_budget(ctx: Context) -> dict[str, Any]:
-    """Evictions (a node drain, a cluster upgrade) take at most one engine pod at a time, so at most one replica is
-    down while it reloads hundreds of GB of weights: in a LeaderWorkerSet the evicted pod's group restarts, and its
-    pods then count as unavailable until it is back. One replica's pod can still go (a drain never waits on a fleet
-    of one), and an unready pod can always go (a pod that never loads holds no drain)."""
-    selector = {labels.NAME: ctx.name, "app.kubernetes.io/component": "engine"}
-    return {
-        "apiVersion": "policy/v1",
-        "kind": "PodDisruptionBudget",
-        "metadata": _meta(ctx, ctx.name),
-        "spec": {
-            "maxUnavailable": 1,
-            "selector": {"matchLabels": selector},
-            "unhealthyPodEvictionPolicy": "AlwaysAllow",
-        },
-    }
-
-
-def _network_policy(ctx: Context) -> dict[str, Any]:
-    """Ingress to the resource's pods: its own pods on every port (a multi-node group's rendezvous, NCCL, MPI and
-    SSH traffic), this namespace's pods and spec.network.allowFrom on the API port, spec.network.metricsFrom
-    (Prometheus) on the metrics port, which is the API port for every engine. Egress is not restricted (weights and
-    the chat template may come from the Hugging Face hub)."""
-    network = ctx.spec.network
-
-    def port() -> list[dict[str, Any]]:  # a fresh list per rule: YAML output must not share anchors
-        return [{"protocol": "TCP", "port": ctx.engine.port}]
-
-    def own() -> dict[str, Any]:
-        return {"podSelector": {"matchLabels": {labels.NAME: ctx.name}}}
-
-    ingress: list[dict[str, Any]] = [
-        {"from": [own()]},
-        {"from": [{"podSelector": {}}, *copy.deepcopy(network.allow_from)], "ports": port()},
-    ]
-    if network.metrics_from:
-        ingress.append({"from": copy.deepcopy(network.metrics_from), "ports": port()})
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _meta(ctx, ctx.resource_name(NETWORK_POLICY_SUFFIX)),
-        "spec": {"podSelector": own()["podSelector"], "policyTypes": ["Ingress"], "ingress": ingress},
-    }
+    metadata = workload_meta(ctx, ctx.name, engine.containers.values())
+    return leader_worker_set(ctx, metadata, leader, worker, replicas)
 
 
 def workload_kind(plan: Plan) -> str:
@@ -206,11 +81,29 @@ def workload_kind(plan: Plan) -> str:
     return "LeaderWorkerSet" if plan.nodes_per_replica > 1 else "Deployment"
 
 
-def replacement_notice(running: str, plan: Plan) -> str | None:
+def replacement_notice(running: str, plan: Plan, was_disaggregated: bool = False) -> str | None:
     """What a spec change does to a fleet whose replicas run in a `running` (the workload kind) when the new
-    plan puts them in the other kind (the webhook warns with it, the operator's Event repeats it); None when
-    the kind stays. The two kinds are separate objects with separate rollouts, so rollout.maxSurge and
-    maxUnavailable cannot bridge them."""
+    plan puts them in the other kind, or switches between aggregated replicas and disaggregated Dynamo workers
+    (the webhook warns with it, the operator's Event repeats it); None when the kind stays. The two are separate
+    objects with separate rollouts, so rollout.maxSurge and maxUnavailable cannot bridge them."""
+    d = plan.disaggregation
+    gap = (
+        "its replicas are deleted once the new workloads exist, not once they are ready: the fleet serves nothing "
+        "until the new ones are ready (rollout.maxSurge and maxUnavailable do not apply across the two)"
+    )
+    if d is not None and not was_disaggregated:
+        return (
+            f"spec.disaggregation replaces the aggregated {running} with NVIDIA Dynamo's frontend, "
+            f"{d.prefill.replicas} prefill and {d.decode.replicas} decode workers ({d.ratio}, as {d.render_as}): {gap}"
+        )
+    if d is None and was_disaggregated:
+        after = workload_kind(plan)
+        return (
+            f"removing spec.disaggregation replaces the disaggregated fleet (Dynamo frontend, prefill and decode "
+            f"workers; its {running}) with aggregated replicas in a {after}: {gap}"
+        )
+    if d is not None:
+        return None  # between disaggregated shapes each role's workload rolls on its own
     after = workload_kind(plan)
     if running == after:
         return None
@@ -228,23 +121,35 @@ def render(
     MiniMaxM3ModelCache that spec.model.cacheRef names (needed when it is set)."""
     if resource.spec.model.cache_ref is not None and cache is None:
         cache_mount(resource, None)  # raises: which cache is missing, and the fix
+    count = resource.spec.replicas if replicas is None else replicas
+    if plan.disaggregation is not None:
+        return _render_disaggregated(resource, plan, count, cache)
     ctx = context_for(resource, plan, cache)
     engine = launch(ctx)
-    count = resource.spec.replicas if replicas is None else replicas
     objects: list[dict[str, Any]] = []
     if engine.config_files:
         objects.append(_config_map(ctx, engine))
     if ctx.multi_node and plan.accelerator == Accelerator.GB200:
-        objects.append(_compute_domain(ctx))
+        objects.append(compute_domain(ctx))
     if workload_kind(plan) == "LeaderWorkerSet":
         objects.append(_leader_worker_set(ctx, engine, count))
     else:
         objects.append(_deployment(ctx, engine, count))
     if resource.spec.network.ingress_policy:
-        objects.append(_network_policy(ctx))  # before the Service exposes the pods
-    objects.append(_disruption_budget(ctx))
-    objects.append(_service(ctx))
+        objects.append(network_policy(ctx, ctx.engine.port))  # before the Service exposes the pods
+    objects.append(disruption_budget(ctx))
+    objects.append(service(ctx, ctx.engine.port))
     return objects
+
+
+def _render_disaggregated(
+    resource: MiniMaxM3Deployment, plan: Plan, decode_replicas: int, cache: CacheMount | None
+) -> list[dict[str, Any]]:
+    """spec.disaggregation: Dynamo's frontend and workers as pods, or one DynamoGraphDeployment."""
+    roles = role_plans(resource.spec)
+    if plan.disaggregation is not None and plan.disaggregation.render_as == RenderAs.DYNAMO_GRAPH_DEPLOYMENT:
+        return render_graph(resource, plan, roles, decode_replicas, cache)
+    return render_pods(resource, plan, roles, decode_replicas, cache)
 
 
 def cache_mount(resource: MiniMaxM3Deployment, cache: MiniMaxM3ModelCache | None) -> CacheMount | None:
@@ -287,6 +192,10 @@ def check(resource: MiniMaxM3Deployment, plan: Plan, cache: MiniMaxM3ModelCache 
 
 def required_secrets(resource: MiniMaxM3Deployment, plan: Plan) -> list[str]:
     """Secrets the controller must generate (never rendered: their content is not in the spec)."""
+    if plan.disaggregation is not None:
+        if plan.disaggregation.render_as == RenderAs.DYNAMO_GRAPH_DEPLOYMENT:
+            return []  # the Dynamo operator makes its own
+        return worker_secrets(resource, role_plans(resource.spec))
     ctx = context_for(resource, plan)
     secret = launch(ctx).ssh_secret
     return [secret] if secret is not None else []
@@ -309,6 +218,12 @@ def set_owner(obj: dict[str, Any], owner: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = [
+    "COMPUTE_DOMAIN_API",
+    "LWS_API",
+    "NETWORK_POLICY_SUFFIX",
+    "POD_SECURITY_ANNOTATION",
+    "PROGRESS_DEADLINE_SECONDS",
+    "SERVICE_SUFFIX",
     "cache_mount",
     "check",
     "context_for",
