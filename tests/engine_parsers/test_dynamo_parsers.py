@@ -16,6 +16,7 @@ import shlex
 from typing import Any
 
 import pytest
+import yaml
 
 from m3fleet.errors import SpecError
 from tests.support.dynamo import env
@@ -135,7 +136,11 @@ def disaggregated(backend: str, accelerator: str, layout: str, input_tokens: int
 def rendered_fleets() -> list[grid.Rendered]:
     """Every sample with spec.disaggregation and the grid's specs the planner accepts (the rest are refused by
     design, e.g. a layout that does not fit the role's pool), rendered."""
-    fleets = [r for r in grid.samples() if dynamo_commands(r.label, r.objects)]
+    fleets = [
+        grid.render_document(f"sample/disaggregated/{path.stem}", yaml.safe_load(path.read_text()))
+        for path in sorted((grid.SAMPLES_DIR / "disaggregated").glob("*.yaml"))
+    ]
+    fleets += [r for r in grid.samples() if dynamo_commands(r.label, r.objects)]
     for backend, accelerator, layout, input_tokens in itertools.product(BACKENDS, ACCELERATORS, LAYOUTS, INPUTS):
         label = f"grid/{backend}-{accelerator}-{layout}-{input_tokens}"
         with contextlib.suppress(SpecError):
