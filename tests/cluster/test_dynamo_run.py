@@ -19,6 +19,7 @@ import signal
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,9 @@ def moved(before: dict[str, float], after: dict[str, float], launches: list[Laun
 def fleet(chart: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Launch]]:
     python = dynamo_env.require_python()
     chart.apply(CRD)
-    with operated_namespace(chart, NAMESPACE, "operator-dynamo"):
+    # The stand-in model directory is made in the Dynamo venv while the operator and kwok do their part.
+    with ThreadPoolExecutor(1) as pool, operated_namespace(chart, NAMESPACE, "operator-dynamo"):
+        making_model = pool.submit(stand_in_model, tmp_path_factory.mktemp("model"), python)
         chart.apply(FLEET)
         pods = eventually(
             "the frontend, 2 prefill and 2 decode pods Running",
@@ -115,7 +118,7 @@ def fleet(chart: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         account = {p["spec"].get("serviceAccountName") for p in pods}
         assert len(account) == 1 and None not in account, f"the fleet's pods run as {account}"
         kubeconfig, _, _ = chart.service_account_kubeconfig(NAMESPACE, account.pop())
-        model = stand_in_model(tmp_path_factory.mktemp("model"), python)
+        model = making_model.result()
         launches = [plan_launch(p, p["metadata"]["labels"][ROLE_LABEL], model) for p in pods]
         # Workers first: the frontend then finds them as it starts.
         launches.sort(key=lambda launch: launch.role == "frontend")
@@ -127,9 +130,11 @@ def fleet(chart: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             eventually("the frontend serving the model", lambda: served(launches), 120)
             yield launches
         finally:
-            for launch in launches:
-                if launch.process is not None:
-                    launch.process.stop(grace=5)
+            started = [launch.process for launch in launches if launch.process is not None and launch.process.alive()]
+            for process in started:  # all at once: each takes a few seconds to unregister from discovery
+                os.killpg(process.pid, signal.SIGTERM)
+            for process in started:
+                process.stop(grace=10)
             chart.kubectl("delete", "m3d", NAME, "-n", NAMESPACE, "--wait=false", check=False)
 
 
