@@ -63,6 +63,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
         "priority": 1,
     },
+    {
+        "name": "P:D",
+        "type": "string",
+        "jsonPath": ".status.plan.disaggregation.ratio",
+        "description": "prefill:decode workers of a disaggregated fleet (spec.disaggregation)",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -25,6 +25,7 @@ def cluster() -> Iterator[Cluster]:
 SECRET_NAMESPACES = (
     "cache",
     "contract",
+    "disagg",  # test_disaggregation.py: the TensorRT-LLM multi-node workers' SSH key
     "failing",  # test_failure_status.py: a multi-node TensorRT-LLM fleet's SSH key
     "faults",  # test_faults.py: the model cache's token Secret is checked
     "groups",
