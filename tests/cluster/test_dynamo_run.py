@@ -153,8 +153,15 @@ def served(fleet: list[Launch]) -> bool:
         return False
 
 
-def test_the_rendered_commands_run_as_dynamo_frontend_and_workers(fleet: list[Launch]) -> None:
+def test_the_rendered_commands_run_as_dynamo_frontend_and_workers(chart: Cluster, fleet: list[Launch]) -> None:
     roles = by_role(fleet)
+    # Each worker recorded itself through the apiserver, as its pod, with the rendered ServiceAccount's rights.
+    workers = {launch.pod for launch in fleet if launch.role != "frontend"}
+    eventually(
+        "a DynamoWorkerMetadata per worker pod",
+        lambda: {r["metadata"]["name"] for r in chart.list("dynamoworkermetadatas", NAMESPACE)} == workers,
+        60,
+    )
     assert {role: len(launches) for role, launches in roles.items()} == {"frontend": 1, "prefill": 2, "decode": 2}
     assert roles["frontend"][0].module == "dynamo.frontend"
     assert {launch.module for launch in roles["prefill"] + roles["decode"]} == {"dynamo.vllm"}
