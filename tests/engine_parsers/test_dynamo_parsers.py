@@ -10,12 +10,18 @@ imports). Without the venv these tests fail with the build command; `M3FLEET_SKI
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import shlex
 from typing import Any
 
 import pytest
+import yaml
 
+from m3fleet.errors import SpecError
 from tests.support.dynamo import env
+from tests.support.dynamo.commands import DynamoCommand, dynamo_commands
+from tests.support.engines import grid
 from tests.support.engines.tier import needs_engines
 
 pytestmark = [pytest.mark.engine_parsers, needs_engines]
@@ -91,3 +97,130 @@ def test_checker_reads_the_container_environment() -> None:
     item = {"id": "e", "module": "dynamo.frontend", "argv": [], "env": {"DYN_ROUTER_MODE": "kv"}}
     assert env.check([item])["e"]["parsed"]["router_mode"] == "kv"
     assert env.check([{**item, "id": "d", "env": {}}])["d"]["parsed"]["router_mode"] != "kv"
+
+
+# --- every Dynamo command the operator renders -----------------------------------------------------------------------
+
+BACKENDS = ("trtllm", "vllm", "sglang")
+ACCELERATORS = ("h200", "gb200")
+# Each role's layout: the backend's defaults, and each strategy the roles can be pinned to.
+
+
+def layout(prefill: str, decode: str) -> dict[str, Any]:
+    return {"prefill": {"parallelism": {"strategy": prefill}}, "decode": {"parallelism": {"strategy": decode}}}
+
+
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "auto": {},
+    "tp-ep": layout("tp-ep", "tp-ep"),
+    "dp-ep-decode": layout("tp-ep", "dp-ep"),
+}
+INPUTS = (8_192, 32_768)
+
+
+def disaggregated(backend: str, accelerator: str, layout: str, input_tokens: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "m3fleet.dev/v1alpha1",
+        "kind": "MiniMaxM3Deployment",
+        "metadata": {"name": "grid", "namespace": grid.NAMESPACE},
+        "spec": {
+            "model": {"variant": "bf16", "source": {"pvc": {"claimName": "weights", "subPath": "m3"}}},
+            "engine": {"name": backend},
+            "accelerator": accelerator,
+            "context": {"maxModelLen": 131_072},
+            "disaggregation": {"inputTokens": input_tokens, "outputTokens": 1024, **LAYOUTS[layout]},
+        },
+    }
+
+
+def rendered_fleets() -> list[grid.Rendered]:
+    """Every sample with spec.disaggregation and the grid's specs the planner accepts (the rest are refused by
+    design, e.g. a layout that does not fit the role's pool), rendered."""
+    fleets = [
+        grid.render_document(f"sample/disaggregated/{path.stem}", yaml.safe_load(path.read_text()))
+        for path in sorted((grid.SAMPLES_DIR / "disaggregated").glob("*.yaml"))
+    ]
+    fleets += [r for r in grid.samples() if dynamo_commands(r.label, r.objects)]
+    for backend, accelerator, layout, input_tokens in itertools.product(BACKENDS, ACCELERATORS, LAYOUTS, INPUTS):
+        label = f"grid/{backend}-{accelerator}-{layout}-{input_tokens}"
+        with contextlib.suppress(SpecError):
+            fleets.append(grid.render_document(label, disaggregated(backend, accelerator, layout, input_tokens)))
+    return fleets
+
+
+FLEETS = rendered_fleets()
+COMMANDS: list[DynamoCommand] = [c for fleet in FLEETS for c in dynamo_commands(fleet.label, fleet.objects)]
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, dict[str, Any]]:
+    env.require_python()
+    return env.check([command.item() for command in COMMANDS])
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[c.id for c in COMMANDS])
+def test_dynamo_accepts_rendered_command(verdicts: dict[str, dict[str, Any]], command: DynamoCommand) -> None:
+    result = verdicts[command.id]
+    problems = []
+    if result["verdict"] != "accept":
+        problems.append(f"{command.module} rejects it at stage {result['stage']!r}:\n{result['error']}")
+    if result["unknown_spellings"]:
+        problems.append(f"not spelt as {command.module} defines the flag: {result['unknown_spellings']}")
+    unexpanded = [arg for arg in command.argv if "$(" in arg or "${" in arg]
+    if unexpanded:
+        problems.append(f"references nothing expands before Dynamo parses them: {unexpanded}")
+    if problems:
+        pytest.fail(
+            f"{command.id} (role {command.role}):\n" + "\n".join(problems) + f"\nargv: {shlex.join(command.argv)}",
+            pytrace=False,
+        )
+
+
+def worker_block_size(command: DynamoCommand, result: dict[str, Any]) -> str | None:
+    """The KV block size a worker runs with, where its backend reads it (Dynamo's flag or the engine's)."""
+    if command.module == "dynamo.trtllm":
+        return str(result["parsed"].get("kv_block_size"))
+    flag = {"dynamo.vllm": "--block-size", "dynamo.sglang": "--page-size"}[command.module]
+    return value_of(result["engine_argv"], flag)
+
+
+def value_of(argv: list[str], flag: str) -> str | None:
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def disaggregation_mode(command: DynamoCommand, result: dict[str, Any]) -> str | None:
+    if command.module == "dynamo.sglang":  # SGLang's own flag, handed to its parser
+        return value_of(result["engine_argv"], "--disaggregation-mode")
+    return str(result["parsed"].get("disaggregation_mode"))
+
+
+@pytest.mark.parametrize("fleet", FLEETS, ids=[f.label for f in FLEETS])
+def test_the_frontend_and_the_workers_of_a_fleet_find_each_other(
+    verdicts: dict[str, dict[str, Any]], fleet: grid.Rendered
+) -> None:
+    # As Dynamo parses them: the frontend routes only to workers registered under its namespace, through the same
+    # discovery backend and planes, hashing prompts in blocks of the workers' KV block size.
+    commands = dynamo_commands(fleet.label, fleet.objects)
+    frontends = [c for c in commands if c.module == "dynamo.frontend"]
+    workers = [c for c in commands if c.module != "dynamo.frontend"]
+    assert len(frontends) == 1 and {c.role for c in workers} == {"prefill", "decode"}, [c.id for c in commands]
+    frontend = verdicts[frontends[0].id]["parsed"]
+    assert frontend["router_mode"] == "kv"
+    shared = ("namespace", "discovery_backend", "request_plane", "event_plane")
+    for worker in workers:
+        result = verdicts[worker.id]
+        assert {k: result["parsed"][k] for k in shared} == {k: frontend[k] for k in shared}, worker.id
+        assert disaggregation_mode(worker, result) == worker.role, worker.id
+        assert worker_block_size(worker, result) == str(frontend["kv_cache_block_size"]), worker.id
+    assert frontend["discovery_backend"] == "kubernetes"
+
+
+def test_every_backend_and_role_is_checked() -> None:
+    # A planner change could quietly refuse a whole backend: keep each one's frontend and both roles checked.
+    for backend in BACKENDS:
+        module = f"dynamo.{backend}"
+        roles = {c.role for c in COMMANDS if c.module == module}
+        assert roles == {"prefill", "decode"}, (module, roles)
+        places = {c.id.rsplit("/", 2)[1] for c in COMMANDS if c.module == module}
+        assert "leader" in places, f"no multi-node {module} command"
+    assert sum(c.module == "dynamo.frontend" for c in COMMANDS) == len(FLEETS)

@@ -50,6 +50,7 @@ PARSED_FIELDS = (
     "served_model_name",
     "block_size",
     "kv_block_size",
+    "kv_cache_block_size",
     "http_port",
     "http_host",
 )

@@ -26,7 +26,6 @@ def env_root() -> Path:
 def find_python() -> str | None:
     """The Dynamo venv's python, or None when it is missing or built for another release than the catalog's."""
     python = os.environ.get("M3FLEET_DYNAMO_PY", "")
-    version = dynamo_version()
     if not python:
         record = env_root() / "python.env"
         if not record.is_file():
@@ -34,7 +33,7 @@ def find_python() -> str | None:
         lines = dict(line.split("=", 1) for line in record.read_text().splitlines() if "=" in line)
         python = lines.get("DYNAMO_PY", "")
         # The build script names the venv dynamo-<version>-<hash>: a record from before a bump is stale.
-        if f"/dynamo-{version}-" not in python:
+        if f"/dynamo-{dynamo_version()}-" not in python:
             return None
     return python if os.access(python, os.X_OK) else None
 
@@ -42,10 +41,10 @@ def find_python() -> str | None:
 def require_python() -> str:
     """The venv's python; fails the test (pytest.fail, no traceback) with the build command when missing."""
     try:
+        python = find_python()
         version = dynamo_version()
     except LookupError as exc:  # the catalog names no Dynamo release: nothing to check against
         pytest.fail(str(exc), pytrace=False)
-    python = find_python()
     if python is None:
         pytest.fail(f"the Dynamo {version} venv is not under {env_root()}: {BUILD_HINT}", pytrace=False)
     return python
