@@ -3,7 +3,7 @@
 // 1M-token tier), and a request belongs on the smallest tier whose context fits its prompt. Upstream GIE v1.3.0
 // has no prompt-length filter, so this one is compiled into our EPP build next to the upstream plugins.
 //
-// Every serving pod of a gatewayed fleet carries the label m3fleet.io/max-context-tokens with its tier's maximum
+// Every serving pod of a gatewayed fleet carries the label m3fleet.dev/max-context-tokens with its tier's maximum
 // context in tokens; the operator sets it, this filter reads it.
 package contexttier
 
@@ -27,7 +27,7 @@ const (
 	// Type is the plugin type name used in the EndpointPickerConfig (fixed with the operator).
 	Type = "m3fleet-context-tier"
 	// DefaultLabel is the pod label that holds a tier's maximum context in tokens (fixed with the operator).
-	DefaultLabel = "m3fleet.io/max-context-tokens"
+	DefaultLabel = "m3fleet.dev/max-context-tokens"
 	// DefaultBytesPerToken is the estimate's divisor. Tokenizers of M3's family average about 4 bytes of
 	// UTF-8 per token on English prose, 3-4 on code and on CJK text (3 bytes a character, about one token
 	// each); 3 over-estimates rather than under-estimates, because an under-estimate sends a prompt to a tier

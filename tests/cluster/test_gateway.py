@@ -26,7 +26,7 @@ POOLS = "inferencepools.inference.networking.k8s.io"
 ROUTES = "httproutes.gateway.networking.k8s.io"
 GATEWAYS = "gateways.gateway.networking.k8s.io"
 CRDS = (POOLS, ROUTES, GATEWAYS, "inferenceobjectives.inference.networking.x-k8s.io")
-MAX_CONTEXT_LABEL = "m3fleet.io/max-context-tokens"
+MAX_CONTEXT_LABEL = "m3fleet.dev/max-context-tokens"
 # The serving path's objects besides the pool and the route (kind as kubectl names it, name).
 PICKER = [
     ("deployment", f"{NAME}-epp"),

@@ -22,7 +22,7 @@ from tests.support.samples import SAMPLES_DIR, load_sample
 
 GATEWAY_SAMPLE = SAMPLES_DIR / "vllm-h200-gateway-tiers.yaml"
 POOL_KINDS = {"InferencePool", "HTTPRoute", "ServiceAccount", "Role", "RoleBinding"}
-MAX_CONTEXT_LABEL = "m3fleet.io/max-context-tokens"  # the interface with the picker's context-tier filter
+MAX_CONTEXT_LABEL = "m3fleet.dev/max-context-tokens"  # the interface with the picker's context-tier filter
 
 
 def _rendered(doc: dict[str, Any]) -> list[dict[str, Any]]:

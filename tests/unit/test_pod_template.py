@@ -35,18 +35,33 @@ def rendered(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return render(resource, plan(resource.spec))
 
 
+def _templates_of(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = workload["spec"]
+    if "template" in spec:
+        return [spec["template"]]
+    return [spec["leaderWorkerTemplate"]["leaderTemplate"], spec["leaderWorkerTemplate"]["workerTemplate"]]
+
+
+def engine_workloads(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The workloads that run engines: one per context tier (a gateway's endpoint picker is a workload too, not one
+    of them)."""
+    return [
+        o
+        for o in objects
+        if o["kind"] in WORKLOADS
+        and any(c["name"] == "engine" for t in _templates_of(o) for c in t["spec"]["containers"])
+    ]
+
+
 def workload(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    (found,) = [o for o in objects if o["kind"] in WORKLOADS]
+    """The one engine workload of a fleet without context tiers."""
+    (found,) = engine_workloads(objects)
     return found
 
 
 def pod_templates(objects: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    spec = workload(objects)["spec"]
-    if "template" in spec:
-        yield spec["template"]
-    else:
-        yield spec["leaderWorkerTemplate"]["leaderTemplate"]
-        yield spec["leaderWorkerTemplate"]["workerTemplate"]
+    for found in engine_workloads(objects):
+        yield from _templates_of(found)
 
 
 def engine(template: dict[str, Any]) -> dict[str, Any]:
@@ -62,11 +77,12 @@ def test_each_field_lands_on_every_engine_pod_and_the_workload(path: Path) -> No
     objects = rendered(with_pod_template(load_sample(path), PASSTHROUGH))
     meta = PASSTHROUGH["metadata"]
     # Kueue reads the queue name on the LeaderWorkerSet (and on a Deployment's pods); Volcano reads pods.
-    owner = workload(objects)["metadata"]
-    assert meta["labels"].items() <= owner["labels"].items()
-    assert meta["annotations"].items() <= owner["annotations"].items()
+    owners = engine_workloads(objects)
+    for owner in owners:
+        assert meta["labels"].items() <= owner["metadata"]["labels"].items()
+        assert meta["annotations"].items() <= owner["metadata"]["annotations"].items()
     templates = list(pod_templates(objects))
-    assert len(templates) == (1 if workload(objects)["kind"] == "Deployment" else 2)
+    assert len(templates) == sum(1 if owner["kind"] == "Deployment" else 2 for owner in owners)
     for template in templates:
         assert meta["labels"].items() <= template["metadata"]["labels"].items()
         assert meta["annotations"].items() <= template["metadata"]["annotations"].items()
@@ -81,9 +97,10 @@ def test_each_field_lands_on_every_engine_pod_and_the_workload(path: Path) -> No
         for other in [*pod.get("initContainers", []), *pod["containers"]]:
             if other is not engine(template):
                 assert all(m["mountPath"] != "/scratch" for m in other.get("volumeMounts", []))
-    # Nothing else carries them: the Service, the PodDisruptionBudget, the NetworkPolicy, the ConfigMap.
+    # Nothing else carries them: the Service, the PodDisruptionBudget, the NetworkPolicy, the ConfigMap, a gateway's
+    # endpoint picker.
     for other in objects:
-        if other["kind"] not in WORKLOADS:
+        if other not in owners:
             assert "kueue.x-k8s.io/queue-name" not in other["metadata"]["labels"]
 
 
@@ -93,15 +110,17 @@ def test_passthrough_never_changes_the_plan_the_flags_or_the_other_objects(path:
     changed = with_pod_template(doc, PASSTHROUGH)
     assert plan(parse_resource(changed).spec) == plan(parse_resource(doc).spec)
     before, after = rendered(doc), rendered(changed)
-    assert [o for o in after if o["kind"] not in WORKLOADS] == [o for o in before if o["kind"] not in WORKLOADS]
+    owners_before, owners_after = engine_workloads(before), engine_workloads(after)
+    assert [o for o in after if o not in owners_after] == [o for o in before if o not in owners_before]
     for old, new in zip(pod_templates(before), pod_templates(after), strict=True):
         for field in ("command", "args", "env", "resources", "securityContext", "image", "ports"):
             assert engine(new).get(field) == engine(old).get(field), field
         for field in ("nodeSelector", "tolerations", "affinity", "securityContext"):
             assert new["spec"].get(field) == old["spec"].get(field), field
     # The Pod Security level the pods meet is unchanged by an emptyDir and a configMap.
-    annotation = workload(after)["metadata"]["annotations"][POD_SECURITY_ANNOTATION]
-    assert annotation == workload(before)["metadata"]["annotations"][POD_SECURITY_ANNOTATION]
+    for old_owner, new_owner in zip(owners_before, owners_after, strict=True):
+        annotation = new_owner["metadata"]["annotations"][POD_SECURITY_ANNOTATION]
+        assert annotation == old_owner["metadata"]["annotations"][POD_SECURITY_ANNOTATION]
 
 
 @SAMPLES
@@ -137,9 +156,9 @@ def _rendered_names() -> tuple[set[str], set[str], set[str], set[str]]:
         resource = parse_resource(doc)
         renders.append(render(resource, plan(resource.spec), cache=CacheMount("m3", "/var/m3", "m3/ready", required)))
     for objects in renders:
-        owner = workload(objects)["metadata"]
-        label_keys |= set(owner["labels"])
-        annotation_keys |= set(owner.get("annotations", {}))
+        for owner in engine_workloads(objects):
+            label_keys |= set(owner["metadata"]["labels"])
+            annotation_keys |= set(owner["metadata"].get("annotations", {}))
         for template in pod_templates(objects):
             volumes |= {v["name"] for v in template["spec"]["volumes"]}
             for container in [*template["spec"].get("initContainers", []), *template["spec"]["containers"]]:

@@ -29,7 +29,7 @@ QUEUE_SCORER: Final = "queue-scorer"
 CONTEXT_TIER_FILTER: Final = "m3fleet-context-tier"  # m3fleet's filter: the smallest tier whose context fits
 FLOW_CONTROL_GATE: Final = "flowControl"  # holds requests (bounded queue, bounded time) while no endpoint can take them
 # The label every serving pod of a gatewayed fleet carries: its tier's context, read by the context-tier filter.
-MAX_CONTEXT_LABEL: Final = "m3fleet.io/max-context-tokens"
+MAX_CONTEXT_LABEL: Final = "m3fleet.dev/max-context-tokens"
 # The picker's gauge of requests its flow control holds (inference_extension subsystem), by pool.
 HELD_REQUESTS_METRIC: Final = "inference_extension_flow_control_queue_size"
 SCORER_WEIGHTS: Final[Mapping[str, int]] = {PREFIX_SCORER: 3, KV_SCORER: 2, QUEUE_SCORER: 2}  # the chart's defaults
