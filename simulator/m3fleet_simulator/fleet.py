@@ -45,9 +45,10 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, runtime_checkable
 
 from m3fleet.api.models import Plan, SloSpec
+from m3fleet.api.spec_gateway import InferenceGatewaySpec
 from m3fleet.autoscaling.signals import (
     HISTOGRAM_WINDOW_SECONDS,
     RATE_WINDOW_SECONDS,
@@ -447,6 +448,29 @@ class Autoscaler(Protocol):
     def desired(self, snapshot: MetricsSnapshot, fleet: FleetState) -> int: ...
 
 
+@runtime_checkable
+class ReadsHeldRequests(Protocol):
+    """An autoscaler that also reads the requests the gateway holds (the zero rule's signal), before each tick."""
+
+    def observe_held(self, held: float) -> None: ...
+
+
+# GIE v1.3.0's flow control bounds its queue at 1 GB of request bytes per priority band (then 429) (docs/gateway.md).
+HELD_BYTES_LIMIT: Final = 1e9
+# A held request waits until the Gateway gives up on it: the HTTPRoute's timeouts.request, spec.gateway's
+# requestTimeoutSeconds (then 504). Its default, read from the product's field.
+HELD_TIMEOUT_SECONDS: Final = float(InferenceGatewaySpec.model_fields["request_timeout_seconds"].default)
+
+
+@dataclass(frozen=True)
+class Holding:
+    """The gateway's flow control at zero ready replicas: arriving requests are held, up to `max_bytes` of them, each
+    for at most `timeout_seconds`; one refused or timed out fails (counts against attainment)."""
+
+    max_bytes: float = HELD_BYTES_LIMIT
+    timeout_seconds: float = HELD_TIMEOUT_SECONDS
+
+
 @dataclass(frozen=True)
 class GatewayModel:
     """A gateway in front of the fleet that records each request's size in bytes as it arrives (GIE's endpoint
@@ -476,6 +500,9 @@ class SimSettings:
     # A draining replica's work in flight is cut off where the engine pod stops draining (vLLM's --shutdown-timeout).
     drain_deadline_seconds: float = float(IN_FLIGHT_DEADLINE_SECONDS)
     gateway: GatewayModel | None = None  # spec.autoscaling.gateway: the gateway's request sizes are exported
+    # spec.gateway's flow control, bounded (needs `gateway`: the bound is in request bytes); None: the unbounded
+    # wait every run had before scale to zero, kept so that runs without it stay as they were.
+    holding: Holding | None = None
     rate_window_seconds: float = RATE_WINDOW_SECONDS  # spec.autoscaling.prometheus.rateWindowSeconds
 
     @property
@@ -511,6 +538,7 @@ class PolicyResult:
     scale_events: int
     peak_replicas: int
     replica_minutes: list[int] = field(default_factory=list)  # replicas billed, per minute
+    held_failed: int = 0  # requests the gateway refused (queue full) or gave up on (timeout) while holding them
 
     @property
     def admitted(self) -> int:
@@ -580,6 +608,10 @@ class Simulation:
         self.sizes = random.Random(f"{settings.gateway.seed}:request-bytes") if settings.gateway else None
         self.arrived_requests, self.arrived_bytes = 0, 0.0
         self.gateway_scrapes: list[tuple[float, int, float]] = []  # (time, requests, bytes) as the gateway counts
+        self.held: dict[int, tuple[SimRequest, float]] = {}  # with `holding`: held requests and their bytes, in order
+        self.held_keys = itertools.count()
+        self.held_failed = 0
+        self.held_scraped = 0  # the picker's held-request gauge at the last scrape
         for _ in range(initial_replicas):
             replica = self._new_replica(0.0)
             self._ready(replica)
@@ -634,7 +666,7 @@ class Simulation:
                 self._scrape()
                 self._push(t + s.scrape_seconds, self.SCRAPE)
             elif kind == self.TICK:
-                if t >= self.duration and self.in_flight == 0:
+                if t >= self.duration and self.in_flight == 0 and not self.held:
                     self.events.clear()
                     return False
                 self._tick()
@@ -660,15 +692,35 @@ class Simulation:
         if index + 1 < len(self.requests):
             self._push(self.requests[index + 1].arrival, self.ARRIVAL, index + 1)
         gateway = self.settings.gateway
+        size = 0.0
         if gateway is not None and self.sizes is not None:  # the gateway sees every request, rejected ones too
             per_token = gateway.bytes_per_token * self.sizes.lognormvariate(0.0, gateway.spread)
+            size = gateway.envelope_bytes + spec.prompt * per_token
             self.arrived_requests += 1
-            self.arrived_bytes += gateway.envelope_bytes + spec.prompt * per_token
+            self.arrived_bytes += size
         if spec.prompt + spec.output > self.limit:
             self.rejected += 1  # the engine answers 400: longer than max_model_len
             return
+        holding = self.settings.holding
+        if holding is not None and not self._serving():
+            self._hold(SimRequest(spec), size, holding)
+            return
         self.in_flight += 1
         self._route(SimRequest(spec))
+
+    def _hold(self, request: SimRequest, size: float, holding: Holding) -> None:
+        """The picker holds the request while no replica is ready: refused (429) past the byte bound, given up on
+        (504) past the timeout; either fails the request."""
+        if sum(held for _, held in self.held.values()) + size > holding.max_bytes:
+            self.held_failed += 1
+            return
+        key = next(self.held_keys)
+        self.held[key] = (request, size)
+        self._push(self.now + holding.timeout_seconds, self.CALL, lambda: self._give_up(key))
+
+    def _give_up(self, key: int) -> None:
+        if self.held.pop(key, None) is not None:
+            self.held_failed += 1
 
     def _serving(self) -> list[Replica]:
         return [r for r in self.replicas if r.ready and not r.draining and r.deleted is None]
@@ -715,6 +767,11 @@ class Simulation:
         held = list(self.gateway)
         self.gateway.clear()
         for request in held:
+            self._route(request)
+        released = [request for request, _ in self.held.values()]
+        self.held.clear()
+        for request in released:  # to the first ready replica, in the order they arrived
+            self.in_flight += 1
             self._route(request)
 
     def _new_engine(self, replica: Replica) -> Engine:
@@ -766,6 +823,7 @@ class Simulation:
     def _scrape(self) -> None:
         if self.settings.gateway is not None:
             self.gateway_scrapes.append((self.now, self.arrived_requests, self.arrived_bytes))
+        self.held_scraped = len(self.held)
         for replica in self._serving():
             engines = replica.engines
             for engine in engines:
@@ -827,6 +885,8 @@ class Simulation:
 
     def _tick(self) -> None:
         self._kill_overdue_drains()
+        if isinstance(self.autoscaler, ReadsHeldRequests):
+            self.autoscaler.observe_held(float(self.held_scraped))
         if self.autoscaler is not None:  # begin() schedules ticks only with one
             self._apply(max(0, self.autoscaler.desired(self.snapshot(), self.fleet())))
 
@@ -857,6 +917,7 @@ class Simulation:
             scale_events=self.scale_events,
             peak_replicas=max(minutes, default=0),
             replica_minutes=minutes,
+            held_failed=self.held_failed,
         )
 
 

@@ -233,6 +233,21 @@ def _sporadic_long_prompts(rng: random.Random, day: random.Random) -> list[Phase
     return [Phase(0, 60 * MINUTE, rate, prompts, CHAT_OUTPUT, "chat with sporadic long prompts")]
 
 
+def _idle_gaps(rng: random.Random, day: random.Random) -> list[Phase]:
+    """Two hours of sporadic use: 3-5 episodes of chat, each 3-8 minutes at a seeded rate, with 10-30 idle
+    minutes between them (all drawn from the seed). What a fleet idling at zero saves, and what its cold starts cost."""
+    rate = rng.uniform(0.3, 0.6)
+    phases: list[Phase] = []
+    start = rng.uniform(0, 2) * MINUTE
+    for _ in range(rng.randint(3, 5)):
+        end = start + rng.uniform(3, 8) * MINUTE
+        if end > IDLE_GAPS_DURATION:
+            break
+        phases.append(Phase(start, end, rate, CHAT_PROMPT, CHAT_OUTPUT, "chat episode"))
+        start = end + rng.uniform(10, 30) * MINUTE
+    return phases
+
+
 def _recurring_window(rng: random.Random) -> float:
     """The daily window opens between 07:00 and 17:00 UTC (whole minutes)."""
     return float(rng.randint(7 * 60, 17 * 60) * 60)
@@ -273,6 +288,8 @@ def _bursty(rng: random.Random, day: random.Random) -> list[Phase]:
     phases.append(Phase(cursor, 60 * MINUTE, BURSTY_BASE, CHAT_PROMPT, CHAT_OUTPUT, "chat"))
     return phases
 
+
+IDLE_GAPS_DURATION: Final = 120 * MINUTE
 
 # The long-context scenarios' resource: one replica to start, room for a burst, the whole 1M-token context.
 LONG_CONTEXT_FLEET: Final[dict[str, Any]] = {
@@ -327,6 +344,19 @@ SCENARIOS: dict[str, Scenario] = {
             build_phases=_recurring_burst,
             days=3,
             window_start=_recurring_window,
+        ),
+        Scenario(
+            name="idle-gaps",
+            description=(
+                "two hours of 3-5 chat episodes of 3-8 minutes at 0.3-0.6 requests/s with 10-30 idle minutes between "
+                "them (count, lengths, gaps and rate drawn from the seed): a fleet that could idle at zero"
+            ),
+            duration=IDLE_GAPS_DURATION,
+            min_replicas=1,
+            max_replicas=4,
+            initial_replicas=1,
+            max_model_len=None,
+            build_phases=_idle_gaps,
         ),
         Scenario(
             name="bursty",

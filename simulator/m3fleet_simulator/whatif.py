@@ -23,6 +23,7 @@ from m3fleet.api.models import MiniMaxM3Deployment, Plan, SloSpec, Variant
 from m3fleet.api.parse import parse_resource
 from m3fleet.autoscaling.forecast import DAY, DemandRecord, bucket_seconds, record_demand
 from m3fleet.autoscaling.policy import DEFAULT_SCALE_DOWN_PER_STEP, PolicyConfig, PolicyState, decide
+from m3fleet.autoscaling.policy.zero import zero_rule
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot
 from m3fleet.bench.results import BenchResult
 from m3fleet.catalog import VARIANTS
@@ -322,6 +323,30 @@ class ContextAware:
             demand = record_demand(demand, fleet.now, decision.terms.get("demandReplicas"), period, look_ahead)
             self.demand = DemandRecord.from_status(demand.to_status(), demand.bucket)
         return decision.desired_replicas
+
+
+@dataclass
+class ScaleToZero:
+    """The policy with the product's zero rule over it (policy/zero.py), as the operator's autoscaler applies it behind
+    a gateway with minReplicas 0: it reads the requests the gateway holds (the simulator's `Holding`) each tick."""
+
+    policy: ContextAware
+    idle_after_seconds: float  # autoscaling.scaleToZeroAfterSeconds
+    name: str = "context-aware-scale-to-zero"
+    held: float | None = None  # None until the first scrape: an unread count never takes the fleet to zero
+    last_busy: float | None = None
+
+    def observe_held(self, held: float) -> None:
+        self.held = held
+
+    def desired(self, snapshot: MetricsSnapshot, fleet: FleetState) -> int:
+        decided = self.policy.desired(snapshot, fleet)
+        busy = any((r.running or 0) + (r.waiting or 0) > 0 for r in snapshot.replicas)
+        verdict = zero_rule(
+            decided, fleet.current_replicas, self.held, busy, self.last_busy, fleet.now, self.idle_after_seconds
+        )
+        self.last_busy = verdict.last_busy
+        return verdict.replicas
 
 
 def policy_config(setup: Setup, **overrides: Any) -> PolicyConfig:

@@ -13,7 +13,9 @@ prints one row per seed and model. `--gateway` puts an inference gateway in fron
 and the oracle do not change. `--slo-ttft S` sets the resource's spec.autoscaling.slo.ttft.seconds: the policy
 sizes prefill for it and every policy is scored against it (each seed's `slo` says which SLO was used).
 `--robustness` also runs the policy with the simulator's time model x0.7 and x1.4, against the policy whose prior
-matches that engine (`checks.robustness`).
+matches that engine (`checks.robustness`). `--scale-to-zero SECONDS` (implies `--gateway`) instead runs, per seed,
+the policy at minReplicas 1 against minReplicas 0 with the zero rule and that idle window (zero.py): GPU-hours saved
+and attainment lost, with the gateway holding requests (bounded) while no replica is ready.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from m3fleet_simulator.scenarios import SCENARIOS
 from m3fleet_simulator.whatif import Setup, prepare
 
 from .report import _pct, format_text, seed_report, summarize
+from .zero import format_zero, zero_report
 
 MODELS = ("cache", "pvc", "hub")
 TIME_SCALES = (0.7, 1.4)  # issue 46 item 3: the simulator's time model x0.7 and x1.4
@@ -58,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         "--robustness", action="store_true", help="also run ours with the simulator's time model x0.7 and x1.4"
     )
     parser.add_argument("--gateway", action="store_true", help="a gateway exports request sizes (autoscaling.gateway)")
+    parser.add_argument(
+        "--scale-to-zero", type=float, metavar="SECONDS", help="minReplicas 0 with this idle window vs minReplicas 1"
+    )
     parser.add_argument("--slo-ttft", type=float, help="the SLO's fixed TTFT allowance (slo.ttft.seconds)")
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--summary-json", help="also write the summary (per-seed min/mean/max, checks) here")
@@ -68,18 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--compare-cold-start-models: unknown {unknown}; choose from {', '.join(MODELS)}")
         return compare_models(args, models)
+    if args.scale_to_zero is not None:
+        return scale_to_zero(args)
     reports = []
     for seed in parse_seeds(args.seeds):
-        setup = prepare(
-            args.scenario,
-            seed=seed,
-            minutes=args.minutes,
-            cold_start=args.cold_start,
-            cold_start_model=args.cold_start_model,
-            gateway=args.gateway,
-        )
-        if args.slo_ttft is not None:
-            setup = with_slo_ttft(setup, args.slo_ttft)
+        setup = seed_setup(args, seed, args.gateway)
         reports.append(
             seed_report(
                 setup,
@@ -100,6 +99,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def seed_setup(args: argparse.Namespace, seed: int, gateway: bool) -> Setup:
+    """One seed's run as the options describe it."""
+    setup = prepare(
+        args.scenario,
+        seed=seed,
+        minutes=args.minutes,
+        cold_start=args.cold_start,
+        cold_start_model=args.cold_start_model,
+        gateway=gateway,
+    )
+    return setup if args.slo_ttft is None else with_slo_ttft(setup, args.slo_ttft)
+
+
 def with_slo_ttft(setup: Setup, seconds: float) -> Setup:
     """The same run with spec.autoscaling.slo.ttft.seconds set, validated as `kubectl apply` would."""
     body = setup.resource.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -109,6 +121,18 @@ def with_slo_ttft(setup: Setup, seconds: float) -> Setup:
     except (InputError, SpecError, SpecErrors) as error:
         raise SystemExit(f"--slo-ttft: {error}") from None
     return replace(setup, resource=resource)
+
+
+def scale_to_zero(args: argparse.Namespace) -> int:
+    """Per seed: the policy at minReplicas 1 against minReplicas 0 with the zero rule (zero.py)."""
+    if args.scale_to_zero < 0:
+        raise SystemExit(f"--scale-to-zero: {args.scale_to_zero:g} is negative; give the idle window in seconds (>= 0)")
+    rows = []
+    for seed in parse_seeds(args.seeds):
+        rows.append(zero_report(seed_setup(args, seed, gateway=True), args.scale_to_zero))
+        print(f"seed {seed} done", file=sys.stderr, flush=True)
+    sys.stdout.write(json.dumps(rows, indent=1) + "\n" if args.output == "json" else format_zero(rows))
+    return 0
 
 
 def compare_models(args: argparse.Namespace, models: list[str]) -> int:

@@ -18,6 +18,7 @@ from tests.bench.autoscaling import oracle as bench_oracle
 from tests.bench.autoscaling import report as bench_report
 from tests.bench.autoscaling.baselines import Schedule
 from tests.support.autoscaling.plans import sample_plan
+from tests.support.autoscaling.simulation import outside_fleet
 from tests.support.samples import SAMPLES_DIR, load_sample
 
 SLICES = {  # minutes
@@ -42,23 +43,6 @@ def run(plan_len: int, model: PerfModel, requests: list[Request], counts: list[i
     )
     sim.run()
     return sim
-
-
-def outside_fleet(requests: list[Request]) -> Simulation:
-    """A started simulation with no autoscaler: its replicas are the names given to `follow`, ready at once."""
-    plan = sample_plan()
-    live = Simulation(
-        plan,
-        PerfModel.from_plan(plan),
-        requests,
-        None,
-        duration=60.0,
-        initial_replicas=0,
-        cold_starts=(0.0,),
-        measured_cold_starts=(),
-    )
-    live.begin()
-    return live
 
 
 def test_one_request_alone_meets_its_unloaded_times() -> None:
