@@ -49,6 +49,7 @@ from tests.support.cluster.epp import (
 from tests.support.cluster.extproc import Gateway, Routed
 from tests.support.cluster.fleet import operated_namespace, renamed, sample, wait_ready
 from tests.support.cluster.image import Image, unpacked
+from tests.support.cluster.nodes import LOOPBACK_NODE_SELECTOR
 from tests.support.ports import free_port
 
 NAMESPACE = "gateway-epp"
@@ -63,9 +64,15 @@ GATEWAY = {
 }
 
 
+def on_loopback_nodes(document: dict[str, Any]) -> dict[str, Any]:
+    """On the H200 nodes whose pods have loopback addresses, where the stand-ins listen and the picker dials them."""
+    document["spec"].setdefault("nodePool", {})["nodeSelector"] = dict(LOOPBACK_NODE_SELECTOR)
+    return document
+
+
 def gatewayed(name: str, replicas: int, short_replicas: int | None = None) -> dict[str, Any]:
     """The gateway sample (vLLM on H200 behind `inference-gateway`), with a short tier of `short_replicas` or none."""
-    document = renamed(sample("vllm-h200-gateway-tiers"), name, NAMESPACE)
+    document = on_loopback_nodes(renamed(sample("vllm-h200-gateway-tiers"), name, NAMESPACE))
     document["spec"]["replicas"] = replicas
     tiers = [{"name": "short", "maxModelLen": SHORT_CONTEXT, "replicas": short_replicas}]
     document["spec"]["gateway"]["tiers"] = tiers if short_replicas is not None else []
@@ -74,7 +81,7 @@ def gatewayed(name: str, replicas: int, short_replicas: int | None = None) -> di
 
 def sglang_gatewayed(name: str) -> dict[str, Any]:
     """SGLang on H200 (its sample) behind the same Gateway: its picker reads SGLang's own metric names."""
-    document = renamed(sample("sglang-h200-bf16-tp8"), name, NAMESPACE)
+    document = on_loopback_nodes(renamed(sample("sglang-h200-bf16-tp8"), name, NAMESPACE))
     document["spec"]["gateway"] = {"gatewayRef": {"name": GATEWAY["metadata"]["name"]}}
     return document
 

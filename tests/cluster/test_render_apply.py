@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.support.cluster import dra
+from tests.support.cluster import dra, epp
 from tests.support.cluster.cluster import BIN, REPO, SAMPLES, Cluster
 from tests.support.cluster.contract import install_crd
 
@@ -27,6 +27,7 @@ SAMPLE_NAMESPACE = "llm"  # every sample's
 def cluster_with_crds(cluster: Cluster) -> Cluster:
     dra.install(cluster)
     install_crd(cluster.kubectl, cluster.control_plane, str(REPO / "crds"))
+    epp.install_crds(cluster, epp.build())  # the gateway sample's InferencePool and HTTPRoute (GIE, Gateway API)
     cluster.namespace(SAMPLE_NAMESPACE)
     return cluster
 

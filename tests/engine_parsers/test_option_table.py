@@ -70,6 +70,10 @@ VALUES: dict[str, str] = {
     "attn_cp_size": "2",
     "dcp_size": "2",
     "moe_dp_size": "2",
+    # owned since speculative decoding (issue 48): the draft's shape is the plan's
+    "speculative_num_steps": "2",
+    "speculative_eagle_topk": "1",
+    "speculative_num_draft_tokens": "3",
 }
 SGLANG_VALUES = {"kv_cache_dtype": "fp8_e4m3", "tool_call_parser": "minimax-m3", "reasoning_parser": "minimax-m3"}
 # The engines consume `--config FILE` before argparse (they read the file and splice its flags in), so no parser

@@ -35,9 +35,10 @@ from tests.support.ports import free_port
 REPO = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO / ".ci" / "control-plane.sh"
 SERVICE_CIDR = "10.0.0.0/16"  # room for a Service per resource of the 300-resource benchmark
-# kwok hands these out. Loopback (every 127.x address is local on Linux), so a test can run an engine stand-in on a
-# pod's own address, where a component that dials pods by IP (the endpoint picker) finds it; nothing else dials them.
-POD_CIDR = "127.244.0.0/16"
+# kwok hands these out to pods on nodes without a pod CIDR of their own; nothing dials them. Not loopback: the
+# apiserver refuses loopback addresses in EndpointSlices, so Services (LeaderWorkerSet's headless one, Dynamo's
+# discovery) would list no pod. Pods that must be dialled (the endpoint picker's) run on nodes.LOOPBACK_POD_CIDR's.
+POD_CIDR = "10.244.0.0/16"
 LWS_NAMESPACE = "lws-system"
 POD_FAILURE_STAGES = Path(__file__).parent / "kwok" / "pod-failures.yaml"
 ENGINE_IMAGE_KEY = ".spec.containers[0].image"  # how the pod failure stages choose their pods

@@ -1,8 +1,8 @@
 """m3fleet's endpoint picker (EPP) on the cluster tier: its build (.ci/epp.sh: GIE v1.3.0's EPP with our
 m3fleet-context-tier filter), the GIE CRDs from the module it pins, the EPP run as a process on loopback against the
 real apiserver with a ServiceAccount token as its pod would have, and engine stand-ins on the serving pods' own
-addresses (kwok gives pods loopback IPs: controlplane.POD_CIDR) that export their engine's real metric format and
-answer completions with their pod's name."""
+addresses (kwok gives pods on the nodes with nodes.LOOPBACK_POD_CIDR loopback IPs) that export their engine's real
+metric format and answer completions with their pod's name."""
 
 from __future__ import annotations
 

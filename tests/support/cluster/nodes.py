@@ -30,6 +30,7 @@ class NodeSpec:
     gpu_resource: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     extended: dict[str, str] = field(default_factory=dict)  # other device-plugin resources (RDMA NICs)
+    pod_cidr: str = ""  # kwok gives this node's pods addresses from it (else its --cidr)
 
     @property
     def pool(self) -> str:
@@ -105,12 +106,28 @@ def _mi355x(i: int) -> NodeSpec:
     )
 
 
+# H200 nodes whose pods get loopback addresses (every 127.x address is local on Linux), so a test can run an engine
+# stand-in on a pod's own address, where a component that dials pods by IP (the endpoint picker) finds it. Their
+# product label differs, so only a fleet that selects it (spec.nodePool.nodeSelector) lands here: the apiserver
+# refuses loopback addresses in EndpointSlices, which every other fleet's Services need.
+LOOPBACK_POD_CIDR = "127.244.0.0/16"
+LOOPBACK_NODE_SELECTOR = {"nvidia.com/gpu.product": "NVIDIA-H200-loopback-pods"}
+
+
+def _h200_loopback(i: int) -> NodeSpec:
+    node = _h200(i)
+    return replace(
+        node, name=f"h200-lo{i}", labels={**node.labels, **LOOPBACK_NODE_SELECTOR}, pod_cidr=LOOPBACK_POD_CIDR
+    )
+
+
 NODES: tuple[NodeSpec, ...] = (
     NodeSpec("system-0", "amd64", cpu="16", memory="65842360Ki"),
     *(_h200(i) for i in range(7)),  # 7: every single-node H200 sample at once (the gateway sample runs two tiers)
     *(_gb200(i) for i in range(4)),
     *(_b200(i) for i in range(2)),
     *(_mi355x(i) for i in range(4)),
+    *(_h200_loopback(i) for i in range(5)),  # tests/cluster/test_gateway_epp.py's five serving pods
 )
 
 
@@ -139,7 +156,10 @@ def node_object(spec: NodeSpec, ip: str) -> dict[str, Any]:
                 **spec.labels,
             },
         },
-        "spec": {"taints": taints},
+        "spec": {
+            "taints": taints,
+            **({"podCIDR": spec.pod_cidr, "podCIDRs": [spec.pod_cidr]} if spec.pod_cidr else {}),
+        },
         "status": {
             "capacity": capacity,
             "allocatable": _allocatable(spec),
