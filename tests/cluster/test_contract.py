@@ -21,8 +21,11 @@ from m3fleet.api.models import KIND
 
 EXAMPLES = int(os.environ.get("M3FLEET_CONTRACT_EXAMPLES", "2500"))
 # Only a guard that admitted documents are drawn at all (what the tests prove is agreement): since the CRDs check
-# every child value (selectors, tolerations, names, images), 5-11% of the random drafts are admitted, not 10-12%.
-MIN_ADMITTED = 0.05
+# every child value (selectors, tolerations, names, images), 5-11% of the random drafts were admitted, and with
+# spec.gateway, spec.disaggregation and spec.speculativeDecoding (each with CEL rules most random drafts break) one
+# run saw 5.4%. 2% of 2,500 is still 50 admitted documents: the floor proves both verdicts are drawn without
+# failing on the draw's own spread (about half a point at this size).
+MIN_ADMITTED = 0.02
 
 
 @pytest.fixture(scope="module")
