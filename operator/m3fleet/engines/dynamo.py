@@ -86,6 +86,12 @@ def runtime_env() -> dict[str, str]:
     }
 
 
+# How many times the frontend may move a request to another worker when its worker is lost, times out or sheds load
+# (Dynamo's `--migration-limit`, 0 = off by default). On: a fleet that loses a pod mid-request (a rollout, a node
+# drain) otherwise answers 503 for what was in flight on it. Three bounds one request's retries at three lost workers.
+MIGRATION_LIMIT = 3
+
+
 def frontend_command(ctx: Context, plan: DisaggregationPlan) -> list[str]:
     backend = BACKENDS[EngineName(ctx.plan.engine)]
     events = [] if backend.engine != EngineName.TRTLLM else ["--no-router-kv-events"]  # M3 on TRT-LLM: no reuse
@@ -102,6 +108,8 @@ def frontend_command(ctx: Context, plan: DisaggregationPlan) -> list[str]:
         *events,
         "--kv-cache-block-size",
         str(backend.kv_block_size),
+        "--migration-limit",
+        str(MIGRATION_LIMIT),
         *runtime_args(ctx),
     ]
 
