@@ -21,6 +21,8 @@ LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prio
 # A finished mean this many times the mean prompt of the requests that reached a first token (the prompt-token
 # and first-token counters) says the two histograms saw different requests: the replica teaches nothing then.
 FINISHED_PROMPT_SKEW: Final = 2.0
+# Finished requests a replica's prompt and TTFT histograms need in the window before their means teach anything.
+LEARN_MIN_REQUESTS: Final = 3
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,7 @@ def learned_prefill(
         floors, caps = [], []
         for r in fresh:
             p, t, q = r.prompt_tokens, r.ttft_seconds, r.queue_seconds
-            if p is None or t is None or p.count < 3 or t.count < 3:
+            if p is None or t is None or p.count < LEARN_MIN_REQUESTS or t.count < LEARN_MIN_REQUESTS:
                 continue
             mean_prompt = p.total / p.count
             if mean_prompt < config.long_prompt_tokens:

@@ -16,6 +16,14 @@ from m3fleet.catalog.throughput import MULTI_NODE_EFFICIENCY as MULTI_NODE_EFFIC
 from m3fleet.catalog.throughput import PREFILL_TOKENS_PER_GPU_SECOND as PREFILL_TOKENS_PER_GPU_SECOND
 
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+# The prefill utilisation planned for never falls below this share, however tight the TTFT bound: below it the
+# arriving load is noise beside one prompt, and a bound no utilisation meets must not ask for unbounded replicas.
+PREFILL_UTILISATION_FLOOR: Final = 0.05
+# A snapshot (or a replica's sample) older than max(this, STALE_AFTER_INTERVALS ticks) is stale: a scrape every
+# 15-30 s (the chart's PodMonitor) misses two in a row before it, and a longer tick would otherwise judge its own
+# previous snapshot stale.
+STALE_AFTER_MIN_SECONDS: Final = 60.0
+STALE_AFTER_INTERVALS: Final = 4.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +125,7 @@ class PolicyConfig:
             "panic_threshold": autoscaling.panic_threshold,
             "cold_start_seconds": float(autoscaling.cold_start_seconds),
             "slo": autoscaling.slo,
-            "stale_after_seconds": max(60.0, 4.0 * autoscaling.interval_seconds),
+            "stale_after_seconds": max(STALE_AFTER_MIN_SECONDS, STALE_AFTER_INTERVALS * autoscaling.interval_seconds),
             "forecast": autoscaling.forecast.enabled,
             "forecast_margin_seconds": float(autoscaling.forecast.margin_seconds),
             "forecast_period_seconds": float(autoscaling.forecast.period_seconds),
@@ -154,7 +162,7 @@ class PolicyConfig:
             return self.prefill_target
         t = prompt_tokens / (per_replica or self.prefill_tokens_per_second)
         allowed = 1.0 - t / self.ttft_objective_seconds(prompt_tokens, t)
-        return max(0.05, min(self.prefill_target_cap, self.prefill_safety * allowed))
+        return max(PREFILL_UTILISATION_FLOOR, min(self.prefill_target_cap, self.prefill_safety * allowed))
 
     def ttft_objective_seconds(self, prompt_tokens: float, unloaded_prefill_seconds: float) -> float:
         """The TTFT a prompt is planned to meet: the SLO's bound at its length and unloaded prefill time."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from m3fleet.autoscaling.policy.capacity import Capacity, checked_capacity, learned_prefill
 from m3fleet.autoscaling.policy.config import PolicyConfig
@@ -24,6 +24,10 @@ from m3fleet.autoscaling.policy.gateway import Arrivals, gateway_arrivals
 from m3fleet.autoscaling.policy.state import PolicyState
 from m3fleet.autoscaling.policy.terms import bin_term, kv_term, prefill_term
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot, ReplicaSignals
+
+# "What finished recently" for a burst's shift test: a high quantile of the window's finished prompts, so one long
+# prompt among chat does not set it (the mean would), while a tenth of the window's requests being long does.
+RECENT_PROMPT_QUANTILE: Final = 0.9
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ def _arriving_prompt_length(
     own queue, see `_queued_prompt_tokens`). Within a rate window of a burst the ratio still mixes in the old
     regime. See `prompt_estimate`."""
     per_running = positive_ratio(load.resident, load.running)
-    recent = load.histogram.quantile(0.9) if load.histogram else None
+    recent = load.histogram.quantile(RECENT_PROMPT_QUANTILE) if load.histogram else None
     if arrivals.requests and arrivals.prompt_tokens is not None:
         seen, previous = arrivals.prompt_tokens / arrivals.requests, state.prompt_tokens
         if previous is not None and seen >= SHIFT * previous:
