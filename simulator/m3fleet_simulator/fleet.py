@@ -79,13 +79,16 @@ class PerfModel:
 
     prefill_linear: float  # s per prompt token
     prefill_quadratic: float  # s per prompt token per token of prompt length (MSA indexer)
-    decode_step: float  # s per iteration
+    decode_step: float  # s per iteration (one target forward pass)
     decode_per_sequence: float
     decode_per_context_token: float  # the index-K scan; TP does not shard it
     token_budget: int
     max_num_seqs: int
     capacity_tokens: int
     watermark: float = 0.01
+    # Tokens an iteration emits per decoding sequence: speculative decoding's acceptance length (the plan's prior),
+    # else 1. One target pass verifies the drafts, prefill chunk or not, so a mixed iteration emits as many.
+    tokens_per_step: float = 1.0
 
     @classmethod
     def from_plan(cls, plan: Plan) -> PerfModel:
@@ -95,18 +98,19 @@ class PerfModel:
         multi_node = plan.gpus_per_replica / ranks > plan.gpus_per_node
         speed = gpus / 8 * PREFILL_SPEED.get(accel, 1.0) * (MULTI_NODE_PREFILL_EFFICIENCY if multi_node else 1.0)
         step = 0.025 * DECODE_STEP_SCALE.get(accel, 1.0) * (MULTI_NODE_DECODE_PENALTY if multi_node else 1.0)
-        # Speculative decoding emits the acceptance length's tokens per target step: decode time per token shrinks by
-        # it (the plan's prior; the draft's own forward pass is small beside the target's and left out).
+        # Speculative decoding emits the acceptance length's tokens per target step (the plan's prior; the draft's own
+        # forward pass is small beside the target's and left out, as is the verification of rejected tokens).
         per_step = plan.speculative_decoding.acceptance_length_prior if plan.speculative_decoding else 1.0
         return cls(
             prefill_linear=20e-6 / speed,
             prefill_quadratic=1e-11 / speed,
-            decode_step=step / per_step,
-            decode_per_sequence=5e-5 / per_step,
-            decode_per_context_token=3e-9 / per_step,
+            decode_step=step,
+            decode_per_sequence=5e-5,
+            decode_per_context_token=3e-9,
             token_budget=2048,
             max_num_seqs=256,
             capacity_tokens=int(plan.kv_cache_tokens_per_rank * ENGINE_CAPACITY_FACTOR) // 128 * 128,
+            tokens_per_step=per_step,
         )
 
     def scaled(self, prefill: float, decode: float) -> PerfModel:
@@ -128,7 +132,10 @@ class PerfModel:
         return prompt * max(self.decode_step / self.token_budget, self.token_cost(prompt))
 
     def unloaded_itl(self, context: float) -> float:
-        return self.decode_step + self.decode_per_sequence + self.decode_per_context_token * context
+        """Seconds per output token of a sequence decoding alone."""
+        return (
+            self.decode_step + self.decode_per_sequence + self.decode_per_context_token * context
+        ) / self.tokens_per_step
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -137,6 +144,7 @@ class PerfModel:
             "decodeStepSeconds": self.decode_step,
             "decodeSecondsPerSequence": self.decode_per_sequence,
             "decodeSecondsPerContextToken": self.decode_per_context_token,
+            **({"tokensPerDecodeStep": self.tokens_per_step} if self.tokens_per_step != 1.0 else {}),
             "tokenBudget": self.token_budget,
             "maxNumSeqs": self.max_num_seqs,
             "kvTokensPerEngine": self.capacity_tokens,
@@ -228,7 +236,7 @@ class Engine:
         self.dstart_sum = 0.0
         self.reserved_dec = 0.0
         self.reserved = 0.0
-        self.D = 0.0  # decode steps done (every decoding request advanced this many tokens)
+        self.D = 0.0  # tokens every decoding request advanced (iterations x tokens_per_step)
         self.P = 0.0  # prompt tokens prefilled so far
         self.t = sim.now
         self.version = 0
@@ -259,7 +267,7 @@ class Engine:
         if self.prefilling is not None or self.n_dec:
             iterations = dt / self._iteration()
             if self.n_dec:
-                self.D += iterations
+                self.D += iterations * self.m.tokens_per_step
             if self.prefilling is not None:
                 self.P += iterations * self.m.token_budget
         self.t = now
@@ -281,8 +289,8 @@ class Engine:
         if self.n_dec:
             top = self._top(self.dec_heap, DECODE)
             if top is not None:
-                best = min(best, (top[0] - self.D) * iteration)
-            best = min(best, max(0.0, self.cap - self.used()) / self.n_dec * iteration)
+                best = min(best, (top[0] - self.D) / self.m.tokens_per_step * iteration)
+            best = min(best, max(0.0, self.cap - self.used()) / self.n_dec / self.m.tokens_per_step * iteration)
         return now + max(0.0, best) if best < math.inf else None
 
     # transitions ------------------------------------------------------------------------------
@@ -861,7 +869,11 @@ class Simulation:
             engine=str(self.plan.engine),
             time=self.now + off,
             replicas=tuple(
-                replace(s, sample_time=None if s.sample_time is None else s.sample_time + off)
+                replace(
+                    s,
+                    sample_time=None if s.sample_time is None else s.sample_time + off,
+                    acceptance_length=self._acceptance_length(s),
+                )
                 for s in (
                     signals_from_scrapes(r.name, r.scrapes, self.settings, self.prompt_bounds)
                     for r in self._serving()
@@ -871,6 +883,14 @@ class Simulation:
             window_seconds=self.settings.rate_window_seconds,
             gateway=gateway_signals(self.gateway_scrapes, self.settings) if self.gateway_scrapes else None,
         )
+
+    def _acceptance_length(self, signals: ReplicaSignals) -> float | None:
+        """What vLLM's speculative-decoding counters read over the rate window (1 + accepted / drafts): the engine
+        model's tokens per step, the plan's prior; None without a draft or with nothing decoded in the window."""
+        draft = self.plan.speculative_decoding
+        if draft is None or not signals.generation_tokens_rate:
+            return None
+        return draft.acceptance_length_prior
 
     def fleet(self) -> FleetState:
         starting = [r for r in self.replicas if not r.ready and r.deleted is None]

@@ -1,7 +1,8 @@
 """The context-length-aware scaling policy. Pure: no I/O, no clock (time is `FleetState.now`).
 
 One call per tick: `decide(config, state, snapshot, fleet) -> (Decision, PolicyState)`. The need,
-in (fractional) replicas, is the largest of three terms:
+in (fractional) replicas, is the largest of four terms (policy/constants.py lists them and every constant, with
+why):
 
 * **kv** — KV-token demand over KV-token supply: resident tokens + queued prompt tokens + the
   expected decode growth of running requests, against `kvCacheUtilization` x the per-replica
@@ -31,6 +32,10 @@ in (fractional) replicas, is the largest of three terms:
   bytes per prompt token measured against what the engines prefilled: a burst of long prompts is sized
   from its first scrape, while the engines have prefilled none of it (they count a prompt at its first
   token).
+* **decode** — arriving output tokens (the request rate x the output per request) against what a
+  replica decodes with a full batch (MAX_DECODE_BATCH_PER_RANK sequences a rank, the catalog's step
+  model), times the acceptance length with speculative decoding (each target step then emits that many
+  tokens a sequence; measured by the engines' counters, the plan's cited prior before).
 
 Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
 scale-down window wins; the window forgets a burst once its long prompts stopped arriving, and until

@@ -36,14 +36,21 @@ class Capacity:
 def acceptance_length(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> dict[str, Any] | None:
     """Speculative decoding's tokens per target forward pass: the median the replicas' own counters measured, else
     the plan's prior (catalog.speculative: 2.7 for the EAGLE3 draft, from its model card; 1 for MTP, unpublished).
-    It sets how many tokens a decode step emits, so the time a request stays resident at a given decode rate; None
-    without a draft."""
+    It sets how many tokens a decode step emits, so how long a sequence decodes at a given step time (the decode
+    term, `tokens_per_step`); None without a draft."""
     if config.acceptance_length_prior is None:
         return None
     measured = [r.acceptance_length for r in fresh if r.acceptance_length]
     if not measured:
         return {"tokensPerStep": config.acceptance_length_prior, "source": "prior"}
     return {"tokensPerStep": round(median(measured), 3), "source": "engines", "prior": config.acceptance_length_prior}
+
+
+def tokens_per_step(capacity: Capacity) -> float:
+    """Tokens a decode step emits per sequence: the acceptance length `checked_capacity` reported (measured, else the
+    prior), 1 without a draft."""
+    speculative = capacity.status.get("acceptanceLength")
+    return float(speculative["tokensPerStep"]) if speculative else 1.0
 
 
 def checked_capacity(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> Capacity:

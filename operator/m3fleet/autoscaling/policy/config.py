@@ -12,6 +12,7 @@ from m3fleet.autoscaling.forecast import Bounds, ScheduleWindow, bounds_at, pars
 # Prefill throughput prior, prompt tokens per second per GPU at long context (a stand-in for a
 # measured profile; UNVERIFIED), shared with the disaggregation planner. Multi-node replicas lose some of it to
 # inter-node traffic.
+from m3fleet.catalog.throughput import DECODE_STEP_SECONDS, MULTI_NODE_DECODE_PENALTY
 from m3fleet.catalog.throughput import MULTI_NODE_EFFICIENCY as MULTI_NODE_EFFICIENCY
 from m3fleet.catalog.throughput import PREFILL_TOKENS_PER_GPU_SECOND as PREFILL_TOKENS_PER_GPU_SECOND
 
@@ -35,6 +36,9 @@ class PolicyConfig:
     ranks_per_replica: int
     max_model_len: int
     prefill_tokens_per_second: float  # per replica
+    # An idle target decode step of one rank (HBM-bound: the weights read once), the catalog's prior for the plan's
+    # accelerator, x the penalty when a replica spans nodes; the decode term adds the batch's share (terms.py).
+    decode_step_seconds: float = DECODE_STEP_SECONDS["h200"]
     # Speculative decoding: tokens a target forward pass emits, assumed until the engines' counters measure it (the
     # plan's prior; None without a draft). Each decode step then advances a request by this many tokens.
     acceptance_length_prior: float | None = None
@@ -110,6 +114,8 @@ class PolicyConfig:
             "ranks_per_replica": max(1, plan.data_parallel_size),
             "max_model_len": plan.max_model_len,
             "prefill_tokens_per_second": per_gpu * gpus * efficiency,
+            "decode_step_seconds": DECODE_STEP_SECONDS.get(str(plan.accelerator), DECODE_STEP_SECONDS["h200"])
+            * (MULTI_NODE_DECODE_PENALTY if plan.nodes_per_replica > 1 else 1.0),
             "acceptance_length_prior": (
                 plan.speculative_decoding.acceptance_length_prior if plan.speculative_decoding else None
             ),

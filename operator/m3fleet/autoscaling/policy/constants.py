@@ -76,6 +76,14 @@ TERMS: Final[tuple[Term, ...]] = (
         "engine waits for that engine, so a queue occupies its own replica",
     ),
     Term(
+        "decode",
+        "output tokens/s arriving over a replica's decode throughput at the KV target: a full batch per step x the "
+        "acceptance length (speculative decoding; 1 without a draft) over the step time",
+        "an engine runs at most its batch of sequences at once, each advancing one target step at a time; a draft "
+        "makes each step emit the acceptance length's tokens, so a sequence decodes, and holds its batch slot, for "
+        "1/acceptance of the steps (measured from vLLM's and SGLang's counters; the plan's cited prior before)",
+    ),
+    Term(
         "forecast",
         "replicas the next look-ahead needed at this time in each of the last two periods",
         "demand that recurs daily is ordered a time-to-ready ahead; one period is no pattern",
@@ -485,6 +493,7 @@ FROM_SPEC: Final = frozenset(
         "ranks_per_replica",
         "max_model_len",
         "prefill_tokens_per_second",
+        "decode_step_seconds",
         "acceptance_length_prior",
         "min_replicas",
         "max_replicas",

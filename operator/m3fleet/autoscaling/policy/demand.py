@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from m3fleet.autoscaling.policy.capacity import Capacity, checked_capacity, learned_prefill
+from m3fleet.autoscaling.policy.capacity import Capacity, checked_capacity, learned_prefill, tokens_per_step
 from m3fleet.autoscaling.policy.config import PolicyConfig
 from m3fleet.autoscaling.policy.estimates import (
     LEVEL_JUMP,
@@ -22,7 +22,7 @@ from m3fleet.autoscaling.policy.estimates import (
 )
 from m3fleet.autoscaling.policy.gateway import Arrivals, gateway_arrivals
 from m3fleet.autoscaling.policy.state import PolicyState
-from m3fleet.autoscaling.policy.terms import bin_term, kv_term, prefill_term
+from m3fleet.autoscaling.policy.terms import bin_term, decode_term, kv_term, prefill_term
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot, ReplicaSignals
 
 # "What finished recently" for a burst's shift test: a high quantile of the window's finished prompts, so one long
@@ -158,7 +158,7 @@ def compute_terms(
     fleet: FleetState,
     horizon: float,
 ) -> Terms:
-    """The three needs (KV, long-request bins, prefill) and the numbers behind them; the largest wins."""
+    """The four needs (KV, long-request bins, prefill, decode) and the numbers behind them; the largest wins."""
     now, fresh = fleet.now, health.fresh
     checked = checked_capacity(config, fresh)
     capacity, rank_capacity = checked.replica, checked.rank
@@ -210,7 +210,9 @@ def compute_terms(
     if arrivals.status is not None:
         prefill_status = {**prefill_status, "gateway": arrivals.status}
 
-    candidates = {"kv": kv.replicas, "bin": bin_replicas, "prefill": prefill.replicas}
+    decode = decode_term(config, prefill.request_rate, isl, output, rank_capacity, tokens_per_step(checked))
+
+    candidates = {"kv": kv.replicas, "bin": bin_replicas, "prefill": prefill.replicas, "decode": decode.replicas}
     dominant = max(candidates, key=lambda k: candidates[k])
     values = {
         "kvReplicas": kv.replicas,
@@ -220,7 +222,10 @@ def compute_terms(
         # The need without the replicas kept busy by backlogs: what the arriving load itself needs. The
         # forecast records this (a backlog is a symptom of the last cold start, not demand to pre-provision).
         "demandReplicas": max(
-            (load.resident + kv.growth) / (config.kv_target * capacity), bin_replicas, prefill.arrival_replicas
+            (load.resident + kv.growth) / (config.kv_target * capacity),
+            bin_replicas,
+            prefill.arrival_replicas,
+            decode.replicas,
         ),
         "kvDemandTokens": kv.demand,
         "residentTokens": load.resident,
@@ -237,6 +242,11 @@ def compute_terms(
         "prefillUtilisationTarget": prefill.utilisation,
         "prefillArrivalReplicas": prefill.arrival_replicas,
         "prefillBacklogReplicas": prefill.backlog_replicas,
+        "decodeReplicas": decode.replicas,
+        "arrivingOutputTokensPerSecond": decode.output_rate,
+        "decodeTokensPerSecondPerReplica": decode.per_replica,
+        "decodeStepSeconds": decode.step_seconds,
+        "tokensPerDecodeStep": decode.tokens_per_step,
         "runningRequests": load.running,
         "waitingRequests": load.waiting,
         "horizonSeconds": horizon,

@@ -1,5 +1,5 @@
-"""The three needs, in (fractional) replicas: KV tokens, long-request bins and prefill (the package's docstring
-says what each counts)."""
+"""The four needs, in (fractional) replicas: KV tokens, long-request bins, prefill and decode (the package's
+docstring says what each counts)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ from m3fleet.autoscaling.policy.estimates import (
 from m3fleet.autoscaling.policy.gateway import Arrivals
 from m3fleet.autoscaling.policy.state import PolicyState
 from m3fleet.autoscaling.signals import FleetState, ReplicaSignals
+from m3fleet.catalog.throughput import (
+    DECODE_SECONDS_PER_CONTEXT_TOKEN,
+    DECODE_SECONDS_PER_SEQUENCE,
+    MAX_DECODE_BATCH_PER_RANK,
+)
 
 
 def _pairing_bins(items: Sequence[float], bin_size: float) -> float:
@@ -162,3 +167,37 @@ def prefill_term(
         utilisation,
         in_flight,
     )
+
+
+@dataclass(frozen=True)
+class DecodeTerm:
+    replicas: float
+    output_rate: float  # output tokens arriving per second: the request rate x the output per request
+    per_replica: float  # output tokens/s one replica emits with a full batch
+    step_seconds: float  # one target step of a full batch
+    tokens_per_step: float  # per sequence: the acceptance length with a draft, else 1
+
+
+def decode_term(
+    config: PolicyConfig,
+    request_rate: float,
+    prompt_tokens: float,
+    output_tokens: float,
+    rank_capacity: float,
+    tokens_per_step: float,
+) -> DecodeTerm:
+    """Output tokens arriving per second over what a replica decodes with a full batch, at the KV target (the batch's
+    sequences are the sequence count's twin of the KV's tokens). Each rank runs at most MAX_DECODE_BATCH_PER_RANK
+    sequences; a target step costs the idle step + a share per sequence + a share per resident token (the batch's
+    contexts, at most the rank's KV), the catalog's priors. With speculative decoding each step emits the acceptance
+    length's tokens per sequence (`tokens_per_step`), so at a given request rate a sequence decodes, and holds its
+    slot in the batch, for 1/acceptance of the steps, and a replica's decode throughput is that many times larger
+    (the draft's own pass and the verification of the drafted tokens are left out: an upper bound)."""
+    batch = MAX_DECODE_BATCH_PER_RANK
+    resident = min(batch * (prompt_tokens + output_tokens / 2.0), rank_capacity)
+    step = (
+        config.decode_step_seconds + batch * DECODE_SECONDS_PER_SEQUENCE + DECODE_SECONDS_PER_CONTEXT_TOKEN * resident
+    )
+    per_replica = config.ranks_per_replica * batch * tokens_per_step / step
+    output_rate = request_rate * output_tokens
+    return DecodeTerm(output_rate / (config.kv_target * per_replica), output_rate, per_replica, step, tokens_per_step)
