@@ -177,8 +177,11 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         throughput,
         "MAX_DECODE_BATCH_PER_RANK",
         "sequences per rank",
-        B.CITED,
-        "the engines' default cap on running sequences per DP rank (max_num_seqs)",
+        B.PRIOR,
+        "running sequences per DP rank (the engine's max_num_seqs; m3fleet sets none). Found in this audit: vLLM "
+        "0.33.0 defaults to 1024 on GPUs of 70 GiB or more and 256 below (engine/arg_utils.py); the simulator and "
+        "the disaggregation planner share 256, so the decode term errs towards more replicas. Kept for now: "
+        "changing it moves every benchmark figure",
     ),
     Constant(
         P,
@@ -434,7 +437,8 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         "STALE_AFTER_MIN_SECONDS",
         "s",
         B.PHYSICAL,
-        "two missed scrapes at the PodMonitor's 30 s: older metrics are no longer the fleet's",
+        "two missed scrapes at 30 s, the longest interval the chart's engine PodMonitor advises: older metrics are no "
+        "longer the fleet's",
     ),
     Constant(
         config,
@@ -449,7 +453,8 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         "RATE_WINDOW_SECONDS",
         "s",
         B.CITED,
-        "Prometheus rate() needs two samples in its window: four 15 s scrapes",
+        "a rate needs two samples in its window, and Prometheus advises a range of at least 4x the scrape interval "
+        "(15 s)",
     ),
     Constant(
         signals,
