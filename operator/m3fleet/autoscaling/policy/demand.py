@@ -1,5 +1,5 @@
 """From a metrics snapshot to the need: which replicas' metrics can be used (`check_health`), then the arriving
-prompt length, the queues, the three terms and the numbers behind them (`compute_terms`)."""
+prompt length, the queues, the four terms and the numbers behind them (`compute_terms`)."""
 
 from __future__ import annotations
 
