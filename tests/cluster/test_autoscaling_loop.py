@@ -37,6 +37,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.support.autoscaling.prom import GatewayLoad, MetricsServer, prometheus
@@ -65,6 +66,7 @@ from tests.support.ports import free_port
 from m3fleet.api import parse_resource
 from m3fleet.autoscaling.policy import POD_DELETION_COST
 from m3fleet.planner import plan as make_plan
+from m3fleet.planner import plan_tier
 
 GATEWAY_MODEL = "MiniMaxAI/MiniMax-M3"
 
@@ -352,6 +354,64 @@ def test_sglang_and_tensorrt_llm_formats_drive_the_same_loop(
         finally:
             for name in documents:
                 delete(chart, name, NAMESPACE)
+
+
+TIERED, SHORT = "loop-tiers", "loop-tiers-short"  # the fleet (its own, 512k tier) and its short tier's workload
+
+
+def test_each_context_tier_scales_on_its_own_demand(chart: Cluster, operator: OperatorProcess, tmp_path: Path) -> None:
+    """A gatewayed fleet with a short context tier (spec.gateway.tiers): each tier is its own Deployment, its
+    pods' series carry the tier label, and the autoscaler sizes each on its own series and plan. The short tier's
+    demand rises while the long tier's stays quiet: only the short tier grows. Then the other way round: the long
+    tier grows and the short one shrinks back, each within its own bounds, recorded in its own place of status
+    and named in the Events. (No Gateway API here: the engines are applied all the same.)"""
+    document = fleet(TIERED, "act", "vllm-h200-gateway-tiers")
+    document["spec"]["autoscaling"]["maxReplicas"] = 2
+    (tier,) = document["spec"]["gateway"]["tiers"]
+    tier.update(replicas=1, minReplicas=1, maxReplicas=2)
+    resource = parse_resource(document)
+    plans = {TIERED: make_plan(resource.spec), SHORT: plan_tier(resource.spec, 0)}
+    assert plans[SHORT].max_model_len < plans[TIERED].max_model_len
+    targets = tmp_path / "targets.json"
+    workdir = tmp_path / "prom"
+    workdir.mkdir()
+    with StandIns(chart, targets, plans) as standins, prometheus(workdir, scrape_config(targets)) as url:
+        try:
+            document["spec"]["autoscaling"]["prometheus"]["url"] = url
+            chart.apply(document)
+            eventually("a stand-in on each tier", lambda: standins.up(TIERED) == 1 and standins.up(SHORT) == 1, 120)
+
+            def at(main: int, short: int) -> bool:
+                counts = (replicas(chart, TIERED), replicas(chart, SHORT), standins.up(TIERED), standins.up(SHORT))
+                return counts == (main, short, main, short)
+
+            def recorded() -> dict[str, Any]:
+                return autoscaling(chart, TIERED)
+
+            # The short tier's demand rises, the long tier's stays quiet: the short tier alone grows.
+            standins.demand.update({SHORT: BUSY, TIERED: QUIET})
+            eventually("the short tier at 2, the long tier at 1", lambda: at(1, 2), 120, recorded)
+            decided = autoscaling(chart, TIERED)
+            short = decided["tiers"]["short"]
+            assert (short["action"], short["desiredReplicas"], short["applied"]) == ("scale-up", 2, True), short
+            # Its own KV demand, within its own bounds.
+            assert short["terms"]["kvReplicas"] > 1 and short["bounds"]["maxReplicas"] == 2, short
+            assert decided["desiredReplicas"] == 1 and decided["terms"]["kvReplicas"] < 1, decided  # the long one holds
+            scaled = events(chart, TIERED, "Scaled")
+            assert any(m.startswith(f"tier short ({SHORT}): scale-up 1 -> 2") for m in scaled), scaled
+
+            # And the other way round: the long tier grows, the short one shrinks back to its minimum.
+            standins.demand.update({SHORT: QUIET, TIERED: BUSY})
+            eventually("the long tier at 2, the short tier at 1", lambda: at(2, 1), 150, recorded)
+            decided = autoscaling(chart, TIERED)
+            assert decided["desiredReplicas"] == 2 and decided["tiers"]["short"]["desiredReplicas"] == 1, decided
+            scaled = events(chart, TIERED, "Scaled")
+            assert any(m.startswith("scale-up 1 -> 2") for m in scaled), scaled  # the spec's own tier, as ever
+            assert any(m.startswith(f"tier short ({SHORT}): scale-down 2 -> 1") for m in scaled), scaled
+            body = chart.get("m3d", TIERED, NAMESPACE) or {}
+            assert body["metadata"]["generation"] == 1 and spec_managers(chart, TIERED) == {"kubectl"}
+        finally:
+            delete(chart, TIERED, NAMESPACE)
 
 
 def _removed(message: str) -> int:
