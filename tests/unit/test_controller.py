@@ -4,12 +4,10 @@ kopf's peering rule, the autoscaler's view of the fleet."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from m3fleet.api import parse_resource
-from m3fleet.autoscaling.groups import scaled_groups
 from m3fleet.autoscaling.policy import RECORD_HEARTBEAT_SECONDS, replicas_to_apply, worth_recording
 from m3fleet.autoscaling.prometheus import PrometheusAdapter, Tls
 from m3fleet.autoscaling.time_to_ready import fleet_from
@@ -27,7 +25,6 @@ from m3fleet.controller.status import (
     model_cache_record,
     status_update,
 )
-from m3fleet.planner import plan as make_plan
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:05:00Z"
 
@@ -316,26 +313,17 @@ def test_status_says_which_model_cache_the_pods_mount() -> None:
 
 def test_the_spec_says_how_metrics_are_read() -> None:
     """The rate window comes from the spec (a slow scrape needs a longer one); a multi-node fleet's worker pods
-    count for their leaders, named after its LeaderWorkerSet (the resource's name, `x`)."""
+    count for their leaders, named after its LeaderWorkerSet (the resource's name)."""
     body = doc(autoscaling={"enabled": True, "prometheus": {"url": "http://prom:9090", "rateWindowSeconds": 240}})
-    resource = parse_resource(body)
-    scaling = resource.spec.autoscaling
-    (group,) = scaled_groups(resource, make_plan(resource.spec))
-    single = source_spec(group, scaling, Tls())
+    scaling = parse_resource(body).spec.autoscaling
+    single = source_spec("llm", "m3", "sglang", scaling, False, Tls())
     assert (single.rate_window_seconds, single.workers_of) == (240.0, None)
-    assert single.selector == (("namespace", "ns"), ("m3fleet_dev_name", "x"))
-    # With context tiers (spec.gateway.tiers) the spec's own tier is sized on its own pods: those without the label.
-    tiered = source_spec(replace(group, metric_labels=(*group.metric_labels, ("m3fleet_dev_tier", ""))), scaling, Tls())
-    assert tiered.selector == (("namespace", "ns"), ("m3fleet_dev_name", "x"), ("m3fleet_dev_tier", ""))
-    adapter_of_tier = prometheus_adapter(tiered)
-    assert isinstance(adapter_of_tier, PrometheusAdapter)
-    assert 'm3fleet_dev_tier=""' in adapter_of_tier.queries().scalars["running"]
-    multi_node = replace(group, plan=group.plan.model_copy(update={"nodes_per_replica": 2}))
-    adapter = prometheus_adapter(source_spec(multi_node, scaling, Tls()))
+    assert single.selector == (("namespace", "llm"), ("m3fleet_dev_name", "m3"))
+    adapter = prometheus_adapter(source_spec("llm", "m3", "sglang", scaling, True, Tls()))
     assert isinstance(adapter, PrometheusAdapter)
-    assert (adapter.rate_window, adapter.histogram_window, adapter.workers_of) == (240.0, 300.0, "x")
+    assert (adapter.rate_window, adapter.histogram_window, adapter.workers_of) == (240.0, 300.0, "m3")
     body["spec"]["autoscaling"]["prometheus"]["rateWindowSeconds"] = 600
-    longest = prometheus_adapter(source_spec(group, parse_resource(body).spec.autoscaling, Tls()))
+    longest = prometheus_adapter(source_spec("llm", "m3", "vllm", parse_resource(body).spec.autoscaling, False, Tls()))
     assert isinstance(longest, PrometheusAdapter) and longest.histogram_window == 600.0  # never shorter than a rate
 
 

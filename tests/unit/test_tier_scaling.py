@@ -13,7 +13,7 @@ from m3fleet.autoscaling.forecast import DemandRecord
 from m3fleet.autoscaling.groups import scaled_groups, tier_replicas_to_apply
 from m3fleet.autoscaling.policy import Action, Decision, PolicyState
 from m3fleet.autoscaling.prometheus import PrometheusAdapter, Tls
-from m3fleet.controller.autoscaler import GroupDecision, prometheus_adapter, source_spec, status_patch
+from m3fleet.controller.autoscaler import GroupDecision, group_source_spec, prometheus_adapter, status_patch
 from m3fleet.controller.decide import Understood, want
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet.planner import plan
@@ -111,13 +111,15 @@ def test_a_tier_reads_its_own_series_and_its_own_workers() -> None:
     resource = parse_resource(doc)
     main, short = scaled_groups(resource, plan(resource.spec))
     assert short.workload_kind == "LeaderWorkerSet" and main.workload_kind == "Deployment"
-    tier_source = source_spec(short, short.spec.autoscaling, Tls())
+    tier_source = group_source_spec("llm", short, short.spec.autoscaling, Tls())
     assert (tier_source.workers_of, tier_source.gateway) == (short.workload_name, None)
-    main_source = source_spec(main, main.spec.autoscaling, Tls())
+    main_source = group_source_spec("llm", main, main.spec.autoscaling, Tls())
     assert main_source.workers_of is None and main_source.gateway is not None
-    adapter = prometheus_adapter(tier_source)
-    assert isinstance(adapter, PrometheusAdapter)
-    assert 'm3fleet_dev_tier="short"' in adapter.queries().scalars["running"]
+    for group, source, tier in ((short, tier_source, "short"), (main, main_source, "")):
+        assert source.selector == group.metric_labels and source.engine == "vllm"
+        adapter = prometheus_adapter(source)
+        assert isinstance(adapter, PrometheusAdapter)
+        assert f'm3fleet_dev_tier="{tier}"' in adapter.queries().scalars["running"]
 
 
 def test_each_tier_is_rendered_at_its_own_decision_within_its_bounds() -> None:

@@ -38,7 +38,7 @@ from m3fleet import kubeapi, permissions
 from m3fleet.api.models import AutoscalingSpec, PrometheusSpec
 from m3fleet.autoscaling import slo, time_to_ready
 from m3fleet.autoscaling.forecast import DemandRecord, bucket_seconds, record_demand
-from m3fleet.autoscaling.groups import ScaledGroup, scaled_groups, tier_status
+from m3fleet.autoscaling.groups import FLEET_LABEL, ScaledGroup, scaled_groups, tier_status
 from m3fleet.autoscaling.policy import (
     POD_DELETION_COST,
     Action,
@@ -84,23 +84,31 @@ class SourceSpec:
 AdapterFactory = Callable[[SourceSpec], MetricsSource]
 
 
-def source_spec(group: ScaledGroup, scaling: AutoscalingSpec, tls: Tls) -> SourceSpec:
-    """How the resource's spec says one group's metrics are read: its engine series only (a context tier's by its
-    tier label; the spec's own tier's, when there are tiers, by an empty one)."""
+def source_spec(
+    namespace: str, name: str, engine: str, scaling: AutoscalingSpec, multi_node: bool, tls: Tls
+) -> SourceSpec:
+    """How the resource's spec says the metrics of its pods are read (`name`: the workload's, whose LeaderWorkerSet
+    names a multi-node replica's worker pods)."""
     prometheus = scaling.prometheus
     return SourceSpec(
-        engine=str(group.plan.engine),
+        engine=engine,
         url=prometheus.url,
-        selector=group.metric_labels,
+        selector=(("namespace", namespace), (FLEET_LABEL, name)),
         overrides=tuple(sorted(prometheus.query_overrides.items())),
         tls=tls,
-        # The gateway's request sizes are the whole pool's, counted before the picker chose a tier: they size the
-        # spec's own (longest) tier, which the long prompts of a burst go to; the other tiers scale on their engines.
-        gateway=None if group.tier else gateway_of(scaling),
+        gateway=gateway_of(scaling),
         # A multi-node replica's worker pods are named after its LeaderWorkerSet.
-        workers_of=group.workload_name if group.multi_node else None,
+        workers_of=name if multi_node else None,
         rate_window_seconds=float(prometheus.rate_window_seconds),
     )
+
+
+def group_source_spec(namespace: str, group: ScaledGroup, scaling: AutoscalingSpec, tls: Tls) -> SourceSpec:
+    """One scaled group's metrics: its engine series only (a context tier's by its tier label; the spec's own tier's,
+    when there are tiers, by an empty one). The gateway's request sizes are the whole pool's, counted before the
+    picker chose a tier: they size the spec's own (longest) tier, where a burst's long prompts go."""
+    spec = source_spec(namespace, group.workload_name, str(group.plan.engine), scaling, group.multi_node, tls)
+    return replace(spec, selector=group.metric_labels, gateway=None if group.tier else spec.gateway)
 
 
 def prometheus_adapter(source: SourceSpec) -> MetricsSource:
@@ -222,7 +230,7 @@ class Autoscaler:
             tls = await self._tls(key[0], scaling.prometheus)
         except ValueError as exc:
             return Unreadable(str(group.plan.engine), str(exc))
-        wanted = source_spec(group, scaling, tls)
+        wanted = group_source_spec(key[0], group, scaling, tls)
         cached = self._sources.get(key)
         if cached is None or cached[0] != wanted:
             cached = (wanted, self.adapters(wanted))
