@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from m3fleet.admission import review
 from m3fleet.api import parse_resource
 from m3fleet.autoscaling.forecast import DemandRecord
 from m3fleet.autoscaling.groups import scaled_groups, tier_replicas_to_apply
@@ -164,6 +165,15 @@ def test_tier_bounds_that_cannot_hold_are_refused_naming_the_field_and_the_fix(
     assert field in problem and words in problem, problem
     if field == "spec.gateway.tiers":
         assert "fix: lower the tier's minReplicas, or raise its maxReplicas" in problem
+
+
+def test_the_webhook_admits_a_tier_at_zero_and_the_operator_names_bounds_the_crd_would_refuse() -> None:
+    """The CRD refuses bounds that cannot hold (its CEL; tests/cluster/test_admission.py on the real apiserver); the
+    webhook admits what the CRD does, and says what the operator would report if the two ever disagreed."""
+    at_zero = review("CREATE", _tiered(minReplicas=0, maxReplicas=2))
+    assert at_zero.allowed and not at_zero.warnings, at_zero
+    disagreed = review("CREATE", _tiered(minReplicas=3, maxReplicas=2))
+    assert any("spec.gateway.tiers" in w and "fix: lower the tier's minReplicas" in w for w in disagreed.warnings)
 
 
 def test_a_tier_may_scale_to_zero_behind_the_gateway() -> None:
