@@ -3,7 +3,8 @@
 A fleet's groups (`autoscaling.groups.scaled_groups`) are the spec's own tier and each context tier of
 spec.gateway.tiers: each is read, decided and recorded on its own (its workload, pods, engine series, plan, bounds,
 policy state and demand record), the spec's own at the top of `status.autoscaling` as ever, a tier's under
-`status.autoscaling.tiers.<tier>`; one status write per tick carries every group that changed. The steps, per group:
+`status.autoscaling.tiers.<tier>`; one status write per tick carries every group that changed. Steps 1-4 are each
+group's.
 
 The operator's scheduler ticks each resource whose spec has `autoscaling.enabled`, every
 `intervalSeconds` (a resource without autoscaling is never ticked and costs nothing):
@@ -207,6 +208,7 @@ class Autoscaler:
     _states: dict[GroupKey, PolicyState] = field(default_factory=dict)
     _sources: dict[GroupKey, tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
     _demand: dict[GroupKey, DemandRecord] = field(default_factory=dict)
+    _groups: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # the tiers each resource last had
 
     async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
         """How to verify Prometheus: the CA read from the Secret the spec names (by name, each tick, so a rotated
@@ -247,11 +249,13 @@ class Autoscaler:
 
     def _drop(self, namespace: str, name: str, keep: Collection[str]) -> None:
         """Forget the groups of the resource but those of the tiers in `keep` (a removed tier's history must not be
-        resumed if a tier of that name comes back)."""
+        resumed if a tier of that name comes back); `keep` becomes the resource's groups."""
         memories: tuple[dict[GroupKey, Any], ...] = (self._states, self._sources, self._demand)
-        for memory in memories:
-            for key in [k for k in memory if k[:2] == (namespace, name) and k[2] not in keep]:
-                memory.pop(key)
+        for tier in set(self._groups.pop((namespace, name), ())) - set(keep):
+            for memory in memories:
+                memory.pop((namespace, name, tier), None)
+        if keep:
+            self._groups[(namespace, name)] = tuple(keep)
 
     async def _mark_removal_order(
         self, body: Mapping[str, Any], pods: list[dict[str, Any]], costs: Mapping[str, int]
