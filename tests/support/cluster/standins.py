@@ -129,7 +129,7 @@ def series_labels(pod: dict[str, Any]) -> dict[str, str]:
     """What the chart's PodMonitor (its labelmap of the pod's labels) puts on the pod's engine series."""
     labels = pod["metadata"]["labels"]
     tier = {"m3fleet_dev_tier": labels[TIER]} if TIER in labels else {}
-    return {"namespace": NAMESPACE, "m3fleet_dev_name": labels["m3fleet.dev/name"], **tier}
+    return {"namespace": pod["metadata"]["namespace"], "m3fleet_dev_name": labels["m3fleet.dev/name"], **tier}
 
 
 def replica_and_node_rank(pod: dict[str, Any]) -> tuple[str, int]:
