@@ -284,7 +284,7 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         "tokens",
         B.PHYSICAL,
         "at the H200 prior (40k tokens/s a replica) a 20k-token prompt's TTFT is mostly prefill (0.5 s beside a "
-        "25 ms step) and four of them queued outlast the default 2 s TTFT allowance",
+        "25 ms step) and four of them queued take the whole default 2 s TTFT allowance",
     ),
     # --- the arrival estimates ----------------------------------------------------------------------------------
     Constant(
@@ -330,7 +330,7 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         "rate windows",
         B.TUNED,
         "after a burst's start the windows still average in the level before it; after four (60 s each) they "
-        "have seen only the new one; chosen on development seeds, the held-out seeds agree",
+        "have seen only the new one; chosen on development seeds",
     ),
     Constant(
         demand,
@@ -369,10 +369,10 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         P,
         "burst_hold_cold_starts",
         "time-to-readies",
-        B.MEASURED,
-        "a replica removed and needed again within the window costs a whole cold start of misses; at 3 x "
-        "time-to-ready bursty at 90 s went from 75-90% to 92-95% for about the same GPU-hours (development seeds "
-        "1-4, docs/design.md)",
+        B.TUNED,
+        "a replica removed and needed again within the window costs a whole cold start of misses; holding bursts "
+        "took bursty at 90 s from 75-90% to 92-95% for about the same GPU-hours (development seeds 1-4, "
+        "docs/design.md), but the multiple 3 itself was chosen there, not swept",
     ),
     Constant(
         floors,
@@ -399,7 +399,13 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         "spent 8% more GPU-hours (docs/design.md)",
     ),
     Constant(forecast, "MAX_SAMPLES", "samples", B.FORMAT, "two daily periods of 1-minute buckets plus a look-ahead"),
-    Constant(forecast, "MAX_OPEN", "ticks", B.FORMAT, "the open bucket's ticks at the shortest interval (5 s): 36"),
+    Constant(
+        forecast,
+        "MAX_OPEN",
+        "ticks",
+        B.FORMAT,
+        "room for the open bucket's ticks: 36 at the shortest interval (5 s), with margin",
+    ),
     Constant(forecast, "SAVE_EVERY_SECONDS", "s", B.FORMAT, "one demand write to status per five minutes at most"),
     # --- how far a tick moves -----------------------------------------------------------------------------------
     Constant(
