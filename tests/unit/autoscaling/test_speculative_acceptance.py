@@ -19,6 +19,7 @@ from m3fleet.catalog.engine_metrics import ENGINE_METRICS
 from m3fleet.planner import plan
 from m3fleet_simulator.fleet import PerfModel
 from m3fleet_simulator.scenarios import Request
+from m3fleet_simulator.whatif import prepare, run_context_aware
 from tests.support.autoscaling.plans import config, sample_plan
 from tests.support.autoscaling.simulation import outside_fleet
 from tests.support.autoscaling.snapshots import ROUND, fleet, replica, snapshot
@@ -128,3 +129,15 @@ def test_the_simulated_engine_reports_its_acceptance_length_as_vllms_counters_wo
         live.advance(50.0)
         seen[name] = [r.acceptance_length for r in live.snapshot().replicas]
     assert seen == {"drafted": [2.7], "plain": [None]}
+
+
+def test_on_a_decode_bound_load_the_acceptance_length_saves_replicas_end_to_end() -> None:
+    """The simulator's `long-answers` (short prompts, long answers) with EAGLE3: the policy reading the acceptance
+    length the simulated engines report keeps one replica; told there is none, it orders a second for sequences it
+    believes hold their batch slots 2.7x as long. Both serve every request."""
+    setup = prepare("long-answers", seed=1, minutes=40, speculative="eagle3")
+    reading = run_context_aware(setup)
+    ignoring = run_context_aware(setup, acceptance_length_prior=None)
+    assert reading.slo_attainment == ignoring.slo_attainment == 1.0
+    assert (reading.peak_replicas, ignoring.peak_replicas) == (1, 2)
+    assert reading.gpu_hours < 0.7 * ignoring.gpu_hours
