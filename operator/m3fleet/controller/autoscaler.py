@@ -48,6 +48,7 @@ from m3fleet.autoscaling.promql import Gateway, held_requests_query
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
 from m3fleet.catalog.gateway import HELD_REQUESTS_METRIC
 from m3fleet.controller import metrics
+from m3fleet.controller.autoscaler_roles import RoleSources, tick_roles
 from m3fleet.controller.decide import Understood
 from m3fleet.controller.events import Events
 from m3fleet.kubeapi import ApiError, KubeApi
@@ -196,6 +197,7 @@ class Autoscaler:
     _states: dict[tuple[str, str], PolicyState] = field(default_factory=dict)
     _sources: dict[tuple[str, str], tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
     _demand: dict[tuple[str, str], DemandRecord] = field(default_factory=dict)
+    role_sources: RoleSources = field(default_factory=RoleSources)  # a disaggregated fleet's, per role
 
     async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
         """How to verify Prometheus: the CA read from the Secret the spec names (by name, each tick, so a rotated
@@ -237,6 +239,7 @@ class Autoscaler:
         self._states.pop((namespace, name), None)
         self._sources.pop((namespace, name), None)
         self._demand.pop((namespace, name), None)
+        self.role_sources.forget(namespace, name)
         metrics.forget(metrics.AUTOSCALER_SERIES, namespace, name)
 
     async def _mark_removal_order(
@@ -316,6 +319,9 @@ class Autoscaler:
         if not scaling.enabled:
             self.forget(namespace, name)
             return Tick()
+        if plan.disaggregation is not None:  # each role on its own signal (such a fleet has no context tiers)
+            done = await tick_roles(self, body, resource, plan)
+            return Tick(status=done.status, scale=done.scale, gone=done.gone)
         workload_kind = kubeapi.LEADER_WORKER_SET if plan.nodes_per_replica > 1 else kubeapi.DEPLOYMENT
         workload = await self.api.get(workload_kind, namespace, name)
         if workload is None:  # not applied yet (or blocked): the reconcile owns that; or deleted unseen, then

@@ -27,6 +27,7 @@ from m3fleet.api.conditions import READY, DeploymentReason
 from m3fleet.api.models import MiniMaxM3Deployment, Plan
 from m3fleet.api.parse import parse_cache
 from m3fleet.autoscaling.policy import replicas_to_apply
+from m3fleet.autoscaling.policy.roles import role_replicas_to_apply
 from m3fleet.catalog.gateway import ROUTE_API
 from m3fleet.controller.status import (
     Blocked,
@@ -153,7 +154,13 @@ def want(understood: Understood, cache: Mapping[str, Any] | None, status: Mappin
         return Wanted(blocked=_invalid(understood.error or SpecError("spec", "cannot be planned", "fix the spec")))
     try:
         mount = cache_mount(resource, parse_cache(dict(cache)) if cache is not None else None)
-        objects = render(resource, plan, replicas_to_apply(resource.spec, status), mount)
+        objects = render(
+            resource,
+            plan,
+            replicas_to_apply(resource.spec, status),
+            mount,
+            role_replicas=role_replicas_to_apply(resource.spec, status),
+        )
     except (SpecError, SpecErrors) as exc:
         return Wanted(blocked=_invalid(exc))
     return Wanted(objects, required_secrets(resource, plan), mount)
