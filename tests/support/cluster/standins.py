@@ -30,6 +30,9 @@ from tests.support.cluster.cluster import eventually as cluster_eventually
 from tests.support.cluster.fleet import renamed, sample
 
 NAMESPACE = "loop"
+# A disaggregated fleet's pods carry their Dynamo role; the chart's PodMonitor (a labelmap) makes it this label.
+DYNAMO_ROLE = "m3fleet.dev/dynamo-role"
+ROLE_SERIES_LABEL = "m3fleet_dev_dynamo_role"
 ACT, ADVISORY = "loop-act", "loop-advisory"
 QUIET, BUSY = 0.5, 2.5  # fleet-wide demand, in replicas' worth of KV at the 0.8 target
 IN_FLIGHT = 12.0  # requests running in the fleet, whatever the demand
@@ -129,11 +132,19 @@ class StandIns:
     workers too), exporting what the `load` says of its replica (by default a `SteppedDemand`: set `demand`)
     from that pod's node, and the target list Prometheus reads."""
 
-    def __init__(self, cluster: Cluster, targets: Path, plans: dict[str, Plan], load: Load | None = None) -> None:
-        self.cluster, self.targets, self.plans = cluster, targets, plans
+    def __init__(
+        self,
+        cluster: Cluster,
+        targets: Path,
+        plans: dict[str, Plan],
+        load: Load | None = None,
+        namespace: str = NAMESPACE,
+    ) -> None:
+        self.cluster, self.targets, self.plans, self.namespace = cluster, targets, plans, namespace
         self.load: Load = load or SteppedDemand(plans)
         self.servers: dict[str, tuple[str, MetricsServer]] = {}  # pod -> (fleet, its stand-in)
         self.replicas: dict[str, tuple[str, int]] = {}  # pod -> (its replica, its node rank)
+        self.roles: dict[str, str] = {}  # pod -> its Dynamo role (a disaggregated fleet's pods), as labelled
         self.started: list[str] = []  # pods a stand-in was started for, in order
         self.stopped: list[str] = []
         self._stop = threading.Event()
@@ -160,7 +171,7 @@ class StandIns:
             try:
                 listed = [
                     p
-                    for p in self.cluster.list("pods", NAMESPACE, "m3fleet.dev/name")
+                    for p in self.cluster.list("pods", self.namespace, "m3fleet.dev/name")
                     if p["metadata"]["labels"]["m3fleet.dev/name"] in self.plans
                     and (p["metadata"].get("annotations") or {}).get("prometheus.io/scrape") == "true"
                     and not p["metadata"].get("deletionTimestamp")
@@ -173,6 +184,8 @@ class StandIns:
             changed = False
             for p in listed:
                 self.replicas.setdefault(p["metadata"]["name"], replica_and_node_rank(p))
+                if role := p["metadata"]["labels"].get(DYNAMO_ROLE):
+                    self.roles[p["metadata"]["name"]] = role
             for pod in [p for p in self.servers if p not in running]:
                 with self._lock:
                     _, server = self.servers.pop(pod)
@@ -198,7 +211,12 @@ class StandIns:
             groups = [
                 {
                     "targets": [f"127.0.0.1:{server.port}"],
-                    "labels": {"namespace": NAMESPACE, "m3fleet_dev_name": name, "pod": pod},
+                    "labels": {
+                        "namespace": self.namespace,
+                        "m3fleet_dev_name": name,
+                        "pod": pod,
+                        **({ROLE_SERIES_LABEL: self.roles[pod]} if pod in self.roles else {}),
+                    },
                 }
                 for pod, (name, server) in sorted(self.servers.items())
             ]
