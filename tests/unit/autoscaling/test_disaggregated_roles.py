@@ -27,6 +27,7 @@ from m3fleet.autoscaling.policy.roles import (
     targets_for,
 )
 from m3fleet.autoscaling.signals import Histogram, MetricsSnapshot, ReplicaSignals
+from m3fleet.controller.autoscaler_roles import changed, running_counts, status_record
 from m3fleet.disaggregation import ROLES
 from m3fleet.planner import plan
 from m3fleet.render import render
@@ -228,3 +229,24 @@ def test_advisory_mode_or_no_decision_renders_the_plans_counts() -> None:
     # The decode count is held to the spec's bounds even if status says otherwise (someone edited it).
     resource, status = autoscaled(prefill={"replicas": 1}, decode={"replicas": 40})
     assert role_replicas_to_apply(resource.spec, status) == {"prefill": 1, "decode": 4}
+
+
+def test_the_shell_reads_running_counts_and_records_only_what_changed() -> None:
+    workloads = {"prefill": {"spec": {"replicas": 3}}, "decode": {"spec": {"replicas": 2}}}
+    assert running_counts(workloads, None) == {"prefill": 3, "decode": 2}
+    graph = {"spec": {"components": [{"type": "frontend", "replicas": 1}, {"type": "prefill", "replicas": 4},
+                                     {"type": "decode", "replicas": 2}]}}  # fmt: skip
+    assert running_counts({}, graph) == {"prefill": 4, "decode": 2}
+    decisions = (RoleDecision(4, 3.2, "prompts", "promptTokens"), RoleDecision(2, 1.5, "kv", "kvDemand"))
+    running = {"prefill": 3, "decode": 2}
+    record = status_record("act", decisions, running, {"prefill": (), "decode": ()}, NOW)
+    assert (record["applied"], record["action"], record["desiredReplicas"]) == (True, "scale", 2)
+    assert record["reason"].startswith("prefill 3 -> 4; decode holds 2")
+    assert record["roles"]["prefill"]["decidedBy"] == "promptTokens" and record["roles"]["ratio"] == "4:2"
+    assert status_record("advisory", decisions, running, {"prefill": (), "decode": ()}, NOW)["applied"] is False
+    assert not changed(
+        record, status_record("act", decisions, running, {"prefill": (), "decode": ()}, NOW + 10), NOW + 10
+    )
+    moved = (decisions[0], RoleDecision(3, 2.5, "kv", "kvDemand"))
+    assert changed(record, status_record("act", moved, running, {"prefill": (), "decode": ()}, NOW + 10), NOW + 10)
+    assert changed(record, record, NOW + 301)  # the heartbeat: the numbers in the reasons stay current
