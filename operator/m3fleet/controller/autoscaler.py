@@ -48,7 +48,7 @@ from m3fleet.autoscaling.promql import Gateway, held_requests_query
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
 from m3fleet.catalog.gateway import HELD_REQUESTS_METRIC
 from m3fleet.controller import metrics
-from m3fleet.controller.autoscaler_roles import RoleSources, tick_roles
+from m3fleet.controller.autoscaler_roles import RoleMemory, tick_roles
 from m3fleet.controller.decide import Understood
 from m3fleet.controller.events import Events
 from m3fleet.kubeapi import ApiError, KubeApi
@@ -197,7 +197,7 @@ class Autoscaler:
     _states: dict[tuple[str, str], PolicyState] = field(default_factory=dict)
     _sources: dict[tuple[str, str], tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
     _demand: dict[tuple[str, str], DemandRecord] = field(default_factory=dict)
-    role_sources: RoleSources = field(default_factory=RoleSources)  # a disaggregated fleet's, per role
+    roles: RoleMemory = field(default_factory=RoleMemory)  # a disaggregated fleet's role ticks
 
     async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
         """How to verify Prometheus: the CA read from the Secret the spec names (by name, each tick, so a rotated
@@ -239,7 +239,7 @@ class Autoscaler:
         self._states.pop((namespace, name), None)
         self._sources.pop((namespace, name), None)
         self._demand.pop((namespace, name), None)
-        self.role_sources.forget(namespace, name)
+        self.roles.forget(namespace, name)
         metrics.forget(metrics.AUTOSCALER_SERIES, namespace, name)
 
     async def _mark_removal_order(

@@ -14,7 +14,7 @@ record -> act through the reconcile:
    `register_engine_metrics_callback`; `dynamo/trtllm/metrics.py` the `trtllm_` ones), so the names are the
    engines' (catalog/engine_metrics.py): prompt-token counters, waiting requests, KV gauges, TTFT and
    time-per-output-token histograms;
-2. decide: `role_signals` -> `decide_tick` -> `stabilize_roles` (the spec's scale-down window, per role);
+2. decide: `role_signals` -> `decide_tick` with a `Stabilizer` (the spec's scale-down window, per role);
 3. record `status.autoscaling`: `roles.{prefill,decode}` (replicas, need, reason, decidedBy), `roles.ratio`,
    `roles.history` (each role's recent recommendations, so a restarted operator keeps its window) and, for readers
    of the aggregated shape (the render's `replicas_to_apply`, `kubectl get`), `desiredReplicas` = the decode count;
@@ -36,13 +36,14 @@ from m3fleet import kubeapi
 from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, MiniMaxM3Deployment, Plan, RenderAs
 from m3fleet.autoscaling.policy import RECORD_HEARTBEAT_SECONDS
 from m3fleet.autoscaling.policy.roles import (
+    History,
     RoleDecision,
+    Stabilizer,
     behavior_of,
     decide_tick,
     history_from,
     role_signals,
     roles_record,
-    stabilize_roles,
     targets_for,
 )
 from m3fleet.autoscaling.signals import MetricsSnapshot
@@ -96,7 +97,7 @@ def status_record(
     mode: str,
     decisions: tuple[RoleDecision, RoleDecision],
     running: Mapping[Role, int],
-    history: Mapping[Role, tuple[tuple[float, int], ...]],
+    history: Mapping[Role, History],
     now: float,
 ) -> dict[str, Any]:
     prefill, decode = decisions
@@ -136,12 +137,14 @@ class RoleTick:
 
 
 @dataclass
-class RoleSources:
-    """Each role's metrics source, per resource; a changed spec builds a new one."""
+class RoleMemory:
+    """What the role ticks keep per resource: each role's metrics source (a changed spec builds a new one) and each
+    role's recent recommendations (the scale-down window's; status keeps those of the last write, for a restart)."""
 
     cached: dict[tuple[str, str, Role], tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
+    history: dict[tuple[str, str], dict[Role, History]] = field(default_factory=dict)
 
-    async def get(
+    async def source(
         self, scaler: Autoscaler, body: Mapping[str, Any], engine: str, scaling: AutoscalingSpec, role: Role, lws: bool
     ) -> MetricsSource:
         from m3fleet.controller.autoscaler import INSECURE_MESSAGE, Unreadable, source_spec
@@ -167,6 +170,7 @@ class RoleSources:
         return cached[1]
 
     def forget(self, namespace: str, name: str) -> None:
+        self.history.pop((namespace, name), None)
         for role in ROLES:
             self.cached.pop((namespace, name, role), None)
 
@@ -196,16 +200,18 @@ async def tick_roles(
     snapshots: dict[Role, MetricsSnapshot] = {}
     for role in ROLES:
         multi_node = role_workload(name, role, plan)[0] is kubeapi.LEADER_WORKER_SET
-        source = await scaler.role_sources.get(scaler, body, str(plan.engine), scaling, role, multi_node)
+        source = await scaler.roles.source(scaler, body, str(plan.engine), scaling, role, multi_node)
         snapshots[role] = await asyncio.to_thread(source.read)
     now = scaler.clock()
     status = body.get("status") or {}
     previous = status.get("autoscaling") or {}
     stale_after = max(60.0, 4.0 * scaling.interval_seconds)
     reading = role_signals(snapshots, running, d, scaling.slo, stale_after)
-    decisions = decide_tick(targets_for(spec, d), reading, running)
-    history = history_from((previous.get("roles") or {}).get("history"))
-    decisions, history = stabilize_roles(decisions, running, history, now, behavior_of(spec))
+    key = (namespace, name)
+    history = scaler.roles.history.get(key) or history_from((previous.get("roles") or {}).get("history"))
+    window = Stabilizer(dict(history), running, now, behavior_of(spec))
+    decisions = decide_tick(targets_for(spec, d), reading, running, window)
+    history = scaler.roles.history[key] = window.history
     record = status_record(str(scaling.mode), decisions, running, history, now)
     metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decisions[1].replicas)
     if not changed(previous, record, now):

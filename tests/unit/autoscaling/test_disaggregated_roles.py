@@ -17,13 +17,13 @@ from m3fleet.autoscaling.policy.roles import (
     RoleReading,
     RoleSignals,
     RoleTargets,
+    Stabilizer,
     decide_roles,
     decide_tick,
     history_from,
     role_replicas_to_apply,
     role_signals,
     roles_record,
-    stabilize_roles,
     targets_for,
 )
 from m3fleet.autoscaling.signals import Histogram, MetricsSnapshot, ReplicaSignals
@@ -183,16 +183,30 @@ def test_targets_take_the_pins_and_bounds_from_the_spec() -> None:
 def test_a_scale_down_waits_out_each_roles_window() -> None:
     behavior = Behavior(scale_down_window_seconds=60.0, limit_scale_up=False)
     running = {"prefill": 4, "decode": 3}
-    busy = (RoleDecision(4, 3.5, "busy", "promptTokens"), RoleDecision(3, 2.5, "busy", "kvDemand"))
-    _, history = stabilize_roles(busy, running, {}, NOW, behavior)
-    quiet = (RoleDecision(1, 0.5, "quiet", "promptTokens"), RoleDecision(3, 2.5, "busy", "kvDemand"))
-    (prefill, decode), history = stabilize_roles(quiet, running, history, NOW + 30, behavior)
-    assert (prefill.replicas, prefill.decided_by, decode.replicas) == (4, "scaleDownWindow", 3)
+    window = Stabilizer({}, running, NOW, behavior)
+    assert window("prefill", RoleDecision(4, 3.5, "busy", "promptTokens")).replicas == 4
+    later = Stabilizer(window.history, running, NOW + 30, behavior)
+    prefill = later("prefill", RoleDecision(1, 0.5, "quiet", "promptTokens"))
+    assert (prefill.replicas, prefill.decided_by) == (4, "scaleDownWindow")
     assert "kept within the 60s scale-down window" in prefill.reason
-    (prefill, _), _ = stabilize_roles(quiet, running, history, NOW + 61, behavior)
-    assert (prefill.replicas, prefill.decided_by) == (1, "promptTokens")
+    after = Stabilizer(later.history, running, NOW + 61, behavior)
+    assert after("prefill", RoleDecision(1, 0.5, "quiet", "promptTokens")).replicas == 1
     # Kept in status as plain lists and read back the same (a restarted operator keeps its window).
-    assert history_from({role: [list(e) for e in history[role]] for role in ROLES}) == history
+    assert history_from({role: [list(e) for e in later.history.get(role, ())] for role in ROLES}) == {
+        "prefill": later.history["prefill"],
+        "decode": (),
+    }
+
+
+def test_decode_held_by_its_window_keeps_the_prefill_workers_its_ratio_needs() -> None:
+    # Decode wants 1 but its window keeps 3: prefill is bounded against the 3 kept, not the 1 wanted.
+    running = {"prefill": 2, "decode": 3}
+    behavior = Behavior(scale_down_window_seconds=60.0, limit_scale_up=False)
+    window = Stabilizer({"decode": ((NOW - 10, 3),)}, running, NOW, behavior)
+    quiet = read(snapshot(replica("p-0"), replica("p-1")), snapshot(*(replica(f"d-{i}") for i in range(3))), (2, 3))
+    prefill, decode = decide_tick(TARGETS, quiet, running, window)
+    assert (decode.replicas, decode.decided_by) == (3, "scaleDownWindow")
+    assert prefill.replicas >= math.ceil(3 * TARGETS.min_ratio - 1e-9)
 
 
 def autoscaled(mode: str = "act", **status_roles: Any) -> tuple[Any, dict[str, Any]]:

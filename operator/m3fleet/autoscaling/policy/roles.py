@@ -14,14 +14,14 @@ then follow the decode workers by that ratio, or stay at that count, and only th
 
 The result, per role, is what `status.autoscaling.roles` records: the count, the need behind it, why and which
 signal decided. `role_signals` builds a tick's signals from each role's metrics snapshot (the adapter read over that
-role's pods), `stabilize_roles` applies the spec's HPA behaviour (the scale-down window) to each role, and
+role's pods), `Stabilizer` applies the spec's HPA behaviour (the scale-down window) to each role, decode first, and
 `role_replicas_to_apply` is what the render uses in act mode.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -107,14 +107,20 @@ class RoleDecision:
         }
 
 
+Settle = Callable[[Role, RoleDecision], RoleDecision]  # a decision as kept: partial-metrics floor, scale-down window
+
+
 def decide_roles(
-    targets: RoleTargets, signals: RoleSignals, running: tuple[int, int]
+    targets: RoleTargets, signals: RoleSignals, running: tuple[int, int], settle: Settle | None = None
 ) -> tuple[RoleDecision, RoleDecision]:
-    """(prefill, decode) workers for this tick; `running` is (prefill, decode) now."""
+    """(prefill, decode) workers for this tick; `running` is (prefill, decode) now. `settle` (the partial-metrics
+    floor, the scale-down window) is applied to decode before prefill is sized against it, so the ratio's bounds
+    hold for the decode count that is kept."""
     prefill_now, decode_now = running
     decode = _decode(targets, signals, decode_now)
+    decode = settle("decode", decode) if settle is not None else decode
     prefill = _prefill(targets, signals, prefill_now, decode.replicas)
-    return prefill, decode
+    return (settle("prefill", prefill) if settle is not None else prefill), decode
 
 
 def _decode(t: RoleTargets, s: RoleSignals, now: int) -> RoleDecision:
@@ -267,10 +273,14 @@ def hold_roles(running: dict[Role, int], reason: str) -> tuple[RoleDecision, Rol
     return prefill, decode
 
 
+History = tuple[tuple[float, int], ...]
+
+
 def decide_tick(
-    targets: RoleTargets, reading: RoleReading | str, running: dict[Role, int]
+    targets: RoleTargets, reading: RoleReading | str, running: dict[Role, int], window: Stabilizer | None = None
 ) -> tuple[RoleDecision, RoleDecision]:
-    """One tick's decisions: hold without usable metrics; a role whose metrics are partial is never scaled down."""
+    """One tick's decisions: hold without usable metrics; a role whose metrics are partial is never scaled down;
+    then `window` (the spec's HPA behaviour), decode first."""
     if isinstance(reading, str):
         return hold_roles(running, reading)
     with_objectives = replace(
@@ -278,17 +288,14 @@ def decide_tick(
         ttft_objective_seconds=reading.ttft_objective_seconds,
         itl_objective_seconds=reading.itl_objective_seconds,
     )
-    pair = decide_roles(with_objectives, reading.signals, (running["prefill"], running["decode"]))
-    decided = dict(zip(ROLES, pair, strict=True))
-    for role in reading.partial:
-        kept = decided[role]
-        if kept.replicas < running[role]:
-            why = f"{kept.reason}; some {role} workers' metrics are missing: not scaled down"
-            decided[role] = RoleDecision(running[role], kept.need, why, "metricsUnavailable")
-    return decided["prefill"], decided["decode"]
 
+    def settle(role: Role, decided: RoleDecision) -> RoleDecision:
+        if role in reading.partial and decided.replicas < running[role]:
+            why = f"{decided.reason}; some {role} workers' metrics are missing: not scaled down"
+            return RoleDecision(running[role], decided.need, why, "metricsUnavailable")
+        return window(role, decided) if window is not None else decided
 
-History = tuple[tuple[float, int], ...]
+    return decide_roles(with_objectives, reading.signals, (running["prefill"], running["decode"]), settle)
 
 
 def behavior_of(spec: MiniMaxM3DeploymentSpec) -> Behavior:
@@ -302,30 +309,28 @@ def behavior_of(spec: MiniMaxM3DeploymentSpec) -> Behavior:
     )
 
 
-def stabilize_roles(
-    decisions: tuple[RoleDecision, RoleDecision],
-    running: dict[Role, int],
-    history: dict[Role, History],
-    now: float,
-    behavior: Behavior,
-) -> tuple[tuple[RoleDecision, RoleDecision], dict[Role, History]]:
-    """HPA's stabilization per role: a scale-down takes the highest count recommended within the window."""
-    out: dict[Role, RoleDecision] = {}
-    kept: dict[Role, History] = {}
-    for role, decision in zip(ROLES, decisions, strict=True):
+@dataclass
+class Stabilizer:
+    """HPA's stabilization per role: a scale-down takes the highest count recommended within the window. Keeps each
+    role's recent recommendations in `history` (what status and the operator's memory carry to the next tick)."""
+
+    history: dict[Role, History]
+    running: dict[Role, int]
+    now: float
+    behavior: Behavior
+
+    def __call__(self, role: Role, decision: RoleDecision) -> RoleDecision:
         if decision.decided_by in ("metricsUnavailable", "pinnedReplicas", "pinnedRatio"):
-            out[role], kept[role] = decision, history.get(role, ())
-            continue
-        desired, kept[role] = stabilize(history.get(role, ()), now, decision.replicas, running[role], behavior)
-        if desired > decision.replicas and desired == running[role]:
-            window = behavior.scale_down_window_seconds
+            return decision
+        now = self.running[role]
+        desired, self.history[role] = stabilize(
+            self.history.get(role, ()), self.now, decision.replicas, now, self.behavior
+        )
+        if desired > decision.replicas and desired == now:
+            window = self.behavior.scale_down_window_seconds
             kept_back = f"{decision.replicas} wanted, {desired} kept within the {window:g}s scale-down window"
-            reason = f"{decision.reason}; {kept_back}"
-            decision = RoleDecision(desired, decision.need, reason, "scaleDownWindow")
-        elif desired != decision.replicas:
-            decision = replace(decision, replicas=desired)
-        out[role] = decision
-    return (out["prefill"], out["decode"]), kept
+            return RoleDecision(desired, decision.need, f"{decision.reason}; {kept_back}", "scaleDownWindow")
+        return replace(decision, replicas=desired) if desired != decision.replicas else decision
 
 
 def history_from(record: Any) -> dict[Role, History]:
