@@ -89,6 +89,9 @@ class PerfModel:
     # Tokens an iteration emits per decoding sequence: speculative decoding's acceptance length (the plan's prior),
     # else 1. One target pass verifies the drafts, prefill chunk or not, so a mixed iteration emits as many.
     tokens_per_step: float = 1.0
+    # Tokens the target computes per decoding sequence and iteration: 1 + the drafted tokens it verifies. The step's
+    # per-sequence and per-context shares scale with them; its fixed part (the weights read once) does not.
+    verified_per_step: float = 1.0
 
     @classmethod
     def from_plan(cls, plan: Plan) -> PerfModel:
@@ -98,9 +101,10 @@ class PerfModel:
         multi_node = plan.gpus_per_replica / ranks > plan.gpus_per_node
         speed = gpus / 8 * PREFILL_SPEED.get(accel, 1.0) * (MULTI_NODE_PREFILL_EFFICIENCY if multi_node else 1.0)
         step = 0.025 * DECODE_STEP_SCALE.get(accel, 1.0) * (MULTI_NODE_DECODE_PENALTY if multi_node else 1.0)
-        # Speculative decoding emits the acceptance length's tokens per target step (the plan's prior; the draft's own
-        # forward pass is small beside the target's and left out, as is the verification of rejected tokens).
-        per_step = plan.speculative_decoding.acceptance_length_prior if plan.speculative_decoding else 1.0
+        # Speculative decoding emits the acceptance length's tokens per target step (the plan's prior) and verifies
+        # every drafted token (the draft's own forward pass is small beside the target's and left out).
+        draft = plan.speculative_decoding
+        per_step = draft.acceptance_length_prior if draft else 1.0
         return cls(
             prefill_linear=20e-6 / speed,
             prefill_quadratic=1e-11 / speed,
@@ -111,6 +115,7 @@ class PerfModel:
             max_num_seqs=256,
             capacity_tokens=int(plan.kv_cache_tokens_per_rank * ENGINE_CAPACITY_FACTOR) // 128 * 128,
             tokens_per_step=per_step,
+            verified_per_step=1.0 + draft.num_speculative_tokens if draft else 1.0,
         )
 
     def scaled(self, prefill: float, decode: float) -> PerfModel:
@@ -133,8 +138,9 @@ class PerfModel:
 
     def unloaded_itl(self, context: float) -> float:
         """Seconds per output token of a sequence decoding alone."""
+        v = self.verified_per_step  # summed in this order, so a run without a draft is bit for bit as before
         return (
-            self.decode_step + self.decode_per_sequence + self.decode_per_context_token * context
+            self.decode_step + v * self.decode_per_sequence + v * self.decode_per_context_token * context
         ) / self.tokens_per_step
 
     def describe(self) -> dict[str, Any]:
@@ -145,6 +151,7 @@ class PerfModel:
             "decodeSecondsPerSequence": self.decode_per_sequence,
             "decodeSecondsPerContextToken": self.decode_per_context_token,
             **({"tokensPerDecodeStep": self.tokens_per_step} if self.tokens_per_step != 1.0 else {}),
+            **({"tokensVerifiedPerDecodeStep": self.verified_per_step} if self.verified_per_step != 1.0 else {}),
             "tokenBudget": self.token_budget,
             "maxNumSeqs": self.max_num_seqs,
             "kvTokensPerEngine": self.capacity_tokens,
@@ -254,7 +261,7 @@ class Engine:
         step = m.decode_step
         if self.n_dec:
             context = self.reserved_dec + self.n_dec * self.D - self.dstart_sum
-            step += m.decode_per_sequence * self.n_dec + m.decode_per_context_token * context
+            step += m.verified_per_step * (m.decode_per_sequence * self.n_dec + m.decode_per_context_token * context)
         if self.prefilling is not None:
             chunk = m.token_budget * self.prefilling.cost
             return chunk if chunk > step else step

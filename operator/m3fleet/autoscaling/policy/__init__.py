@@ -33,9 +33,10 @@ why):
   from its first scrape, while the engines have prefilled none of it (they count a prompt at its first
   token).
 * **decode** — arriving output tokens (the request rate x the output per request) against what a
-  replica decodes with a full batch (MAX_DECODE_BATCH_PER_RANK sequences a rank, the catalog's step
-  model), times the acceptance length with speculative decoding (each target step then emits that many
-  tokens a sequence; measured by the engines' counters, the plan's cited prior before).
+  replica decodes: the batch a rank runs (MAX_DECODE_BATCH_PER_RANK, or fewer where a step would give
+  each token more than the ITL objective; the catalog's step model) times the acceptance length with
+  speculative decoding (each target step emits that many tokens a sequence, measured by the engines'
+  counters, the plan's cited prior before, and computes every drafted token, which makes it dearer).
 
 Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
 scale-down window wins; the window forgets a burst once its long prompts stopped arriving, and until

@@ -42,6 +42,8 @@ class PolicyConfig:
     # Speculative decoding: tokens a target forward pass emits, assumed until the engines' counters measure it (the
     # plan's prior; None without a draft). Each decode step then advances a request by this many tokens.
     acceptance_length_prior: float | None = None
+    # Tokens the target computes per sequence and step: 1 + the drafted tokens it verifies (1 without a draft).
+    verified_per_step: float = 1.0
     min_replicas: int = 1
     max_replicas: int = 4
     mode: str = AutoscalingMode.ACT.value
@@ -118,6 +120,9 @@ class PolicyConfig:
             * (MULTI_NODE_DECODE_PENALTY if plan.nodes_per_replica > 1 else 1.0),
             "acceptance_length_prior": (
                 plan.speculative_decoding.acceptance_length_prior if plan.speculative_decoding else None
+            ),
+            "verified_per_step": (
+                1.0 + plan.speculative_decoding.num_speculative_tokens if plan.speculative_decoding else 1.0
             ),
             "min_replicas": autoscaling.min_replicas,
             "max_replicas": autoscaling.max_replicas,

@@ -77,11 +77,13 @@ TERMS: Final[tuple[Term, ...]] = (
     ),
     Term(
         "decode",
-        "output tokens/s arriving over a replica's decode throughput at the KV target: a full batch per step x the "
-        "acceptance length (speculative decoding; 1 without a draft) over the step time",
-        "an engine runs at most its batch of sequences at once, each advancing one target step at a time; a draft "
-        "makes each step emit the acceptance length's tokens, so a sequence decodes, and holds its batch slot, for "
-        "1/acceptance of the steps (measured from vLLM's and SGLang's counters; the plan's cited prior before)",
+        "output tokens/s arriving over a replica's decode throughput at the KV target: the batch a rank runs (its "
+        "cap, or fewer where a step would miss the ITL objective) x the acceptance length (speculative decoding; 1 "
+        "without a draft) over the step time",
+        "an engine runs at most its batch of sequences at once, and a larger batch makes every token slower; a draft "
+        "makes each step emit the acceptance length's tokens (measured from vLLM's and SGLang's counters; the plan's "
+        "cited prior before) while the target computes every drafted token: nearly acceptance x faster for a small "
+        "batch, less as the batch grows",
     ),
     Term(
         "forecast",
@@ -506,6 +508,7 @@ FROM_SPEC: Final = frozenset(
         "prefill_tokens_per_second",
         "decode_step_seconds",
         "acceptance_length_prior",
+        "verified_per_step",
         "min_replicas",
         "max_replicas",
         "mode",

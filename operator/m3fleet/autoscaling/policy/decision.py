@@ -149,8 +149,9 @@ def explain_need(terms: Terms) -> str:
     elif terms.dominant == "decode":
         detail = (
             f"decode needs {v['decodeReplicas']:.2f} replicas ({format_tokens(v['arrivingOutputTokensPerSecond'])}/s "
-            f"output tokens arriving, {format_tokens(v['decodeTokensPerSecondPerReplica'])}/s per replica with a full "
-            f"batch at {v['tokensPerDecodeStep']:g} tokens a step)"
+            f"output tokens arriving, {format_tokens(v['decodeTokensPerSecondPerReplica'])}/s per replica: "
+            f"{v['decodeBatchPerRank']:.0f} sequences a rank within the ITL objective, {v['tokensPerDecodeStep']:g} "
+            "tokens a step)"
         )
     elif terms.dominant == "bin":
         detail = (

@@ -210,7 +210,7 @@ def compute_terms(
     if arrivals.status is not None:
         prefill_status = {**prefill_status, "gateway": arrivals.status}
 
-    decode = decode_term(config, prefill.request_rate, isl, output, rank_capacity, tokens_per_step(checked))
+    decode = decode_term(config, prefill.request_rate, isl, output, tokens_per_step(checked))
 
     candidates = {"kv": kv.replicas, "bin": bin_replicas, "prefill": prefill.replicas, "decode": decode.replicas}
     dominant = max(candidates, key=lambda k: candidates[k])
@@ -245,6 +245,7 @@ def compute_terms(
         "decodeReplicas": decode.replicas,
         "arrivingOutputTokensPerSecond": decode.output_rate,
         "decodeTokensPerSecondPerReplica": decode.per_replica,
+        "decodeBatchPerRank": decode.batch,
         "decodeStepSeconds": decode.step_seconds,
         "tokensPerDecodeStep": decode.tokens_per_step,
         "runningRequests": load.running,

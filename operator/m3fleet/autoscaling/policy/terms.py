@@ -173,8 +173,9 @@ def prefill_term(
 class DecodeTerm:
     replicas: float
     output_rate: float  # output tokens arriving per second: the request rate x the output per request
-    per_replica: float  # output tokens/s one replica emits with a full batch
-    step_seconds: float  # one target step of a full batch
+    per_replica: float  # output tokens/s one replica emits with the batch it can run
+    batch: float  # sequences per rank: the engine's cap, or fewer where a step would miss the ITL objective
+    step_seconds: float  # one target step of that batch
     tokens_per_step: float  # per sequence: the acceptance length with a draft, else 1
 
 
@@ -183,21 +184,25 @@ def decode_term(
     request_rate: float,
     prompt_tokens: float,
     output_tokens: float,
-    rank_capacity: float,
     tokens_per_step: float,
 ) -> DecodeTerm:
-    """Output tokens arriving per second over what a replica decodes with a full batch, at the KV target (the batch's
-    sequences are the sequence count's twin of the KV's tokens). Each rank runs at most MAX_DECODE_BATCH_PER_RANK
-    sequences; a target step costs the idle step + a share per sequence + a share per resident token (the batch's
-    contexts, at most the rank's KV), the catalog's priors. With speculative decoding each step emits the acceptance
-    length's tokens per sequence (`tokens_per_step`), so at a given request rate a sequence decodes, and holds its
-    slot in the batch, for 1/acceptance of the steps, and a replica's decode throughput is that many times larger
-    (the draft's own pass and the verification of the drafted tokens are left out: an upper bound)."""
-    batch = MAX_DECODE_BATCH_PER_RANK
-    resident = min(batch * (prompt_tokens + output_tokens / 2.0), rank_capacity)
-    step = (
-        config.decode_step_seconds + batch * DECODE_SECONDS_PER_SEQUENCE + DECODE_SECONDS_PER_CONTEXT_TOKEN * resident
-    )
+    """Output tokens arriving per second over what a replica decodes, at the KV target (the batch's sequences are the
+    sequence count's twin of the KV's tokens). A target step costs the idle step (the weights read once) + a share per
+    sequence and per context token for every token it computes: 1 + the drafted tokens it verifies with speculative
+    decoding (`verified_per_step`); the catalog's priors. It emits `tokens_per_step` tokens a sequence: the acceptance
+    length with a draft. A rank runs at most MAX_DECODE_BATCH_PER_RANK sequences, and fewer where a larger batch's
+    step would give each token more than the ITL objective (spec.autoscaling.slo.itl, at the sequences' mean
+    context). So a draft lets a sequence decode, and hold its slot, for 1/acceptance of the steps, nearly that much
+    faster for a small batch; verifying the drafts makes each step dearer as the batch grows. How many sequences
+    fit in KV is the KV term's."""
+    context = prompt_tokens + output_tokens / 2.0
+    verified = config.verified_per_step
+    per_sequence = verified * (DECODE_SECONDS_PER_SEQUENCE + DECODE_SECONDS_PER_CONTEXT_TOKEN * context)
+    base = config.decode_step_seconds
+    itl_bound = config.slo.itl_seconds((base + per_sequence) / tokens_per_step)
+    batch = max(1.0, min(float(MAX_DECODE_BATCH_PER_RANK), (tokens_per_step * itl_bound - base) / per_sequence))
+    step = base + batch * per_sequence
     per_replica = config.ranks_per_replica * batch * tokens_per_step / step
     output_rate = request_rate * output_tokens
-    return DecodeTerm(output_rate / (config.kv_target * per_replica), output_rate, per_replica, step, tokens_per_step)
+    replicas = output_rate / (config.kv_target * per_replica)
+    return DecodeTerm(replicas, output_rate, per_replica, batch, step, tokens_per_step)
