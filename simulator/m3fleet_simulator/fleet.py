@@ -90,7 +90,7 @@ class PerfModel:
     # else 1. One target pass verifies the drafts, prefill chunk or not, so a mixed iteration emits as many.
     tokens_per_step: float = 1.0
     # Tokens the target computes per decoding sequence and iteration: 1 + the drafted tokens it verifies. The step's
-    # per-sequence and per-context shares scale with them; its fixed part (the weights read once) does not.
+    # per-sequence share scales with them; the weights and each sequence's KV are read once a step whatever it verifies.
     verified_per_step: float = 1.0
 
     @classmethod
@@ -138,10 +138,9 @@ class PerfModel:
 
     def unloaded_itl(self, context: float) -> float:
         """Seconds per output token of a sequence decoding alone."""
-        v = self.verified_per_step  # summed in this order, so a run without a draft is bit for bit as before
-        return (
-            self.decode_step + v * self.decode_per_sequence + v * self.decode_per_context_token * context
-        ) / self.tokens_per_step
+        # Summed in this order, so a run without a draft is bit for bit as before.
+        per_sequence = self.verified_per_step * self.decode_per_sequence
+        return (self.decode_step + per_sequence + self.decode_per_context_token * context) / self.tokens_per_step
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -261,7 +260,7 @@ class Engine:
         step = m.decode_step
         if self.n_dec:
             context = self.reserved_dec + self.n_dec * self.D - self.dstart_sum
-            step += m.verified_per_step * (m.decode_per_sequence * self.n_dec + m.decode_per_context_token * context)
+            step += m.verified_per_step * m.decode_per_sequence * self.n_dec + m.decode_per_context_token * context
         if self.prefilling is not None:
             chunk = m.token_budget * self.prefilling.cost
             return chunk if chunk > step else step

@@ -80,8 +80,9 @@ def test_the_simulators_decode_emits_the_acceptance_length_per_step() -> None:
     model = PerfModel.from_plan(drafted)
     # One target pass reads the weights once, computes 1 + 3 drafted tokens a sequence and emits 2.7 of them.
     assert (model.decode_step, model.tokens_per_step, model.verified_per_step) == (plain.decode_step, 2.7, 4.0)
-    per_sequence = plain.decode_per_sequence + plain.decode_per_context_token * 100_000
-    assert model.unloaded_itl(100_000) == pytest.approx((plain.decode_step + 4 * per_sequence) / 2.7)
+    # Its KV is read once a step; the per-sequence share is paid for each of the 4 tokens computed.
+    step = plain.decode_step + 4 * plain.decode_per_sequence + plain.decode_per_context_token * 100_000
+    assert model.unloaded_itl(100_000) == pytest.approx(step / 2.7)
     assert plain.unloaded_itl(100_000) / 2.7 < model.unloaded_itl(100_000) < plain.unloaded_itl(100_000)
     assert PerfModel.from_plan(sample_plan()).decode_step == 0.025  # no draft: the model as before
 
