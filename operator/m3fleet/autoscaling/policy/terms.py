@@ -189,13 +189,12 @@ def decode_term(
     """Output tokens arriving per second over what a replica decodes, at the KV target (the batch's sequences are the
     sequence count's twin of the KV's tokens). A target step costs the idle step (the weights read once) + a share per
     sequence for every token it computes (1 + the drafted tokens it verifies with speculative decoding,
-    `verified_per_step`) + a share per context token (each sequence's KV is read once a step, whatever it verifies);
-    the catalog's priors. It emits `tokens_per_step` tokens a sequence: the acceptance
-    length with a draft. A rank runs at most MAX_DECODE_BATCH_PER_RANK sequences, and fewer where a larger batch's
-    step would give each token more than the ITL objective (spec.autoscaling.slo.itl, at the sequences' mean
-    context). So a draft lets a sequence decode, and hold its slot, for 1/acceptance of the steps, nearly that much
-    faster for a small batch; verifying the drafts makes each step dearer as the batch grows. How many sequences
-    fit in KV is the KV term's."""
+    `verified_per_step`) + a share per context token (each sequence's KV is read once a step, whatever it verifies):
+    the catalog's priors. It emits `tokens_per_step` tokens a sequence, the acceptance length with a draft. A rank
+    runs at most MAX_DECODE_BATCH_PER_RANK sequences, and fewer where a larger batch's step would give each token
+    more than the ITL objective (spec.autoscaling.slo.itl, at the sequences' mean context). So a draft lets a
+    sequence decode, and hold its slot, for 1/acceptance of the steps: nearly that much faster for a small batch,
+    less as verifying the drafts makes a large batch's step dearer. How many sequences fit in KV is the KV term's."""
     context = prompt_tokens + output_tokens / 2.0
     verified = config.verified_per_step
     per_sequence = verified * DECODE_SECONDS_PER_SEQUENCE + DECODE_SECONDS_PER_CONTEXT_TOKEN * context
