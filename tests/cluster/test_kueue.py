@@ -98,6 +98,11 @@ def test_a_group_that_fits_the_quota_is_admitted_as_one_workload_and_serves(
         assert not pod["spec"].get("schedulingGates"), name
         assert pod["spec"].get("nodeName"), name
     assert condition(body, "Available")["status"] == "True"
+    # Kueue's webhook added its annotations to the group's templates; the operator does not fight them (it would
+    # re-apply the LeaderWorkerSet on every reconcile): it wrote it once.
+    target = f"leaderworkersets/{NAMESPACE}/{ADMITTED} -> "
+    written = [w for w in fleets.writes(fleets.requests()) if target in w]
+    assert written == [f"patch {target}201"], written
 
 
 def test_a_group_over_the_quota_stays_gated_and_status_says_why(chart: Cluster, fleets: OperatorProcess) -> None:
