@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from m3fleet.api import parse_resource
 from m3fleet.api.models import MAX_NAME_LENGTH, MAX_REPLICAS, MAX_SURGE, MiniMaxM3Deployment
-from m3fleet.catalog import ENGINES
+from m3fleet.catalog import ACCELERATORS, ENGINES
 from m3fleet.documents import dump
 from m3fleet.engines import sglang
 from m3fleet.errors import SpecError
@@ -372,7 +372,7 @@ def test_grid_properties(doc: dict[str, Any]) -> None:
     resource, p, objs = result
     engine = p.engine
     workload = next(o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet"))
-    gpu = "amd.com/gpu" if p.accelerator == "mi355x" else "nvidia.com/gpu"
+    gpu = ACCELERATORS[p.accelerator].resource_name
     assert workload["spec"]["replicas"] == resource.spec.replicas
     if workload["kind"] == "Deployment":
         assert p.nodes_per_replica == 1
