@@ -36,9 +36,18 @@ ENGINE_CONTAINER = "engine"
 # The grid's axes. Contexts: short (below every long-context switch), the default, and 1M, which is
 # past the BF16/MXFP4 native 512K (YaRN) and plans to two nodes on H200 and GB200 (leader + worker).
 STRATEGIES = ("tp", "tp-ep", "dp-ep")
-# Pools rendered with another pool's flags (same vendor, architecture and GPUs a node; only GPU memory differs, which
-# the planner's tests cover): left out of the cross product to keep the tier's time, checked through their twin.
-FLAG_TWINS = {Accelerator.B300: Accelerator.B200}
+# Pools rendered with another pool's flags (same vendor, architecture and GPUs a node, the same engine facts; only GPU
+# memory differs, which the planner's tests cover): left out of the cross product to keep the tier's time, checked
+# through their twin (tests/unit/test_pools.py proves the flags equal). MI300X is not one: gfx942 takes SGLang flags
+# MI355X's gfx950 does not.
+FLAG_TWINS = {
+    Accelerator.B300: Accelerator.B200,
+    Accelerator.GB300: Accelerator.GB200,
+    Accelerator.H100: Accelerator.H200,
+    Accelerator.H20: Accelerator.H200,
+    Accelerator.MI325X: Accelerator.MI300X,
+    Accelerator.MI350X: Accelerator.MI355X,
+}
 CONTEXTS = (8_192, 131_072, 1_048_576)
 KV_DTYPES = ("bf16", "fp8")
 
