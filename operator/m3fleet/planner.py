@@ -209,14 +209,22 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
 
 
 def tier_spec(spec: MiniMaxM3DeploymentSpec, tier: ContextTier) -> MiniMaxM3DeploymentSpec:
-    """The spec a context tier is planned and rendered from: the fleet's, at the tier's context, parallelism and
-    replicas (and without tiers of its own)."""
+    """The spec a context tier is planned, rendered and autoscaled from: the fleet's, at the tier's context,
+    parallelism, replicas and replica bounds (absent bounds are spec.autoscaling's), without tiers of its own and
+    without spec.autoscaling.schedule (its windows count the spec's own tier's replicas)."""
     gateway = spec.gateway.model_copy(update={"tiers": []}) if spec.gateway is not None else None
+    scaling = spec.autoscaling
+    bounds = {
+        "min_replicas": scaling.min_replicas if tier.min_replicas is None else tier.min_replicas,
+        "max_replicas": scaling.max_replicas if tier.max_replicas is None else tier.max_replicas,
+        "schedule": [],
+    }
     return spec.model_copy(
         update={
             "context": spec.context.model_copy(update={"max_model_len": tier.max_model_len}),
             "parallelism": tier.parallelism or spec.parallelism,
             "replicas": tier.replicas,
+            "autoscaling": scaling.model_copy(update=bounds),
             "gateway": gateway,
         }
     )

@@ -227,6 +227,16 @@ TIERS_REFUSED: list[tuple[list[dict[str, Any]], str, str]] = [
         "same maxModelLen",
         "spec.gateway.tiers",
     ),
+    (
+        [{"name": "s", "maxModelLen": 8192, "minReplicas": 3, "maxReplicas": 2}],
+        "exceeds its maxReplicas",
+        "spec.gateway.tiers",
+    ),
+    (
+        [{"name": "s", "maxModelLen": 8192, "minReplicas": 5}],
+        "an absent one is spec.autoscaling's",
+        "spec.gateway.tiers",
+    ),
 ]
 
 # (resource, a fragment of the message, the field the apiserver's rejection names)

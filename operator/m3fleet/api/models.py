@@ -103,6 +103,8 @@ from m3fleet.api.spec_engine import (
     ResourceFieldSelector,
 )
 from m3fleet.api.spec_gateway import (
+    TIER_BOUNDS_FIX,
+    TIER_BOUNDS_PROBLEM,
     TIER_CONTEXT_FIX,
     TIER_CONTEXT_PROBLEM,
     ContextTier,
@@ -289,6 +291,13 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                     "self.autoscaling.minReplicas >= 1 || has(self.gateway)",
                     f"autoscaling.minReplicas {MIN_REPLICAS_PROBLEM}; fix: {MIN_REPLICAS_FIX}",
                     ".autoscaling.minReplicas",
+                ),
+                cel(
+                    "!has(self.gateway) || !has(self.gateway.tiers) || self.gateway.tiers.all(t, "
+                    "(has(t.minReplicas) ? t.minReplicas : self.autoscaling.minReplicas) <= "
+                    "(has(t.maxReplicas) ? t.maxReplicas : self.autoscaling.maxReplicas))",
+                    f"gateway.tiers[].minReplicas {TIER_BOUNDS_PROBLEM}; fix: {TIER_BOUNDS_FIX}",
+                    ".gateway.tiers",
                 ),
                 cel(
                     "!has(self.gateway) || !has(self.gateway.tiers) || "
