@@ -242,7 +242,7 @@ SGLANG_FLAGS = {
     "--chunked-prefill-size": 1, "--quantization": 1, "--dtype": 1, "--kv-cache-dtype": 1, "--attention-backend": 1,
     "--page-size": 1, "--moe-runner-backend": 1, "--enable-multimodal": 0, "--json-model-override-args": 1,
     "--trust-remote-code": 0, "--reasoning-parser": 1, "--tool-call-parser": 1, "--enable-metrics": 0,
-    "--dist-init-addr": 1, "--nnodes": 1, "--node-rank": 1,
+    "--dist-init-addr": 1, "--nnodes": 1, "--node-rank": 1, "--watchdog-timeout": 1, "--skip-server-warmup": 0,
 }  # fmt: skip
 TRTLLM_FLAGS = {
     "--host": 1, "--port": 1, "--trust_remote_code": 0, "--reasoning_parser": 1, "--tool_parser": 1,
