@@ -254,7 +254,7 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
         "spec.disaggregation.inputTokens",
     ),
     (
-        with_spec(disaggregation={"ratio": "1:2", "prefill": {"replicas": 1}, "decode": {"replicas": 2}}),
+        with_spec(disaggregation={"ratio": "1:2", "prefill": {"replicas": 1}}),
         "ratio cannot be pinned together",
         "spec.disaggregation.ratio",
     ),

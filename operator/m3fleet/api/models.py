@@ -82,10 +82,11 @@ from m3fleet.api.spec_autoscaling import (
     Weekday,
 )
 from m3fleet.api.spec_disaggregation import (
-    DisaggregationRoleSpec,
+    DecodeRoleSpec,
     DisaggregationSpec,
     FrontendSpec,
     KvTransfer,
+    PrefillRoleSpec,
     RenderAs,
 )
 from m3fleet.api.spec_engine import (
@@ -639,8 +640,8 @@ __all__ = [
     "Condition",
     "ContextSpec",
     "ContextTier",
+    "DecodeRoleSpec",
     "DisaggregationPlan",
-    "DisaggregationRoleSpec",
     "DisaggregationSpec",
     "EndpointPickerSpec",
     "EngineName",
@@ -675,6 +676,7 @@ __all__ = [
     "PodResourcesSpec",
     "PodTemplateMetadata",
     "PodTemplateSpec",
+    "PrefillRoleSpec",
     "PrometheusSpec",
     "PvcSource",
     "RenderAs",

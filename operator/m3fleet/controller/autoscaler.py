@@ -55,6 +55,7 @@ from m3fleet.autoscaling.promql import Gateway, held_requests_query
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
 from m3fleet.catalog.gateway import HELD_REQUESTS_METRIC
 from m3fleet.controller import metrics
+from m3fleet.controller.autoscaler_roles import RoleMemory, tick_roles
 from m3fleet.controller.decide import Understood
 from m3fleet.controller.events import Events
 from m3fleet.kubeapi import ApiError, KubeApi
@@ -209,6 +210,7 @@ class Autoscaler:
     _sources: dict[GroupKey, tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
     _demand: dict[GroupKey, DemandRecord] = field(default_factory=dict)
     _groups: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # the tiers each resource last had
+    roles: RoleMemory = field(default_factory=RoleMemory)  # a disaggregated fleet's role ticks
 
     async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
         """How to verify Prometheus: the CA read from the Secret the spec names (by name, each tick, so a rotated
@@ -245,6 +247,7 @@ class Autoscaler:
     def forget(self, namespace: str, name: str) -> None:
         """The resource went away, or no longer autoscales."""
         self._drop(namespace, name, keep=())
+        self.roles.forget(namespace, name)
         metrics.forget(metrics.AUTOSCALER_SERIES, namespace, name)
 
     def _drop(self, namespace: str, name: str, keep: Collection[str]) -> None:
@@ -337,6 +340,9 @@ class Autoscaler:
         if not scaling.enabled:
             self.forget(namespace, name)
             return Tick()
+        if plan.disaggregation is not None:  # each role on its own signal (such a fleet has no context tiers)
+            done = await tick_roles(self, body, resource, plan)
+            return Tick(status=done.status, scale=done.scale, gone=done.gone)
         groups = scaled_groups(resource, plan)
         self._drop(namespace, name, keep=[g.tier for g in groups])
         status = body.get("status") or {}

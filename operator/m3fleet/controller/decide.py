@@ -28,6 +28,7 @@ from m3fleet.api.models import MiniMaxM3Deployment, Plan
 from m3fleet.api.parse import parse_cache
 from m3fleet.autoscaling.groups import tier_replicas_to_apply
 from m3fleet.autoscaling.policy import replicas_to_apply
+from m3fleet.autoscaling.policy.roles import role_replicas_to_apply
 from m3fleet.catalog.gateway import ROUTE_API
 from m3fleet.controller.status import (
     Blocked,
@@ -156,7 +157,14 @@ def want(understood: Understood, cache: Mapping[str, Any] | None, status: Mappin
     try:
         mount = cache_mount(resource, parse_cache(dict(cache)) if cache is not None else None)
         replicas = replicas_to_apply(resource.spec, status)
-        objects = render(resource, plan, replicas, mount, tier_replicas=tier_replicas_to_apply(resource.spec, status))
+        objects = render(
+            resource,
+            plan,
+            replicas,
+            mount,
+            tier_replicas=tier_replicas_to_apply(resource.spec, status),
+            role_replicas=role_replicas_to_apply(resource.spec, status),
+        )
     except (SpecError, SpecErrors) as exc:
         return Wanted(blocked=_invalid(exc))
     return Wanted(objects, required_secrets(resource, plan), mount)

@@ -139,15 +139,17 @@ def render(
     replicas: int | None = None,
     cache: CacheMount | None = None,
     tier_replicas: Mapping[str, int] | None = None,
+    role_replicas: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Every child object. `replicas` overrides spec.replicas (the autoscaler's decision), `tier_replicas` a context
-    tier's replicas by tier name; `cache` is the MiniMaxM3ModelCache that spec.model.cacheRef names (needed when it
-    is set)."""
+    tier's replicas by tier name, `role_replicas` a disaggregated fleet's prefill and decode workers (the autoscaler's
+    per-role decision); `cache` is the MiniMaxM3ModelCache that spec.model.cacheRef names (needed when it is set)."""
     if resource.spec.model.cache_ref is not None and cache is None:
         cache_mount(resource, None)  # raises: which cache is missing, and the fix
     count = resource.spec.replicas if replicas is None else replicas
     if plan.disaggregation is not None:
-        return _render_disaggregated(resource, plan, count, cache)
+        roles = role_replicas or {}
+        return _render_disaggregated(resource, plan, roles.get("decode", count), cache, roles.get("prefill"))
     ctx = context_for(resource, plan, cache)
     tiers = tier_contexts(resource, cache)
     *config_map, workload = _workload(ctx, count)
@@ -166,13 +168,17 @@ def render(
 
 
 def _render_disaggregated(
-    resource: MiniMaxM3Deployment, plan: Plan, decode_replicas: int, cache: CacheMount | None
+    resource: MiniMaxM3Deployment,
+    plan: Plan,
+    decode_replicas: int,
+    cache: CacheMount | None,
+    prefill_replicas: int | None,
 ) -> list[dict[str, Any]]:
     """spec.disaggregation: Dynamo's frontend and workers as pods, or one DynamoGraphDeployment."""
     roles = role_plans(resource.spec)
     if plan.disaggregation is not None and plan.disaggregation.render_as == RenderAs.DYNAMO_GRAPH_DEPLOYMENT:
-        return render_graph(resource, plan, roles, decode_replicas, cache)
-    return render_pods(resource, plan, roles, decode_replicas, cache)
+        return render_graph(resource, plan, roles, decode_replicas, cache, prefill_replicas)
+    return render_pods(resource, plan, roles, decode_replicas, cache, prefill_replicas)
 
 
 def cache_mount(resource: MiniMaxM3Deployment, cache: MiniMaxM3ModelCache | None) -> CacheMount | None:

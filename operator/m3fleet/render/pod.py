@@ -39,6 +39,10 @@ SHM_SIZE = f"{POD_SHM_GIB}Gi"  # the AMD verified run used 32g; vLLM/SGLang pass
 LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 COMPUTE_DOMAIN_CLAIM = "compute-domain-channel"
 CONFIG_DIGEST_ANNOTATION = "m3fleet.dev/engine-config-digest"  # on the pod template: which ConfigMap data it runs
+# Kueue's LeaderWorkerSet integration reads the queue on the LeaderWorkerSet (workload_meta puts it there) and labels
+# each pod of a group itself, with the group's Workload; it leaves alone a pod that already carries the label, which
+# then joins no Workload and keeps Kueue's admission gate forever (seen on the real tier, tests/cluster/test_kueue.py).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 NON_ROOT_UID = 1000  # engine pods that need no root run as this UID/GID (Pod Security restricted)
 
 
@@ -457,7 +461,8 @@ def pod_template(
         template = ctx.resource_name("compute-domain-channel")
         pod_spec["resourceClaims"] = [{"name": COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": template}]
     passthrough = ctx.spec.pod_template.metadata
-    metadata: dict[str, Any] = {"labels": {**passthrough.labels, **pod_labels(ctx, role, container.serves_http)}}
+    labels = {k: v for k, v in passthrough.labels.items() if role == Role.SINGLE or k != KUEUE_QUEUE_LABEL}
+    metadata: dict[str, Any] = {"labels": {**labels, **pod_labels(ctx, role, container.serves_http)}}
     annotations: dict[str, str] = dict(passthrough.annotations)
     if config is not None:
         # A changed ConfigMap alone changes no pod (the kubelet only swaps the mounted files under running engines,

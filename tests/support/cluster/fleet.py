@@ -37,6 +37,16 @@ def renamed(document: dict[str, Any], name: str, namespace: str) -> dict[str, An
     return copied
 
 
+def two_node_group(name: str, namespace: str) -> dict[str, Any]:
+    """vLLM at 1M context on the MXFP8 checkpoint, three full-length sequences: two H200 nodes a replica (a
+    LeaderWorkerSet group of a leader and one worker, 8 GPUs each)."""
+    document = renamed(sample("vllm-h200-tp8"), name, namespace)
+    document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
+    document["spec"]["context"] = {"maxModelLen": 1_048_576, "minSequencesAtMaxLen": 3}
+    document["spec"]["parallelism"] = {"tensorParallelSize": 0}
+    return document
+
+
 HUB_REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 

@@ -30,6 +30,9 @@ from tests.support.cluster.cluster import eventually as cluster_eventually
 from tests.support.cluster.fleet import renamed, sample
 
 NAMESPACE = "loop"
+# A disaggregated fleet's pods carry their Dynamo role; the chart's PodMonitor (a labelmap) makes it this label.
+DYNAMO_ROLE = "m3fleet.dev/dynamo-role"
+ROLE_SERIES_LABEL = "m3fleet_dev_dynamo_role"
 ACT, ADVISORY = "loop-act", "loop-advisory"
 QUIET, BUSY = 0.5, 2.5  # fleet-wide demand, in replicas' worth of KV at the 0.8 target
 IN_FLIGHT = 12.0  # requests running in the fleet, whatever the demand
@@ -129,7 +132,8 @@ def series_labels(pod: dict[str, Any]) -> dict[str, str]:
     """What the chart's PodMonitor (its labelmap of the pod's labels) puts on the pod's engine series."""
     labels = pod["metadata"]["labels"]
     tier = {"m3fleet_dev_tier": labels[TIER]} if TIER in labels else {}
-    return {"namespace": pod["metadata"]["namespace"], "m3fleet_dev_name": labels["m3fleet.dev/name"], **tier}
+    role = {ROLE_SERIES_LABEL: labels[DYNAMO_ROLE]} if DYNAMO_ROLE in labels else {}  # a disaggregated fleet's pods
+    return {"namespace": pod["metadata"]["namespace"], "m3fleet_dev_name": labels["m3fleet.dev/name"], **tier, **role}
 
 
 def replica_and_node_rank(pod: dict[str, Any]) -> tuple[str, int]:
@@ -147,8 +151,15 @@ class StandIns:
     workers too), exporting what the `load` says of its replica (by default a `SteppedDemand`: set `demand`)
     from that pod's node, and the target list Prometheus reads."""
 
-    def __init__(self, cluster: Cluster, targets: Path, plans: dict[str, Plan], load: Load | None = None) -> None:
-        self.cluster, self.targets, self.plans = cluster, targets, plans
+    def __init__(
+        self,
+        cluster: Cluster,
+        targets: Path,
+        plans: dict[str, Plan],
+        load: Load | None = None,
+        namespace: str = NAMESPACE,
+    ) -> None:
+        self.cluster, self.targets, self.plans, self.namespace = cluster, targets, plans, namespace
         self.load: Load = load or SteppedDemand(plans)
         self.servers: dict[str, tuple[str, MetricsServer]] = {}  # pod -> (fleet, its stand-in)
         self.replicas: dict[str, tuple[str, int]] = {}  # pod -> (its replica, its node rank)
@@ -179,7 +190,7 @@ class StandIns:
             try:
                 listed = [
                     p
-                    for p in self.cluster.list("pods", NAMESPACE, "m3fleet.dev/name")
+                    for p in self.cluster.list("pods", self.namespace, "m3fleet.dev/name")
                     if group_of(p) in self.plans
                     and (p["metadata"].get("annotations") or {}).get("prometheus.io/scrape") == "true"
                     and not p["metadata"].get("deletionTimestamp")
