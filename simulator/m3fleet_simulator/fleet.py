@@ -66,8 +66,33 @@ from m3fleet_simulator.scenarios import Request, Workload
 
 # Relative speed per accelerator vs H200 (UNVERIFIED assumptions, not calibrated on hardware):
 # prefill scales with dense FLOPs, the decode step with HBM bandwidth.
-PREFILL_SPEED: Final[dict[str, float]] = {"h200": 1.0, "gb200": 2.2, "b200": 2.2, "b300": 2.2, "mi355x": 2.0}
-DECODE_STEP_SCALE: Final[dict[str, float]] = {"h200": 1.0, "gb200": 0.65, "b200": 0.65, "b300": 0.65, "mi355x": 0.65}
+# The newer pools as m3fleet.catalog.throughput scales them (dense BF16 rate, HBM bandwidth vs H200).
+PREFILL_SPEED: Final[dict[str, float]] = {
+    "h200": 1.0,
+    "h100": 1.0,
+    "h20": 0.15,
+    "gb200": 2.2,
+    "gb300": 2.2,
+    "b200": 2.2,
+    "b300": 2.2,
+    "mi300x": 1.32,
+    "mi325x": 1.32,
+    "mi350x": 1.66,
+    "mi355x": 2.0,
+}
+DECODE_STEP_SCALE: Final[dict[str, float]] = {
+    "h200": 1.0,
+    "h100": 1.43,
+    "h20": 1.2,
+    "gb200": 0.65,
+    "gb300": 0.65,
+    "b200": 0.65,
+    "b300": 0.65,
+    "mi300x": 0.9,
+    "mi325x": 0.8,
+    "mi350x": 0.65,
+    "mi355x": 0.65,
+}
 MULTI_NODE_PREFILL_EFFICIENCY: Final = 0.85
 MULTI_NODE_DECODE_PENALTY: Final = 1.15
 ENGINE_CAPACITY_FACTOR: Final = 0.95

@@ -243,7 +243,9 @@ TIERS_REFUSED: list[tuple[list[dict[str, Any]], str, str]] = [
 CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(model__variant="mxfp4", accelerator="h200"), "mxfp4", "spec.model.variant"),
     (with_spec(model__variant="mxfp4", accelerator="gb200"), "mxfp4", "spec.model.variant"),
+    (with_spec(model__variant="mxfp4", accelerator="mi300x"), "gfx950", "spec.model.variant"),
     (with_spec(engine__name="trtllm", accelerator="mi355x"), "NVIDIA", "spec.engine.name"),
+    (with_spec(engine__name="trtllm", accelerator="gb300"), "its MiniMax-M3 guide documents", "spec.engine.name"),
     (with_spec(engine__name="trtllm", accelerator="gb200", model__variant="mxfp8"), "bf16 only", "spec.model.variant"),
     (with_spec(accelerator="mi355x", disaggregation={}), "NVIDIA GPUs only", "spec.disaggregation"),
     (

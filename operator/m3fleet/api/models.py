@@ -220,16 +220,16 @@ class MiniMaxM3DeploymentSpec(CamelModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.model.variant != 'mxfp4' || self.accelerator == 'mi355x'",
-                    "model.variant mxfp4 (amd/MiniMax-M3-MXFP4) runs only on accelerator mi355x; fix: use variant "
-                    "mxfp8 or bf16 here, or accelerator mi355x",
+                    "self.model.variant != 'mxfp4' || self.accelerator in ['mi350x', 'mi355x']",
+                    "model.variant mxfp4 (amd/MiniMax-M3-MXFP4) runs only on accelerator mi350x or mi355x (gfx950); "
+                    "fix: use variant mxfp8 or bf16 here, or accelerator mi350x or mi355x",
                     ".model.variant",
                     "FieldValueForbidden",
                 ),
                 cel(
                     "self.engine.name != 'trtllm' || self.accelerator in ['h200', 'gb200']",
-                    "engine trtllm runs only on NVIDIA accelerators (h200, gb200); fix: use engine vllm or sglang on "
-                    "mi355x, or accelerator h200 or gb200",
+                    "engine trtllm runs only on the NVIDIA pools its MiniMax-M3 guide documents (h200, gb200); fix: "
+                    "use engine vllm or sglang on the other pools, or accelerator h200 or gb200",
                     ".engine.name",
                     "FieldValueForbidden",
                 ),
@@ -312,7 +312,8 @@ class MiniMaxM3DeploymentSpec(CamelModel):
     model: ModelSpec = Field(description="Which MiniMax-M3 checkpoint to serve and where its weights are.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Serving engine and its overrides.")
     accelerator: Accelerator = Field(
-        default=Accelerator.H200, description="GPU pool: h200, gb200, b200, b300 or mi355x."
+        default=Accelerator.H200,
+        description="GPU pool: h200, h100, h20, gb200, gb300, b200, b300, mi300x, mi325x, mi350x or mi355x.",
     )
     node_pool: NodePoolSpec = Field(default_factory=NodePoolSpec, description="Extra placement for the pool.")
     parallelism: ParallelismSpec = Field(

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
-from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, ModelCacheRef, NodeAffinityMode, Plan, RenderAs
+from m3fleet.api.models import MiniMaxM3Deployment, ModelCacheRef, NodeAffinityMode, Plan, RenderAs
 from m3fleet.engines import Context, EngineLaunch, Role, launch
 from m3fleet.engines.base import CacheMount
 from m3fleet.errors import SpecError
@@ -154,7 +154,7 @@ def render(
     tiers = tier_contexts(resource, cache)
     *config_map, workload = _workload(ctx, count)
     objects = list(config_map)
-    if any(c.multi_node and c.plan.accelerator == Accelerator.GB200 for c in (ctx, *tiers)):
+    if any(c.multi_node and c.accelerator.nvlink_spans_nodes for c in (ctx, *tiers)):
         objects.append(compute_domain(ctx))  # one IMEX domain for every multi-node workload of the resource
     objects.append(workload)
     for tier in tiers:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from m3fleet.api.models import Accelerator, DisaggregationPlan, MiniMaxM3Deployment, Plan
+from m3fleet.api.models import DisaggregationPlan, MiniMaxM3Deployment, Plan
 from m3fleet.catalog.dynamo import DISCOVERY_LABELS, FRONTEND_PORT, SYSTEM_PORT, WORKER_METADATA_API
 from m3fleet.disaggregation import prefill_count
 from m3fleet.engines.base import CacheMount, Context, EngineLaunch, Role
@@ -80,7 +80,7 @@ def render_pods(
     objects: list[dict[str, Any]] = []
     if files:
         objects.append(config_map(top, files))
-    if plan.accelerator == Accelerator.GB200 and any(c.multi_node for c in contexts.values()):
+    if top.accelerator.nvlink_spans_nodes and any(c.multi_node for c in contexts.values()):
         objects.append(compute_domain(top))
     objects += _rbac(top)
     for role in contexts:

@@ -8,7 +8,6 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from m3fleet.api.models import Accelerator
 from m3fleet.api.spec_pod import (
     CACHE_MOUNT,
     CONFIG_MOUNT,
@@ -120,7 +119,7 @@ def _env(ctx: Context, container: Container) -> list[dict[str, Any]]:
     values: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in {**home_env(), **container.env}.items()}
     for name, (secret, key) in container.secret_env.items():  # referenced, never copied
         values[name] = {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
-    if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
+    if ctx.accelerator.nvlink_spans_nodes and ctx.multi_node:
         # Multi-node NVLink through the IMEX channel (third-party GB200 guides; UNVERIFIED as official).
         for name in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE"):
             values[name] = {"name": name, "value": "1"}
@@ -235,7 +234,7 @@ def _resources(ctx: Context) -> dict[str, Any]:
     requests = {"cpu": str(ctx.plan.cpu_per_pod), "memory": memory, **devices}
     limits = {"memory": memory, **devices}
     resources: dict[str, Any] = {"limits": dict(sorted(limits.items())), "requests": dict(sorted(requests.items()))}
-    if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
+    if ctx.accelerator.nvlink_spans_nodes and ctx.multi_node:
         resources["claims"] = [{"name": COMPUTE_DOMAIN_CLAIM}]
     return resources
 
@@ -458,7 +457,7 @@ def pod_template(
         "automountServiceAccountToken": False,  # engines never talk to the API server
         "enableServiceLinks": False,  # a Service named e.g. "vllm" would inject VLLM_PORT and confuse vLLM
     }
-    if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
+    if ctx.accelerator.nvlink_spans_nodes and ctx.multi_node:
         template = ctx.resource_name("compute-domain-channel")
         pod_spec["resourceClaims"] = [{"name": COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": template}]
     passthrough = ctx.spec.pod_template.metadata

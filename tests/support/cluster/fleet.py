@@ -18,7 +18,7 @@ from tests.support.cluster.nodes import NODES
 
 # The samples' claims: their weights, and the Hub cache of the one that reads the checkpoint from Hugging Face.
 WEIGHT_CLAIMS = ("m3-weights", "m3-weights-mxfp8", "m3-weights-mxfp4", "m3-weights-nvfp4", "hf-cache")
-POOL_OF_ACCELERATOR = {"h200": "h200", "gb200": "gb200", "b200": "b200", "mi355x": "mi355x"}
+POOL_OF_ACCELERATOR = {a: a for a in ("h200", "h100", "gb200", "gb300", "b200", "mi300x", "mi355x")}
 NODE_POOL = {spec.name: spec.pool for spec in NODES}
 
 
