@@ -146,8 +146,12 @@ def test_real_client_output_parses_into_the_table(
             1000 * TIMING.inter_token_s,
             1000 * (TIMING.first_token_s + TIMING.per_prompt_token_s * INPUT_LEN),
         )
-        assert itl_ms * 0.9 <= r.tpot.median <= itl_ms * 10
-        assert itl_ms * 0.9 <= r.itl.median <= itl_ms * 10
+        # A CPU-starved client reads the first token late and the tokens buffered meanwhile at once, so its TPOT and
+        # ITL may fall under the stand-in's delay (3.5 ms against 4 seen on a loaded machine): the lower bound
+        # catches a unit error, the whole request carries the delays (it cannot end before the stand-in has slept).
+        assert itl_ms * 0.25 <= r.tpot.median <= itl_ms * 10
+        assert itl_ms * 0.25 <= r.itl.median <= itl_ms * 10
+        assert r.e2el.median >= 0.9 * (ttft_ms + (OUTPUT_LEN - 1) * itl_ms)
         assert ttft_ms * 0.9 <= r.ttft.median <= ttft_ms * 20
         # A request's latency is its TTFT plus (outputs - 1) x its TPOT; that holds for the means, not the medians.
         assert r.ttft.median <= r.ttft.p99 and r.e2el.mean >= r.ttft.mean + (OUTPUT_LEN - 1) * r.tpot.mean * 0.9
