@@ -1,6 +1,6 @@
 """The CRD's own admission contract, enforced offline: what `kubectl apply` would say, before the planner.
 
-One module (about 630 lines) on purpose: its four stages are the apiserver's one admission pipeline over one
+One module (about 650 lines) on purpose: its four stages are the apiserver's one admission pipeline over one
 schema, sharing the field-path, type and message helpers; `judge`, `admit` and `admit_spec` run it whole.
 
 `m3fleet plan`/`render` and the operator judge a document exactly as the apiserver does with the CRD that
