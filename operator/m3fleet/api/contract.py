@@ -367,8 +367,22 @@ def _scalar_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator
 @cache
 def _regex(pattern: str) -> re.Pattern[str]:
     """An OpenAPI pattern (RE2 syntax, unanchored unless it says so); RE2's `$` matches only at the very end,
-    Python's also before a final newline, so a trailing `$` becomes `\\Z`."""
-    return re.compile(re.sub(r"(?<!\\)\$$", r"\\Z", pattern))
+    Python's also before a final newline, so every `$` anchor becomes `\\Z` — not only a trailing one: in
+    `^[a-z0-9]+$|^$` the first `$` let "0\\n" through, which the apiserver refuses."""
+    translated, in_class, escaped = [], False, False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "$":
+            char = r"\Z"
+        translated.append(char)
+    return re.compile("".join(translated))
 
 
 def schema_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[Violation]:
