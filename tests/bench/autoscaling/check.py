@@ -183,11 +183,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for name in args.files:
-        with open(name) as handle:
-            for seed in json.load(handle):
-                if "lateOracleCurve" not in seed:
-                    raise SystemExit(f"{name}: seed {seed['seed']} has no lateOracleCurve; run without --no-sweep")
-                groups[group_of(seed)].append(seed)
+        try:
+            with open(name) as handle:
+                report = json.load(handle)
+        except (OSError, ValueError) as error:
+            why = f"{name}: not the benchmark's JSON ({error}); write it with -o json and let it finish"
+            raise SystemExit(why) from None
+        for seed in report:
+            if "lateOracleCurve" not in seed:
+                raise SystemExit(f"{name}: seed {seed['seed']} has no lateOracleCurve; run without --no-sweep")
+            groups[group_of(seed)].append(seed)
     failed = 0
     for group, seeds in groups.items():
         print(group)

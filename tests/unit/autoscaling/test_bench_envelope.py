@@ -142,6 +142,13 @@ def test_the_checker_cli_prints_per_seed_verdicts_and_fails_on_any(tmp_path: Pat
     assert "seed   7 FAIL neverWorse: ours 95.0%/14.0 GPU-h; better: fixed replicas=2 97.0%/14.0" in out.stdout
     assert "seed   8 PASS neverWorse" in out.stdout
     assert "1 checks failed" in out.stdout
+    # A benchmark still running leaves an empty file: one line naming it, not a traceback.
+    path.write_text("")
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.bench.autoscaling.check", str(path)], cwd=REPO, capture_output=True, text=True
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"{path}: not the benchmark's JSON" in out.stderr and "let it finish" in out.stderr
 
 
 def test_every_run_of_the_sweep_is_made_and_the_front_rises() -> None:
