@@ -14,7 +14,8 @@ Per seed, the policy `context-aware` against:
 * `longContextLead` (long-context scenarios) — the report's own check against each family's frontier;
 * `coldStartGoal` (90 s cold starts, long-context scenarios) — >= 95% (97% recurring), asked only where the
   envelope reaches 96% within 1.25x the oracle's GPU-hours; elsewhere reported with the envelope's figure;
-* `robust` — where the report ran them (`--priors-off`, `--robustness`): at most 3 points lost to any variant.
+* `robust` — where the report ran them (`--priors-off`, `--robustness`): at most 3 points lost to any variant
+  (priors x0.5/x2, the time model x0.7/x1.4, engines sharing their prefill budget instead of FCFS).
 
 Over seeds (per scenario, cold start and SLO): the median envelope gap at most `MEDIAN_POINTS`; the long-context
 lead on at least `LEAD_SHARE` of seeds.
@@ -124,11 +125,14 @@ def cold_start_goal(seed: dict[str, Any]) -> Verdict | None:
 
 
 def robust(seed: dict[str, Any]) -> Verdict | None:
+    checks = seed.get("checks", {})
     variants = {
         f"{name} {label}": run["pointsLost"]
         for name in ("priorsOff", "robustness")
-        for label, run in seed.get("checks", {}).get(name, {}).get("byScale", {}).items()
+        for label, run in checks.get(name, {}).get("byScale", {}).items()
     }
+    for discipline, run in checks.get("robustness", {}).get("byPrefillDiscipline", {}).items():
+        variants[f"prefill {discipline}"] = run["pointsLost"]
     if not variants:
         return None
     worst = max(variants.values())
