@@ -197,8 +197,9 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         "default_output_tokens",
         "tokens",
         B.PRIOR,
-        "a chat answer's size, until the engines' generation and finish rates measure it; the benchmark's priors "
-        f"check (x0.5 and x2) bounds what a wrong one costs ({RESULTS})",
+        "a chat answer's size, until the engines' generation rate measures it (over the requests finishing or "
+        "arriving, whichever is more); the benchmark's priors check (x0.5 and x2) bounds what a wrong one costs "
+        f"({RESULTS})",
     ),
     Constant(
         capacity,
