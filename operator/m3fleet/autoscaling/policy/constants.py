@@ -97,9 +97,10 @@ TERMS: Final[tuple[Term, ...]] = (
     ),
     Term(
         "standing",
-        "a chat burst's capacity, until the SLO's error budget since it began covers a recurrence's misses",
-        "releasing costs a cold start of misses on the next burst; keeping costs GPU-hours: the SLO's percentile "
-        "says how many misses may be spent",
+        "a chat burst's capacity, or the fleet as the autoscaler first found it, until the SLO's error budget since "
+        "then covers a recurrence's misses",
+        "releasing costs a cold start of misses on the next burst (the found fleet's size is the one evidence of a "
+        "need not seen yet); keeping costs GPU-hours: the SLO's percentile says how many misses may be spent",
     ),
 )
 
