@@ -1,6 +1,7 @@
 """Output tokens per request while the population in flight grows: a new fleet's first finished requests are its
-shortest answers, so tokens decoded over finishes alone is many times any answer (the decode term then ordered
-maxReplicas on every `long-answers` seed within 40 s of the start); over the arrivals (conservation) it is not."""
+shortest answers, so tokens decoded over finishes alone is many times any answer (the decode term then ordered 3-8
+replicas on every `long-answers` seed within 40 s of the start, where two serve it); over the arrivals
+(conservation) it is not."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_a_new_fleets_first_finishes_do_not_inflate_the_answers() -> None:
     for seconds in (15.0, 30.0, 45.0):
         terms, desired, state = _first_minute_tick(state, seconds)
     # 162 sequences decoding at 27 tokens/s is 4,374 tokens/s, 1,215 for each of 3.6 arrivals a second. Over the
-    # 0.2 finishes a second it would read 21,870 tokens an answer and order decode for 79k output tokens/s.
+    # 0.2 finishes a second it would read 21,870 tokens an answer: eighteen times the arrivals' figure.
     assert terms["outputTokensPerRequest"] == pytest.approx(45.0 * ARRIVALS * TOKENS_PER_SECOND / ARRIVALS, rel=0.2)
     assert terms["outputTokensPerRequest"] < 1_500
     assert desired == 1
