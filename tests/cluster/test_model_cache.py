@@ -17,6 +17,7 @@ that images are really pulled (no container runtime), hostPath mounts, and that 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -133,6 +134,7 @@ def test_staged_labelled_used_and_removed(chart: Cluster, operator: OperatorProc
         label_node(chart, node, POOL_LABEL, "a")
     chart.kubectl("create", "secret", "generic", "hf-token", "-n", NAMESPACE, "--from-literal=token=hf_x")
     deployment = renamed(sample("vllm-h200-tp8"), "cached", NAMESPACE)
+    watching = contextlib.ExitStack()
     deployment["spec"]["model"]["cacheRef"] = {"name": "m3"}
     # The old pod stays until its replacement is ready (on a node holding the new copy): the path change below
     # must not empty the old directory under it.
@@ -206,9 +208,21 @@ def test_staged_labelled_used_and_removed(chart: Cluster, operator: OperatorProc
         others = sorted({*pool, "h200-3"} - {engine_node})
         new_path = "/mnt/nvme/m3fleet/m3-v2"
 
+        # Watched, not polled: a cleanup Job may come and go between two polls on a busy machine.
+        watched = watching.enter_context(
+            chart.watch(
+                "jobs",
+                NAMESPACE,
+                "m3fleet.dev/cache=m3,m3fleet.dev/cache-action=clean",
+                r"{.metadata.name} {.metadata.annotations.m3fleet\.dev/node}"
+                " {.spec.template.spec.volumes[*].hostPath.path}",
+            )
+        )
+
         def cleanups() -> dict[str, set[str]]:
-            for job in chart.list("jobs", NAMESPACE, "m3fleet.dev/cache=m3,m3fleet.dev/cache-action=clean"):
-                seen[job["metadata"]["name"]] = {job_node(job), host_path(job)}
+            for line in list(watched):
+                name, node, path = line.split(" ", 2)
+                seen[name] = {node, path}
             return seen
 
         def new_copy_on(node: str) -> bool:
@@ -291,6 +305,7 @@ def test_staged_labelled_used_and_removed(chart: Cluster, operator: OperatorProc
         eventually("the cache gone", lambda: chart.get("m3cache", "m3", NAMESPACE) is None, 90)
         assert not any(NODE_LABEL in node_labels(chart, n) for n in (*pool, "h200-3"))
     finally:
+        watching.close()
         chart.kubectl("delete", "m3d", "cached", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         chart.kubectl("delete", "m3cache", "m3", "-n", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         for node in ("h200-3", *pool):

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -170,6 +171,34 @@ class Cluster:
                 f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
             )
         return result
+
+    @contextlib.contextmanager
+    def watch(self, kind: str, namespace: str, selector: str, template: str) -> Iterator[list[str]]:
+        """Every object of `kind` the apiserver reports while the block runs (the list at the start, then each
+        change), one line each in kubectl's jsonpath `template`: what polling misses when an object comes and goes
+        between two polls on a busy machine."""
+        command = [
+            str(BIN / "kubectl"),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--cache-dir={self.workdir / 'kube-cache'}",
+            *("get", kind, "-n", namespace, "-l", selector, "--watch", "-o", f'jsonpath={template}{{"\\n"}}'),
+        ]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        lines: list[str] = []
+
+        def read() -> None:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line.rstrip("\n"))
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        try:
+            yield lines
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+            reader.join(timeout=10)
 
     def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         args = ["get", kind, name, "-o", "json"] + (["-n", namespace] if namespace else [])
