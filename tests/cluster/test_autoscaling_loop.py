@@ -6,10 +6,18 @@
   when the pod goes, its stand-in stops. Prometheus finds them through file-based service discovery (the test
   writes the target list as Kubernetes service discovery would), each target labelled as the chart's PodMonitor
   labels engine series: `namespace`, `m3fleet_dev_name` (the fleet) and `pod` (the replica the adapter groups by).
+* A cold start: kwok makes a pod of these fleets ready COLD_START seconds after it was created (the pod annotation
+  tests/support/cluster/controlplane.py's COLD_START_ANNOTATION, through spec.podTemplate; other tests' pods are
+  ready at once), so the time-to-ready the operator measures, the horizon it plans with and replicas still
+  starting are real.
 * The load is a fleet-wide demand, in replicas' worth of KV at the 0.8 target, shared by the pods up (each later
-  pod a little busier): it rises (the KV term asks for more replicas), then falls (it asks for fewer). The number of
-  requests in flight stays the same, so the KV term, not the arrival estimate, decides.
-* Checks: the act fleet's Deployment scales up, then down, keeping the busiest pod (the operator prices each pod by
+  pod a little busier; a pod's KV gauge stops at full, the rest queues): it ramps up to a replica's full KV (the
+  queue limit), jumps (a burst's onset), then falls. The number of requests in flight stays the same, so the KV
+  term, not the arrival estimate, decides.
+* Checks: the scale-up is decided on a need below the queue limit; the fleet climbs a step a cold start to what
+  the burst needs and no further, and goes down only after the scale-down window (no flapping: every move up comes
+  before every move down); each replica's measured time-to-ready is the cold start and the horizon is built on
+  it. The act fleet's Deployment scales up, then down, keeping the busiest pod (the operator prices each pod by
   its resident KV through pod-deletion-cost; left alone, the ReplicaSet deletes the newest); decisions and reasons
   in `status.autoscaling`; `Scaled` Events; the advisory fleet under the same load gets `ScaleRecommended` and its
   Deployment and pods are never changed; Prometheus down -> the policy holds the last replicas and says why (and
@@ -19,24 +27,27 @@
   Extension's format) for its model and another, and the operator's status shows the bytes per prompt token it
   measured against what the engines prefilled.
 
-A LeaderWorkerSet fleet (two H200 nodes a replica) grows by a group and shrinks by a group the same way: its
-leader's stand-in is the replica's metrics, and a whole group's pods come and go. An SGLang TP8 fleet (its gauges
-on all eight ranks) and a TensorRT-LLM fleet (KV in blocks and its exported block size) go up and down through their
-own formats, and the capacity each engine reports agrees with the plan.
+LeaderWorkerSet fleets (two H200 nodes a replica) grow by a group and shrink by a group the same way: the leader's
+stand-in is the replica's metrics, and a whole group's pods come and go. An SGLang TP8 fleet (its gauges on all
+eight ranks) and a TensorRT-LLM fleet (KV in blocks and its exported block size) go up and down through their own
+formats, at the same time, and the capacity each engine reports agrees with the plan (ready at once: formats here).
 
 A scenario drives the loop as well: a slice of `long-context-burst` served in real time by the simulator's engine
-model on exactly the pods that run (tests/support/cluster/live.py), each stand-in exporting its replica's own counters.
+model on exactly the pods that run (tests/support/cluster/live.py), each stand-in exporting its replica's own
+counters, each added pod ready a cold start after the burst asked for it.
 
-What this leaves unproven: real engines' timings (kwok's pods are ready within a second; the engine model is the
-simulator's, not measured on hardware).
+What this leaves unproven: real engines' timings (the cold start is a fixed delay, not weights loading; the engine
+model is the simulator's, not measured on hardware).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.support.autoscaling.prom import GatewayLoad, MetricsServer, prometheus
@@ -49,8 +60,10 @@ from tests.support.cluster.standins import (
     BUSY,
     NAMESPACE,
     PROMPT,
+    QUEUE_LIMIT,
     QUIET,
     REQUEST_RATE,
+    Ramp,
     StandIns,
     autoscaling,
     events,
@@ -64,9 +77,14 @@ from tests.support.ports import free_port
 
 from m3fleet.api import parse_resource
 from m3fleet.autoscaling.policy import POD_DELETION_COST
+from m3fleet.autoscaling.policy.decision import MEASURED
 from m3fleet.planner import plan as make_plan
 
 GATEWAY_MODEL = "MiniMaxAI/MiniMax-M3"
+COLD_START = 10  # seconds kwok holds a new engine pod before it is ready (the engine loading its weights)
+SCALE_DOWN_HOLD = 30  # spec.autoscaling.behavior.scaleDown.stabilizationWindowSeconds
+TOLERANCE = 0.05  # spec.autoscaling.tolerance: a scale-up once the need passes 1.05 replicas
+RAMP_PER_SECOND = 0.01  # from 1.0: past the tolerance in 5 s, at the queue limit (1.19) in 19 s, ~3 ticks later
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +93,49 @@ def operator(chart: Cluster) -> Iterator[OperatorProcess]:
         yield running
 
 
-def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_prometheus_down_holds(
+def _measured_cold_starts(chart: Cluster, name: str, count: int) -> dict[str, Any]:
+    """`status.timeToReady` once at least `count` replicas are measured, each of which (as the operator measured it
+    from the pod's creation and Ready condition) took kwok's cold start."""
+    record = eventually(
+        f"{count} replicas' time-to-ready measured",
+        lambda: (
+            (t := (chart.get("m3d", name, NAMESPACE) or {})["status"].get("timeToReady") or {})["replicasMeasured"]
+            >= count
+            and t
+        ),
+        30,
+    )
+    assert all(COLD_START <= r["seconds"] <= COLD_START + 5 for r in record["recent"]), record
+    return dict(record)
+
+
+def _moves(messages: list[str]) -> list[tuple[str, int, int]]:
+    """("up"|"down", from, to) of Scaled Events' messages ("scale-up 1 -> 2: ...")."""
+    moves = []
+    for message in messages:
+        verb, counts = message.split(":")[0].split(" ", 1)
+        before, after = counts.split(" -> ")
+        moves.append(("up" if verb == "scale-up" else "down", int(before), int(after)))
+    return moves
+
+
+def test_a_cold_start_runs_the_horizon_the_burst_onset_and_the_hold_advisory_changes_nothing_prometheus_down_holds(
     chart: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    documents = {ACT: fleet(ACT, "act"), ADVISORY: fleet(ADVISORY, "advisory")}
+    """kwok holds every new pod COLD_START seconds before it is ready, so the time-to-ready the operator measures,
+    the horizon built on it and the replicas still starting are real. The demand ramps up to a replica's full KV
+    (the queue limit) and then jumps (a burst): the scale-up is decided before the queue limit, the fleet climbs
+    while its new pods start without overshooting or turning back (no flapping), and after the demand falls the
+    scale-down window holds the fleet."""
+    documents = {
+        ACT: fleet(ACT, "act", cold_start=COLD_START),
+        ADVISORY: fleet(ADVISORY, "advisory", cold_start=COLD_START),
+    }
+    for document in documents.values():
+        scaling = document["spec"]["autoscaling"]
+        scaling["maxReplicas"] = 4  # room above the burst's 3: an overshoot while pods start would show
+        scaling["tolerance"] = TOLERANCE
+        scaling["behavior"]["scaleDown"]["stabilizationWindowSeconds"] = SCALE_DOWN_HOLD
     # The advisory fleet has an inference gateway in front: its endpoint picker records the requests' sizes, 3 bytes
     # a prompt token (its one pod's requests), which the policy measures against what the engines prefill.
     documents[ADVISORY]["spec"]["autoscaling"]["gateway"] = {"matchLabels": {"model_name": GATEWAY_MODEL}}
@@ -88,6 +145,7 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
     port = free_port()
     workdir = tmp_path / "prom"
     workdir.mkdir()
+    interval = documents[ACT]["spec"]["autoscaling"]["intervalSeconds"]
     with (
         StandIns(chart, targets, plans) as standins,
         MetricsServer({"/metrics": lambda t: (200, gateway.text())}) as picker,
@@ -103,40 +161,72 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
                 wait_ready(chart, name, NAMESPACE)
             generations = {n: (chart.get("m3d", n, NAMESPACE) or {})["metadata"]["generation"] for n in documents}
 
-            # Quiet: one replica is enough (a steady decision is recorded when it changes, so the first stays).
-            first = eventually("a first decision", lambda: autoscaling(chart, ACT), 60)
+            # The first pod took its cold start to be ready; the operator measured it and plans with it, not with
+            # the spec's prior (coldStartSeconds 30). Quiet: one replica is enough.
+            first = eventually(
+                "a decision on metrics and the measured time-to-ready",
+                lambda: (
+                    (a := autoscaling(chart, ACT)).get("timeToReady", {}).get("source") == MEASURED
+                    and "needReplicas" in a.get("terms", {})
+                    and a
+                ),
+                60,
+                what_now=lambda: autoscaling(chart, ACT),
+            )
             assert first["desiredReplicas"] == 1 and first["mode"] == "act", first
-            eventually("one stand-in per fleet", lambda: standins.up(ACT) == 1 and standins.up(ADVISORY) == 1, 30)
-            time.sleep(6)  # Prometheus scrapes them
-
-            # Demand rises: the act fleet's Deployment grows to 3 (kwok runs the pods, a stand-in each).
-            standins.demand.update({ACT: BUSY, ADVISORY: BUSY})
+            measured = _measured_cold_starts(chart, ACT, 1)
+            assert first["timeToReady"]["seconds"] == pytest.approx(measured["p90Seconds"], abs=0.2), first
+            assert first["terms"]["horizonSeconds"] == pytest.approx(
+                first["timeToReady"]["seconds"] + interval, abs=0.2
+            )
             eventually(
-                "the act fleet scaled up to 3 running replicas",
-                lambda: standins.up(ACT) == 3,
+                "the advisory fleet decides on metrics",
+                lambda: "needReplicas" in autoscaling(chart, ADVISORY).get("terms", {}),
+                60,
+                what_now=lambda: autoscaling(chart, ADVISORY),
+            )
+
+            # The demand rises steadily towards a replica's full KV: the scale-up is decided on a need still below
+            # it, before requests queue; then it jumps (a burst's onset), which the full KV hides until the second
+            # replica is ready, so the fleet climbs a step a cold start, never past the 3 the burst needs.
+            standins.demand.update({ACT: Ramp(1.0, RAMP_PER_SECOND), ADVISORY: Ramp(1.0, RAMP_PER_SECOND)})
+            up = eventually(
+                "a scale-up on the rising demand",
+                lambda: [m for m in events(chart, ACT, "Scaled") if "scale-up" in m],
+                60,
+                what_now=lambda: autoscaling(chart, ACT),
+            )
+            assert up[0].startswith("scale-up 1 -> 2: KV demand"), up
+            said = re.search(r"needs (\d+\.\d+) replicas", up[0])
+            assert said, up
+            need = float(said.group(1))
+            assert 1 + TOLERANCE < need < QUEUE_LIMIT, up
+            standins.demand.update({ACT: BUSY, ADVISORY: BUSY})
+            decided = eventually(
+                "the act fleet decided 3 replicas",
+                lambda: (a := autoscaling(chart, ACT)).get("desiredReplicas") == 3 and a["action"] == "scale-up" and a,
                 120,
                 what_now=lambda: autoscaling(chart, ACT),
             )
+            assert (decided["mode"], decided["applied"], decided["terms"]["kvReplicas"] > 2) == ("act", True, True)
+            assert decided["terms"]["horizonSeconds"] >= COLD_START + interval, decided  # the cold start counts
+            eventually(
+                "the act fleet at 3 running replicas",
+                lambda: standins.up(ACT) == 3,
+                60,
+                what_now=lambda: autoscaling(chart, ACT),
+            )
             assert replicas(chart, ACT) == 3
+            _measured_cold_starts(chart, ACT, 3)  # each added pod took a cold start, as the first one
             # The stand-ins load each later pod more, so the newest (the ReplicaSet's default victim) is the busiest.
             by_age = [p for p in standins.started if p.startswith(f"{ACT}-")]
             assert len(by_age) == 3, standins.started
-            up_events = events(chart, ACT, "Scaled")
-            assert any("scale-up 1 -> " in m and "KV demand" in m for m in up_events), up_events
-            decided = autoscaling(chart, ACT)
-            assert (decided["mode"], decided["action"], decided["desiredReplicas"], decided["applied"]) == (
-                "act",
-                "scale-up",
-                3,
-                True,
-            ), decided
-            assert decided["terms"]["kvReplicas"] > 2, decided  # the KV term decided
             # The SLO attainment the engines' TTFT histograms show (every stand-in request takes 0.5 s), counted up
             # to the histogram boundary under the default bound (2 s + 1.5x the 8k prompt's prefill time).
-            measured = decided["slo"]
-            assert measured["percentile"] == 95.0 and measured["requests"] > 0, decided
-            assert measured["ttft"]["bucketSeconds"] == 1.0 and 2.0 < measured["ttft"]["boundSeconds"] < 2.5, decided
-            assert (measured["ttft"]["attainment"], measured["ttft"]["met"]) == (1.0, True), decided
+            slo = decided["slo"]
+            assert slo["percentile"] == 95.0 and slo["requests"] > 0, decided
+            assert slo["ttft"]["bucketSeconds"] == 1.0 and 2.0 < slo["ttft"]["boundSeconds"] < 2.5, decided
+            assert (slo["ttft"]["attainment"], slo["ttft"]["met"]) == (1.0, True), decided
 
             # Advisory: the same load recommends more, and nothing is changed.
             advised = eventually(
@@ -153,7 +243,7 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
             assert not events(chart, ADVISORY, "Scaled")
             assert replicas(chart, ADVISORY) == 1 and len(pods(chart, ADVISORY, NAMESPACE)) == 1
             # The gateway's request sizes reached the policy through the operator's own adapter.
-            measured = eventually(
+            sizes = eventually(
                 "the advisory fleet measured its gateway's bytes per prompt token",
                 lambda: (
                     ((autoscaling(chart, ADVISORY).get("prefillThroughput") or {}).get("gateway") or {}).get("source")
@@ -163,11 +253,12 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
                 90,
                 what_now=lambda: autoscaling(chart, ADVISORY),
             )
-            assert measured["bytesPerToken"] == pytest.approx(3.0, rel=0.15), measured
+            assert sizes["bytesPerToken"] == pytest.approx(3.0, rel=0.15), sizes
             assert "gateway" not in (autoscaling(chart, ACT).get("prefillThroughput") or {})  # none in its spec
 
             # Demand falls while Prometheus is down: the policy holds the 3 replicas and says why.
             standins.demand.update({ACT: QUIET, ADVISORY: QUIET})
+            fell = time.monotonic()
             stack.close()
             held = eventually(
                 "status says the metrics are unavailable",
@@ -177,15 +268,21 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
             )
             assert held["action"] == "hold" and held["desiredReplicas"] == 3, held
             assert "never scale down without metrics" in held["reason"]
-            time.sleep(12)  # two more ticks without metrics
-            assert replicas(chart, ACT) == 3 and standins.up(ACT) == 3
 
-            # Prometheus back at the same URL: the low demand scales the Deployment down, one step at a time.
+            # Prometheus back at the same URL: the low demand scales the Deployment down, one step at a time, once
+            # the scale-down window since the demand was last high has passed (the fleet holds 3 until then).
             stack.enter_context(prometheus(workdir, config, tsdb=workdir / "data", port=port))
+            eventually(
+                "the first scale-down",
+                lambda: replicas(chart, ACT) < 3,
+                120,
+                what_now=lambda: autoscaling(chart, ACT),
+            )
+            assert time.monotonic() - fell >= SCALE_DOWN_HOLD - interval, autoscaling(chart, ACT)
             eventually(
                 "the act fleet scaled down to 1",
                 lambda: replicas(chart, ACT) == 1,
-                150,
+                60,
                 what_now=lambda: autoscaling(chart, ACT),
             )
             eventually("the stand-ins of the removed pods stopped", lambda: standins.up(ACT) == 1, 60)
@@ -198,8 +295,9 @@ def test_demand_scales_the_deployment_up_then_down_advisory_changes_nothing_and_
                 POD_DELETION_COST not in (p["metadata"].get("annotations") or {})
                 for p in pods(chart, ADVISORY, NAMESPACE)
             )  # advisory changes nothing
-            down = [m for m in events(chart, ACT, "Scaled") if "scale-down" in m]
-            assert any("scale-down 3 -> 2" in m for m in down) and any("scale-down 2 -> 1" in m for m in down), down
+            # No flapping: up a step per cold start to the burst's 3 (never past it), then down one step at a time.
+            moves = _moves(events(chart, ACT, "Scaled"))
+            assert moves == [("up", 1, 2), ("up", 2, 3), ("down", 3, 2), ("down", 2, 1)], moves
             assert len(standins.started) >= 4 and len(standins.stopped) >= 2
             final = eventually(
                 "a decision on fresh metrics after the scale-down",
@@ -239,25 +337,41 @@ def _group_fleets() -> dict[str, dict[str, object]]:
     sglang = fleet("loop-dp-groups", "act", "sglang-mi355x-mxfp8-tp8-ep8")
     sglang["spec"]["context"] = {"maxModelLen": 1_048_576}
     sglang["spec"]["parallelism"] = {"strategy": "dp-ep", "dataParallelSize": 2, "tensorParallelSize": 8}
-    for document in (vllm, sglang):
-        document["spec"]["autoscaling"]["maxReplicas"] = 2
     return {"loop-groups": vllm, "loop-dp-groups": sglang}
 
 
-def test_leaderworkerset_fleets_grow_and_shrink_by_a_group(
+def _engine_fleets() -> dict[str, dict[str, object]]:
+    """An SGLang TP8 fleet (eight per-rank series per pod) and a single-node TensorRT-LLM fleet."""
+    sglang = fleet("loop-sglang", "act", "sglang-h200-bf16-tp8")
+    trtllm = fleet("loop-trtllm", "act")
+    trtllm["spec"]["engine"] = {"name": "trtllm"}
+    return {"loop-sglang": sglang, "loop-trtllm": trtllm}
+
+
+def test_each_engine_format_and_leaderworkerset_groups_drive_the_same_loop(
     chart: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    """Up by a group and down by one. SGLang's worker pod exports its own DP rank: read as part of its leader's
-    replica, the capacity is the whole group's (as the plan says), not the leader's half."""
-    documents = _group_fleets()
+    """The same demand through each engine's own exposition, 1-2 replicas each, up by one and down by one:
+    LeaderWorkerSet fleets (two H200 nodes a replica) grow and shrink by a whole group, their leader's stand-in
+    the replica's metrics; SGLang's worker pod exports its own DP rank, read as part of its leader's replica, so
+    the capacity is the whole group's (as the plan says), not the leader's half. SGLang's TP8 capacity is one rank's
+    value per pool (its pods repeat it eight times) and TensorRT-LLM's comes from its blocks and exported block
+    size: every fleet's capacity agrees with its plan (no KVCapacityMismatch)."""
+    groups, singles = _group_fleets(), _engine_fleets()
+    documents = groups | singles
+    for document in documents.values():
+        document["spec"]["autoscaling"]["maxReplicas"] = 2  # type: ignore[index]
     plans = {name: make_plan(parse_resource(document).spec) for name, document in documents.items()}
-    assert all(p.nodes_per_replica == 2 for p in plans.values())
+    assert all(plans[name].nodes_per_replica == 2 for name in groups)
     assert plans["loop-dp-groups"].data_parallel_size == 2
     targets = tmp_path / "targets.json"
     workdir = tmp_path / "prom"
     workdir.mkdir()
 
-    def groups(name: str) -> int:
+    def scale(name: str) -> int:
+        """The workload's replicas (a LeaderWorkerSet's: its groups)."""
+        if name not in groups:
+            return replicas(chart, name)
         body = chart.get("leaderworkerset", name, NAMESPACE) or {}
         return int((body.get("spec") or {}).get("replicas") or 0)
 
@@ -268,25 +382,28 @@ def test_leaderworkerset_fleets_grow_and_shrink_by_a_group(
                 chart.apply(document)
             for name in documents:
                 wait_ready(chart, name, NAMESPACE, timeout=240)
-                eventually(f"{name}: the leader's stand-in", lambda n=name: standins.up(n) == 1, 30)
-                assert len(pods(chart, name, NAMESPACE)) == 2  # one group: a leader and a worker
+            eventually("a stand-in per fleet", lambda: all(standins.up(n) == 1 for n in documents), 30)
+            assert all(len(pods(chart, name, NAMESPACE)) == 2 for name in groups)  # one group: a leader, a worker
 
-            for demand, count in ((1.5, 2), (QUIET, 1)):  # demand rises: a second group; falls: back to one
+            for demand, count in ((1.5, 2), (QUIET, 1)):  # demand rises: a second replica; falls: back to one
                 standins.demand.update(dict.fromkeys(documents, demand))
                 for name in documents:
                     eventually(
-                        f"{name}: {count} group(s), a stand-in each",
-                        lambda n=name, c=count: groups(n) == c and standins.up(n) == c,
+                        f"{name}: {count} replica(s), a stand-in each",
+                        lambda n=name, c=count: scale(n) == c and standins.up(n) == c,
                         120,
                         lambda n=name: autoscaling(chart, n),
                     )
+                for name in groups:
                     eventually(
                         f"{name}: {2 * count} pods", lambda n=name, c=count: len(pods(chart, n, NAMESPACE)) == 2 * c, 60
                     )
             for name in documents:
-                messages = events(chart, name, "Scaled")
-                assert any("scale-up 1 -> 2" in m for m in messages), messages
-                assert any("scale-down 2 -> 1" in m for m in messages), messages
+                assert _moves(events(chart, name, "Scaled")) == [("up", 1, 2), ("down", 2, 1)], name
+                assert events(chart, name, "KVCapacityMismatch") == [], name
+                capacity = autoscaling(chart, name).get("capacity") or {}
+                assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, (name, capacity)
+                assert abs(capacity["ratio"] - 1.0) < 0.02, (name, capacity)  # read from the engines, not the plan
                 body = chart.get("m3d", name, NAMESPACE) or {}
                 assert body["metadata"]["generation"] == 1 and body["spec"]["replicas"] == 1
                 assert spec_managers(chart, name) == {"kubectl"}
@@ -294,70 +411,9 @@ def test_leaderworkerset_fleets_grow_and_shrink_by_a_group(
             assert vllm_pods == ["loop-groups-0", "loop-groups-1"], standins.started  # the leaders only
             sglang_pods = sorted(p for p in standins.started if p.startswith("loop-dp-groups-"))
             assert sglang_pods == ["loop-dp-groups-0", "loop-dp-groups-0-1", "loop-dp-groups-1", "loop-dp-groups-1-1"]
-            assert events(chart, "loop-dp-groups", "KVCapacityMismatch") == []
-            capacity = autoscaling(chart, "loop-dp-groups").get("capacity") or {}
-            assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, capacity
-            assert abs(capacity["ratio"] - 1.0) < 0.02, capacity  # both DP ranks, the worker's included
         finally:
             for name in documents:
                 delete(chart, name, NAMESPACE)
-
-
-def _engine_fleets() -> dict[str, dict[str, object]]:
-    """An SGLang TP8 fleet (eight per-rank series per pod) and a single-node TensorRT-LLM fleet, 1-2 replicas."""
-    sglang = fleet("loop-sglang", "act", "sglang-h200-bf16-tp8")
-    trtllm = fleet("loop-trtllm", "act")
-    trtllm["spec"]["engine"] = {"name": "trtllm"}
-    for document in (sglang, trtllm):
-        document["spec"]["autoscaling"]["maxReplicas"] = 2
-    return {"loop-sglang": sglang, "loop-trtllm": trtllm}
-
-
-def test_sglang_and_tensorrt_llm_formats_drive_the_same_loop(
-    chart: Cluster, operator: OperatorProcess, tmp_path: Path
-) -> None:
-    """The same demand through each engine's own exposition: up by one replica, down by one. SGLang's capacity is
-    one rank's value per pool (its TP8 pods repeat it eight times) and TensorRT-LLM's comes from its blocks and
-    exported block size, so both agree with the plan: no KVCapacityMismatch."""
-    documents = _engine_fleets()
-    plans = {name: make_plan(parse_resource(document).spec) for name, document in documents.items()}
-    targets = tmp_path / "targets.json"
-    workdir = tmp_path / "prom"
-    workdir.mkdir()
-    with StandIns(chart, targets, plans) as standins, prometheus(workdir, scrape_config(targets)) as url:
-        try:
-            for document in documents.values():
-                document["spec"]["autoscaling"]["prometheus"]["url"] = url  # type: ignore[index]
-                chart.apply(document)
-            for name in documents:
-                wait_ready(chart, name, NAMESPACE)
-            eventually("a stand-in per fleet", lambda: all(standins.up(n) == 1 for n in documents), 30)
-            for demand, count in ((BUSY, 2), (QUIET, 1)):
-                standins.demand.update(dict.fromkeys(documents, demand))
-                for name in documents:
-                    eventually(
-                        f"{name} at {count}, a stand-in each",
-                        lambda n=name, c=count: replicas(chart, n) == c and standins.up(n) == c,
-                        120,
-                        lambda n=name: autoscaling(chart, n),
-                    )
-            for name in documents:
-                messages = events(chart, name, "Scaled")
-                assert any("scale-up 1 -> 2" in m for m in messages), messages
-                assert any("scale-down 2 -> 1" in m for m in messages), messages
-                assert events(chart, name, "KVCapacityMismatch") == [], name
-                capacity = autoscaling(chart, name).get("capacity") or {}
-                assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, (name, capacity)
-                assert abs(capacity["ratio"] - 1.0) < 0.02, (name, capacity)  # read from the engine, not the plan
-        finally:
-            for name in documents:
-                delete(chart, name, NAMESPACE)
-
-
-def _removed(message: str) -> int:
-    """Replicas one scale-down Event removed ("scale-down 4 -> 1: ...")."""
-    before, after = message.split(":")[0].removeprefix("scale-down ").split(" -> ")
-    return int(before) - int(after)
 
 
 SCENARIO_SEED = 13  # long-context-burst seed 13: its burst needs more than the 4 replicas allowed
@@ -367,19 +423,20 @@ def test_a_long_context_burst_scenario_drives_the_loop(
     chart: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     """A slice of `long-context-burst` (seed 13: 20 s of its chat, the first 45 s of its burst of 100k-1M-token
-    prompts, 30 s of the chat after it) served in real time by the simulator's engine model on the pods kwok
-    runs. The prompt load, not a scripted gauge, scales the fleet up; the added pods take their share of the
+    prompts, 15 s of the chat after it) served in real time by the simulator's engine model on the pods kwok
+    runs, each ready a cold start after it was created (the burst's first prompts wait on the one replica
+    meanwhile). The prompt load, not a scripted gauge, scales the fleet up; the added pods take their share of the
     requests; the default scale-down window holds the burst's fleet while it lasts, and once its long prompts
     stop arriving (and nothing waits) the fleet returns to one replica in one step, not one replica a tick."""
     name = "loop-scenario"
-    document = fleet(name, "act")
+    document = fleet(name, "act", cold_start=COLD_START)
     document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
     document["spec"]["context"] = {"maxModelLen": 1_048_576}  # the scenario's prompts reach 1M tokens
     document["spec"]["autoscaling"]["maxReplicas"] = 4
     document["spec"]["autoscaling"]["behavior"]["scaleDown"] = {}  # the default window (300 s) and step limit
     plan = make_plan(parse_resource(document).spec)
     assert plan.nodes_per_replica == 1
-    load = ScenarioLoad(name, plan, burst_slice("long-context-burst", SCENARIO_SEED, 20, 45, 30))
+    load = ScenarioLoad(name, plan, burst_slice("long-context-burst", SCENARIO_SEED, 20, 45, 15))
     targets = tmp_path / "targets.json"
     workdir = tmp_path / "prom"
     workdir.mkdir()
@@ -403,6 +460,7 @@ def test_a_long_context_burst_scenario_drives_the_loop(
             )
             up = [m for m in events(chart, name, "Scaled") if "scale-up" in m]
             assert any("prefill needs" in m for m in up), up  # the prompts arriving decided, not the KV gauge
+            _measured_cold_starts(chart, name, 3)  # the added replicas took a cold start each, as the first
             eventually(  # 240 s sufficed alone; under the full suite's load one CI run needed more
                 "the burst has passed: back to one replica",
                 lambda: replicas(chart, name) == 1 and standins.up(name) == 1,
@@ -415,8 +473,8 @@ def test_a_long_context_burst_scenario_drives_the_loop(
                 [load.served(p) for p in added],
             )  # the router gave the new replicas their share
             down = [m for m in events(chart, name, "Scaled") if "scale-down" in m]
-            ended = [m for m in down if "long prompts stopped arriving" in m]
-            assert any(_removed(m) >= 2 and m.split(":")[0].endswith("-> 1") for m in ended), down
+            ended = _moves([m for m in down if "long prompts stopped arriving" in m])
+            assert any(before - after >= 2 and after == 1 for _, before, after in ended), down
             eventually("every request of the slice finished", lambda: load.result().unfinished == 0, 60)
             capacity = autoscaling(chart, name).get("capacity") or {}
             assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, capacity
