@@ -478,7 +478,10 @@ def test_a_long_context_burst_scenario_drives_the_loop(
             eventually("every request of the slice finished", lambda: load.result().unfinished == 0, 60)
             capacity = autoscaling(chart, name).get("capacity") or {}
             assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, capacity
-            print(f"long-context-burst seed {SCENARIO_SEED} slice on the real loop: {load.result().to_dict()}")
+            moves = _moves(events(chart, name, "Scaled"))
+            directions = [direction for direction, _, _ in moves]
+            assert directions == sorted(directions, key=lambda d: d == "down"), moves  # no flapping: ups, then downs
+            print(f"long-context-burst seed {SCENARIO_SEED} slice on the real loop: {load.result().to_dict()}; {moves}")
         finally:
             load.stop()
             delete(chart, name, NAMESPACE)
