@@ -30,7 +30,7 @@
 LeaderWorkerSet fleets (two H200 nodes a replica) grow by a group and shrink by a group the same way: the leader's
 stand-in is the replica's metrics, and a whole group's pods come and go. An SGLang TP8 fleet (its gauges on all
 eight ranks) and a TensorRT-LLM fleet (KV in blocks and its exported block size) go up and down through their own
-formats, at the same time, and the capacity each engine reports agrees with the plan (ready at once: formats here).
+formats, and the capacity each engine reports agrees with the plan (these pods are ready at once: formats here).
 
 A scenario drives the loop as well: a slice of `long-context-burst` served in real time by the simulator's engine
 model on exactly the pods that run (tests/support/cluster/live.py), each stand-in exporting its replica's own
@@ -337,41 +337,25 @@ def _group_fleets() -> dict[str, dict[str, object]]:
     sglang = fleet("loop-dp-groups", "act", "sglang-mi355x-mxfp8-tp8-ep8")
     sglang["spec"]["context"] = {"maxModelLen": 1_048_576}
     sglang["spec"]["parallelism"] = {"strategy": "dp-ep", "dataParallelSize": 2, "tensorParallelSize": 8}
+    for document in (vllm, sglang):
+        document["spec"]["autoscaling"]["maxReplicas"] = 2
     return {"loop-groups": vllm, "loop-dp-groups": sglang}
 
 
-def _engine_fleets() -> dict[str, dict[str, object]]:
-    """An SGLang TP8 fleet (eight per-rank series per pod) and a single-node TensorRT-LLM fleet."""
-    sglang = fleet("loop-sglang", "act", "sglang-h200-bf16-tp8")
-    trtllm = fleet("loop-trtllm", "act")
-    trtllm["spec"]["engine"] = {"name": "trtllm"}
-    return {"loop-sglang": sglang, "loop-trtllm": trtllm}
-
-
-def test_each_engine_format_and_leaderworkerset_groups_drive_the_same_loop(
+def test_leaderworkerset_fleets_grow_and_shrink_by_a_group(
     chart: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
-    """The same demand through each engine's own exposition, 1-2 replicas each, up by one and down by one:
-    LeaderWorkerSet fleets (two H200 nodes a replica) grow and shrink by a whole group, their leader's stand-in
-    the replica's metrics; SGLang's worker pod exports its own DP rank, read as part of its leader's replica, so
-    the capacity is the whole group's (as the plan says), not the leader's half. SGLang's TP8 capacity is one rank's
-    value per pool (its pods repeat it eight times) and TensorRT-LLM's comes from its blocks and exported block
-    size: every fleet's capacity agrees with its plan (no KVCapacityMismatch)."""
-    groups, singles = _group_fleets(), _engine_fleets()
-    documents = groups | singles
-    for document in documents.values():
-        document["spec"]["autoscaling"]["maxReplicas"] = 2  # type: ignore[index]
+    """Up by a group and down by one. SGLang's worker pod exports its own DP rank: read as part of its leader's
+    replica, the capacity is the whole group's (as the plan says), not the leader's half."""
+    documents = _group_fleets()
     plans = {name: make_plan(parse_resource(document).spec) for name, document in documents.items()}
-    assert all(plans[name].nodes_per_replica == 2 for name in groups)
+    assert all(p.nodes_per_replica == 2 for p in plans.values())
     assert plans["loop-dp-groups"].data_parallel_size == 2
     targets = tmp_path / "targets.json"
     workdir = tmp_path / "prom"
     workdir.mkdir()
 
-    def scale(name: str) -> int:
-        """The workload's replicas (a LeaderWorkerSet's: its groups)."""
-        if name not in groups:
-            return replicas(chart, name)
+    def groups(name: str) -> int:
         body = chart.get("leaderworkerset", name, NAMESPACE) or {}
         return int((body.get("spec") or {}).get("replicas") or 0)
 
@@ -382,28 +366,25 @@ def test_each_engine_format_and_leaderworkerset_groups_drive_the_same_loop(
                 chart.apply(document)
             for name in documents:
                 wait_ready(chart, name, NAMESPACE, timeout=240)
-            eventually("a stand-in per fleet", lambda: all(standins.up(n) == 1 for n in documents), 30)
-            assert all(len(pods(chart, name, NAMESPACE)) == 2 for name in groups)  # one group: a leader, a worker
+                eventually(f"{name}: the leader's stand-in", lambda n=name: standins.up(n) == 1, 30)
+                assert len(pods(chart, name, NAMESPACE)) == 2  # one group: a leader and a worker
 
-            for demand, count in ((1.5, 2), (QUIET, 1)):  # demand rises: a second replica; falls: back to one
+            for demand, count in ((1.5, 2), (QUIET, 1)):  # demand rises: a second group; falls: back to one
                 standins.demand.update(dict.fromkeys(documents, demand))
                 for name in documents:
                     eventually(
-                        f"{name}: {count} replica(s), a stand-in each",
-                        lambda n=name, c=count: scale(n) == c and standins.up(n) == c,
+                        f"{name}: {count} group(s), a stand-in each",
+                        lambda n=name, c=count: groups(n) == c and standins.up(n) == c,
                         120,
                         lambda n=name: autoscaling(chart, n),
                     )
-                for name in groups:
                     eventually(
                         f"{name}: {2 * count} pods", lambda n=name, c=count: len(pods(chart, n, NAMESPACE)) == 2 * c, 60
                     )
             for name in documents:
-                assert _moves(events(chart, name, "Scaled")) == [("up", 1, 2), ("down", 2, 1)], name
-                assert events(chart, name, "KVCapacityMismatch") == [], name
-                capacity = autoscaling(chart, name).get("capacity") or {}
-                assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, (name, capacity)
-                assert abs(capacity["ratio"] - 1.0) < 0.02, (name, capacity)  # read from the engines, not the plan
+                messages = events(chart, name, "Scaled")
+                assert any("scale-up 1 -> 2" in m for m in messages), messages
+                assert any("scale-down 2 -> 1" in m for m in messages), messages
                 body = chart.get("m3d", name, NAMESPACE) or {}
                 assert body["metadata"]["generation"] == 1 and body["spec"]["replicas"] == 1
                 assert spec_managers(chart, name) == {"kubectl"}
@@ -411,6 +392,61 @@ def test_each_engine_format_and_leaderworkerset_groups_drive_the_same_loop(
             assert vllm_pods == ["loop-groups-0", "loop-groups-1"], standins.started  # the leaders only
             sglang_pods = sorted(p for p in standins.started if p.startswith("loop-dp-groups-"))
             assert sglang_pods == ["loop-dp-groups-0", "loop-dp-groups-0-1", "loop-dp-groups-1", "loop-dp-groups-1-1"]
+            assert events(chart, "loop-dp-groups", "KVCapacityMismatch") == []
+            capacity = autoscaling(chart, "loop-dp-groups").get("capacity") or {}
+            assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, capacity
+            assert abs(capacity["ratio"] - 1.0) < 0.02, capacity  # both DP ranks, the worker's included
+        finally:
+            for name in documents:
+                delete(chart, name, NAMESPACE)
+
+
+def _engine_fleets() -> dict[str, dict[str, object]]:
+    """An SGLang TP8 fleet (eight per-rank series per pod) and a single-node TensorRT-LLM fleet, 1-2 replicas."""
+    sglang = fleet("loop-sglang", "act", "sglang-h200-bf16-tp8")
+    trtllm = fleet("loop-trtllm", "act")
+    trtllm["spec"]["engine"] = {"name": "trtllm"}
+    for document in (sglang, trtllm):
+        document["spec"]["autoscaling"]["maxReplicas"] = 2
+    return {"loop-sglang": sglang, "loop-trtllm": trtllm}
+
+
+def test_sglang_and_tensorrt_llm_formats_drive_the_same_loop(
+    chart: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """The same demand through each engine's own exposition: up by one replica, down by one. SGLang's capacity is
+    one rank's value per pool (its TP8 pods repeat it eight times) and TensorRT-LLM's comes from its blocks and
+    exported block size, so both agree with the plan: no KVCapacityMismatch."""
+    documents = _engine_fleets()
+    plans = {name: make_plan(parse_resource(document).spec) for name, document in documents.items()}
+    targets = tmp_path / "targets.json"
+    workdir = tmp_path / "prom"
+    workdir.mkdir()
+    with StandIns(chart, targets, plans) as standins, prometheus(workdir, scrape_config(targets)) as url:
+        try:
+            for document in documents.values():
+                document["spec"]["autoscaling"]["prometheus"]["url"] = url  # type: ignore[index]
+                chart.apply(document)
+            for name in documents:
+                wait_ready(chart, name, NAMESPACE)
+            eventually("a stand-in per fleet", lambda: all(standins.up(n) == 1 for n in documents), 30)
+            for demand, count in ((BUSY, 2), (QUIET, 1)):
+                standins.demand.update(dict.fromkeys(documents, demand))
+                for name in documents:
+                    eventually(
+                        f"{name} at {count}, a stand-in each",
+                        lambda n=name, c=count: replicas(chart, n) == c and standins.up(n) == c,
+                        120,
+                        lambda n=name: autoscaling(chart, n),
+                    )
+            for name in documents:
+                messages = events(chart, name, "Scaled")
+                assert any("scale-up 1 -> 2" in m for m in messages), messages
+                assert any("scale-down 2 -> 1" in m for m in messages), messages
+                assert events(chart, name, "KVCapacityMismatch") == [], name
+                capacity = autoscaling(chart, name).get("capacity") or {}
+                assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, (name, capacity)
+                assert abs(capacity["ratio"] - 1.0) < 0.02, (name, capacity)  # read from the engine, not the plan
         finally:
             for name in documents:
                 delete(chart, name, NAMESPACE)
@@ -449,7 +485,12 @@ def test_a_long_context_burst_scenario_drives_the_loop(
             chart.apply(document)
             wait_ready(chart, name, NAMESPACE)
             eventually("the first pod's stand-in", lambda: standins.up(name) == 1, 30)
-            time.sleep(3)  # Prometheus scrapes it
+            eventually(
+                "a decision on the first pod's metrics",
+                lambda: "needReplicas" in autoscaling(chart, name).get("terms", {}),
+                60,
+                what_now=lambda: autoscaling(chart, name),
+            )
             load.start()
 
             eventually(
