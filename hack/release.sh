@@ -6,9 +6,12 @@
 #
 # Steps: (1) one version: pyproject.toml's, equal to the chart's version and appVersion (hack/generate.py writes
 # them) and to the tag (GITHUB_REF_NAME) when there is one; (2) the operator image (hack/build-image.sh) as an OCI
-# archive, multi-arch with --push; (3) `helm package`; (4) the CLI's and the simulator's sdists and wheels
+# archive, multi-arch with --push; (2b) the endpoint picker image spec.gateway runs (hack/build-epp-image.sh), under
+# its own pin (m3fleet.catalog.gateway.EPP_IMAGE: GIE's version + our filter's revision, not the operator's version),
+# multi-arch with --push, signed like the operator's; (3) `helm package`; (4) the CLI's and the simulator's sdists and wheels
 # (`python -m build`), `twine check`ed. PyPI is published by the workflow's own step (trusted publishing needs its OIDC token).
-# Environment: M3FLEET_IMAGE_REPOSITORY (default ghcr.io/m3fleet/operator), M3FLEET_CHART_REPOSITORY (default
+# Environment: M3FLEET_IMAGE_REPOSITORY (default ghcr.io/m3fleet/operator), M3FLEET_EPP_IMAGE (default the pin),
+# M3FLEET_CHART_REPOSITORY (default
 # oci://ghcr.io/m3fleet/charts), M3FLEET_PLATFORMS (with --push; default linux/amd64,linux/arm64),
 # M3FLEET_BASE (debian or registry; default debian for --dry-run, registry for --push), PYTHON, HELM.
 set -euo pipefail
@@ -57,6 +60,18 @@ if [[ $MODE == --push ]]; then
 else
   would "buildah manifest push --all --digestfile $DIST/image.digest $TAG docker://$TAG"
   would "cosign sign --yes $IMAGE_REPOSITORY@<digest>"
+fi
+
+# (2b) The endpoint picker image. Its archive is not copied into dist/: the tag is the pin, pushed as is.
+epp_archive=$(bash hack/build-epp-image.sh ${PLATFORMS:+--platform "$PLATFORMS"})
+EPP_IMAGE=$(tar -xOf "$epp_archive" index.json | "$PYTHON" -c \
+  'import json, sys; print(json.load(sys.stdin)["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"])')
+if [[ $MODE == --push ]]; then
+  "${BUILDAH[@]}" manifest push --all --digestfile "$DIST/epp-image.digest" "$EPP_IMAGE" "docker://$EPP_IMAGE"
+  cosign sign --yes "${EPP_IMAGE%:*}@$(cat "$DIST/epp-image.digest")"
+else
+  would "buildah manifest push --all --digestfile $DIST/epp-image.digest $EPP_IMAGE docker://$EPP_IMAGE"
+  would "cosign sign --yes ${EPP_IMAGE%:*}@<digest>"
 fi
 
 # (3) The chart.

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from m3fleet.api.models import (
+    DecodeRoleSpec,
     DisaggregationPlan,
-    DisaggregationRoleSpec,
     DisaggregationSpec,
     MiniMaxM3DeploymentSpec,
     ParallelismSpec,
@@ -64,20 +64,12 @@ class Throughput:
 
 def plan_disaggregated(spec: MiniMaxM3DeploymentSpec, plan_role: Callable[[MiniMaxM3DeploymentSpec], Plan]) -> Plan:
     """The plan of a resource with spec.disaggregation: one decode worker's layout at the top (what spec.replicas
-    counts), both roles and the ratio under `disaggregation`. `plan_role` plans one aggregated replica."""
+    counts), both roles and the ratio under `disaggregation`. `plan_role` plans one aggregated replica. With
+    spec.autoscaling the counts are where the autoscaler starts: it scales each role on its own signal."""
     wanted = spec.disaggregation
     if wanted is None:
         raise ValueError("plan_disaggregated needs spec.disaggregation")
     backend = _backend(spec)
-    if spec.autoscaling.enabled:
-        raise SpecError(
-            "spec.autoscaling.enabled",
-            "the autoscaler does not yet scale a disaggregated fleet's roles (its per-role policy, "
-            "autoscaling/policy/roles.py, is not wired to the operator's metrics); the aggregated one would read "
-            "the frontend's pods",
-            "set autoscaling.enabled false and scale the decode workers with spec.replicas (kubectl scale; the "
-            "prefill workers follow the ratio), or remove spec.disaggregation",
-        )
     role_plans = plan_roles(spec, plan_role)
     prefill, decode = role_plans["prefill"], role_plans["decode"]
     rates = {
@@ -85,7 +77,7 @@ def plan_disaggregated(spec: MiniMaxM3DeploymentSpec, plan_role: Callable[[MiniM
         "decode": _decode_rate(decode, wanted.input_tokens, wanted.output_tokens),
     }
     derived = rates["decode"].requests_per_second / (rates["prefill"].requests_per_second * PREFILL_TARGET_UTILIZATION)
-    decode_count = wanted.decode.replicas or spec.replicas
+    decode_count = spec.replicas  # the scale subresource's field: kubectl scale and status.replicas agree
     prefill_count = _prefill_count(wanted, decode_count, derived)
     utilization = _utilization(decode_count, prefill_count, rates)
     _check_pinned(wanted, decode_count, prefill_count, utilization, rates)
@@ -174,7 +166,7 @@ def _backend(spec: MiniMaxM3DeploymentSpec) -> DynamoBackend:
     return BACKENDS[spec.engine.name]
 
 
-def _role_spec(wanted: DisaggregationSpec, role: Role) -> DisaggregationRoleSpec:
+def _role_spec(wanted: DisaggregationSpec, role: Role) -> DecodeRoleSpec:
     return wanted.prefill if role == "prefill" else wanted.decode
 
 
@@ -320,9 +312,7 @@ def _ratio_text(prefill_count: int, decode_count: int) -> str:
 def _in_force(
     wanted: DisaggregationSpec, decode_count: int, prefill_count: int, ratio: str, derived: float, utilization: float
 ) -> str:
-    source = (
-        "disaggregation.decode.replicas" if wanted.decode.replicas else "spec.replicas (decode workers)"
-    ) + f" = {decode_count}"
+    source = f"spec.replicas (decode workers) = {decode_count}"
     if wanted.prefill.replicas:
         how = f"disaggregation.prefill.replicas pins {prefill_count}"
     elif wanted.ratio:

@@ -116,7 +116,8 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
     need = spec.context.min_sequences_at_max_len
     chosen = next((f for f in fits if f.sequences_at(max_len) >= need), None)
     if chosen is None:
-        raise _infeasible(spec, strategy, fits, engine, accel)
+        lighter = _one_node_variants(spec, strategy, engine, accel, variant, encoder_loaded, draft)
+        raise _infeasible(spec, strategy, fits, engine, accel, lighter)
 
     layout = chosen.layout
     if (
@@ -144,6 +145,13 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
         )
     if nodes > 1:
         notes.append(f"one replica spans {nodes} nodes ({gpus_per_node} GPUs each) as a LeaderWorkerSet group")
+        if _weights_fill_a_node(fits, accel):
+            lighter = _one_node_variants(spec, strategy, engine, accel, variant, encoder_loaded, draft)
+            notes.append(
+                f"the {variant_name.value} weights ({variant.weights_gb:.0f} GB) leave no KV cache room on one "
+                f"{accel_name.value} node ({accel.gpus_per_node} x {accel.memory_gib:.0f} GiB)"
+                + (f": variant {' or '.join(lighter)} serves this context on one node" if lighter else "")
+            )
         notes.extend(_multi_node_notes(spec, engine, accel, layout, nodes))
     notes.extend(engine.deviations.get(accel_name, ()))
     notes.extend(_caveats(engine_name, accel, variant, layout))
@@ -201,14 +209,22 @@ def _plan_replica(spec: MiniMaxM3DeploymentSpec) -> Plan:
 
 
 def tier_spec(spec: MiniMaxM3DeploymentSpec, tier: ContextTier) -> MiniMaxM3DeploymentSpec:
-    """The spec a context tier is planned and rendered from: the fleet's, at the tier's context, parallelism and
-    replicas (and without tiers of its own)."""
+    """The spec a context tier is planned, rendered and autoscaled from: the fleet's, at the tier's context,
+    parallelism, replicas and replica bounds (absent bounds are spec.autoscaling's), without tiers of its own and
+    without spec.autoscaling.schedule (its windows count the spec's own tier's replicas)."""
     gateway = spec.gateway.model_copy(update={"tiers": []}) if spec.gateway is not None else None
+    scaling = spec.autoscaling
+    bounds = {
+        "min_replicas": scaling.min_replicas if tier.min_replicas is None else tier.min_replicas,
+        "max_replicas": scaling.max_replicas if tier.max_replicas is None else tier.max_replicas,
+        "schedule": [],
+    }
     return spec.model_copy(
         update={
             "context": spec.context.model_copy(update={"max_model_len": tier.max_model_len}),
             "parallelism": tier.parallelism or spec.parallelism,
             "replicas": tier.replicas,
+            "autoscaling": scaling.model_copy(update=bounds),
             "gateway": gateway,
         }
     )
@@ -417,7 +433,7 @@ def _check_support(engine: EngineFacts, accel: Accelerator, variant: Variant) ->
     if variant not in engine.support[accel]:
         others = [e.name.value for e in ENGINES.values() if variant in e.support.get(accel, ())]
         hint = f", or engine {' or '.join(others)}" if others else ""
-        known_reason = engine.unserved_variants.get(variant)
+        known_reason = engine.unserved_variants.get(variant) or engine.pool_limits.get(accel)
         raise SpecError(
             "spec.model.variant",
             f"{variant.value} is not served by {engine.name.value} on {accel.value}"
@@ -618,12 +634,49 @@ def _caveats(engine: EngineName, accel: AcceleratorFacts, variant: ModelVariant,
     return notes
 
 
+def _weights_fill_a_node(fits: list[Fit], accel: AcceleratorFacts) -> bool:
+    """The layouts tried on exactly one node left no KV cache room (the weights alone fill it)."""
+    one_node = [f for f in fits if f.layout.world == accel.gpus_per_node and f.layout.pp == 1]
+    return bool(one_node) and all(f.kv_gib_per_gpu <= 0 for f in one_node)
+
+
+def _one_node_variants(
+    spec: MiniMaxM3DeploymentSpec,
+    strategy: Strategy,
+    engine: EngineFacts,
+    accel: AcceleratorFacts,
+    variant: ModelVariant,
+    encoder_loaded: bool,
+    draft: DraftFacts | None,
+) -> list[str]:
+    """Lighter variants the engine serves on this pool that hold the asked context on one node (TP over its GPUs)."""
+    max_len, need = spec.context.max_model_len, spec.context.min_sequences_at_max_len
+    lighter = [
+        VARIANTS[v]
+        for v in engine.support[accel.name]
+        if VARIANTS[v].weights_gb < variant.weights_gb and max_len <= VARIANTS[v].native_max_model_len
+    ]
+    tp, dp = (1, accel.gpus_per_node) if strategy == Strategy.DP_EP else (accel.gpus_per_node, 1)
+    return [
+        v.name.value
+        for v in sorted(lighter, key=lambda v: -v.weights_gb)
+        if any(
+            evaluate(Layout(strategy, tp, dp, kv), v, engine, accel, encoder_loaded, max_len, draft).sequences_at(
+                max_len
+            )
+            >= need
+            for kv in ((KvCacheDtype.BF16, KvCacheDtype.FP8) if v.kv_scales_calibrated else (KvCacheDtype.BF16,))
+        )
+    ]
+
+
 def _infeasible(
     spec: MiniMaxM3DeploymentSpec,
     strategy: Strategy,
     fits: list[Fit],
     engine: EngineFacts,
     accel: AcceleratorFacts,
+    lighter: list[str],
 ) -> SpecError:
     """Explain the closest miss (the largest layout tried, its best dtype) with numbers and a fix."""
     max_len = spec.context.max_model_len
@@ -653,6 +706,8 @@ def _infeasible(
             if explicit
             else "use a smaller variant (mxfp8) or strategy tp"
         )
+        if explicit and lighter:
+            fix += f", or use variant {' or '.join(lighter)}, which serves this context on one node"
         return SpecError(
             field,
             f"{where} {on} puts {best.weights_gib_per_gpu:.0f} GiB of weights on each GPU, leaving no room for "

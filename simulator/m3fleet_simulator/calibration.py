@@ -40,7 +40,9 @@ def _shape(plan: dict[str, Any]) -> str:
 def _decode_ratio(model: PerfModel, run: RunSummary, engines: int) -> float:
     batch = max(1.0, run.concurrency / engines)
     context = run.mean_input_len + run.mean_output_len / 2
-    predicted = model.decode_step + batch * (model.decode_per_sequence + model.decode_per_context_token * context)
+    per_sequence = model.verified_per_step * model.decode_per_sequence + model.decode_per_context_token * context
+    step = model.decode_step + batch * per_sequence
+    predicted = step / model.tokens_per_step  # TPOT is per output token; a step emits tokens_per_step of them
     return (run.tpot.median / 1000) / predicted
 
 

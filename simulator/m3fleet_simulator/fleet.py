@@ -66,8 +66,33 @@ from m3fleet_simulator.scenarios import Request, Workload
 
 # Relative speed per accelerator vs H200 (UNVERIFIED assumptions, not calibrated on hardware):
 # prefill scales with dense FLOPs, the decode step with HBM bandwidth.
-PREFILL_SPEED: Final[dict[str, float]] = {"h200": 1.0, "gb200": 2.2, "b200": 2.2, "b300": 2.2, "mi355x": 2.0}
-DECODE_STEP_SCALE: Final[dict[str, float]] = {"h200": 1.0, "gb200": 0.65, "b200": 0.65, "b300": 0.65, "mi355x": 0.65}
+# The newer pools as m3fleet.catalog.throughput scales them (dense BF16 rate, HBM bandwidth vs H200).
+PREFILL_SPEED: Final[dict[str, float]] = {
+    "h200": 1.0,
+    "h100": 1.0,
+    "h20": 0.15,
+    "gb200": 2.2,
+    "gb300": 2.2,
+    "b200": 2.2,
+    "b300": 2.2,
+    "mi300x": 1.32,
+    "mi325x": 1.32,
+    "mi350x": 1.66,
+    "mi355x": 2.0,
+}
+DECODE_STEP_SCALE: Final[dict[str, float]] = {
+    "h200": 1.0,
+    "h100": 1.43,
+    "h20": 1.2,
+    "gb200": 0.65,
+    "gb300": 0.65,
+    "b200": 0.65,
+    "b300": 0.65,
+    "mi300x": 0.9,
+    "mi325x": 0.8,
+    "mi350x": 0.65,
+    "mi355x": 0.65,
+}
 MULTI_NODE_PREFILL_EFFICIENCY: Final = 0.85
 MULTI_NODE_DECODE_PENALTY: Final = 1.15
 ENGINE_CAPACITY_FACTOR: Final = 0.95
@@ -79,13 +104,19 @@ class PerfModel:
 
     prefill_linear: float  # s per prompt token
     prefill_quadratic: float  # s per prompt token per token of prompt length (MSA indexer)
-    decode_step: float  # s per iteration
+    decode_step: float  # s per iteration (one target forward pass)
     decode_per_sequence: float
     decode_per_context_token: float  # the index-K scan; TP does not shard it
     token_budget: int
     max_num_seqs: int
     capacity_tokens: int
     watermark: float = 0.01
+    # Tokens an iteration emits per decoding sequence: speculative decoding's acceptance length (the plan's prior),
+    # else 1. One target pass verifies the drafts, prefill chunk or not, so a mixed iteration emits as many.
+    tokens_per_step: float = 1.0
+    # Tokens the target computes per decoding sequence and iteration: 1 + the drafted tokens it verifies. The step's
+    # per-sequence share scales with them; the weights and each sequence's KV are read once a step whatever it verifies.
+    verified_per_step: float = 1.0
 
     @classmethod
     def from_plan(cls, plan: Plan) -> PerfModel:
@@ -95,18 +126,21 @@ class PerfModel:
         multi_node = plan.gpus_per_replica / ranks > plan.gpus_per_node
         speed = gpus / 8 * PREFILL_SPEED.get(accel, 1.0) * (MULTI_NODE_PREFILL_EFFICIENCY if multi_node else 1.0)
         step = 0.025 * DECODE_STEP_SCALE.get(accel, 1.0) * (MULTI_NODE_DECODE_PENALTY if multi_node else 1.0)
-        # Speculative decoding emits the acceptance length's tokens per target step: decode time per token shrinks by
-        # it (the plan's prior; the draft's own forward pass is small beside the target's and left out).
-        per_step = plan.speculative_decoding.acceptance_length_prior if plan.speculative_decoding else 1.0
+        # Speculative decoding emits the acceptance length's tokens per target step (the plan's prior) and verifies
+        # every drafted token (the draft's own forward pass is small beside the target's and left out).
+        draft = plan.speculative_decoding
+        per_step = draft.acceptance_length_prior if draft else 1.0
         return cls(
             prefill_linear=20e-6 / speed,
             prefill_quadratic=1e-11 / speed,
-            decode_step=step / per_step,
-            decode_per_sequence=5e-5 / per_step,
-            decode_per_context_token=3e-9 / per_step,
+            decode_step=step,
+            decode_per_sequence=5e-5,
+            decode_per_context_token=3e-9,
             token_budget=2048,
             max_num_seqs=256,
             capacity_tokens=int(plan.kv_cache_tokens_per_rank * ENGINE_CAPACITY_FACTOR) // 128 * 128,
+            tokens_per_step=per_step,
+            verified_per_step=1.0 + draft.num_speculative_tokens if draft else 1.0,
         )
 
     def scaled(self, prefill: float, decode: float) -> PerfModel:
@@ -128,7 +162,10 @@ class PerfModel:
         return prompt * max(self.decode_step / self.token_budget, self.token_cost(prompt))
 
     def unloaded_itl(self, context: float) -> float:
-        return self.decode_step + self.decode_per_sequence + self.decode_per_context_token * context
+        """Seconds per output token of a sequence decoding alone."""
+        # Summed in this order, so a run without a draft is bit for bit as before.
+        per_sequence = self.verified_per_step * self.decode_per_sequence
+        return (self.decode_step + per_sequence + self.decode_per_context_token * context) / self.tokens_per_step
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -137,6 +174,8 @@ class PerfModel:
             "decodeStepSeconds": self.decode_step,
             "decodeSecondsPerSequence": self.decode_per_sequence,
             "decodeSecondsPerContextToken": self.decode_per_context_token,
+            **({"tokensPerDecodeStep": self.tokens_per_step} if self.tokens_per_step != 1.0 else {}),
+            **({"tokensVerifiedPerDecodeStep": self.verified_per_step} if self.verified_per_step != 1.0 else {}),
             "tokenBudget": self.token_budget,
             "maxNumSeqs": self.max_num_seqs,
             "kvTokensPerEngine": self.capacity_tokens,
@@ -228,7 +267,7 @@ class Engine:
         self.dstart_sum = 0.0
         self.reserved_dec = 0.0
         self.reserved = 0.0
-        self.D = 0.0  # decode steps done (every decoding request advanced this many tokens)
+        self.D = 0.0  # tokens every decoding request advanced (iterations x tokens_per_step)
         self.P = 0.0  # prompt tokens prefilled so far
         self.t = sim.now
         self.version = 0
@@ -246,7 +285,7 @@ class Engine:
         step = m.decode_step
         if self.n_dec:
             context = self.reserved_dec + self.n_dec * self.D - self.dstart_sum
-            step += m.decode_per_sequence * self.n_dec + m.decode_per_context_token * context
+            step += m.verified_per_step * m.decode_per_sequence * self.n_dec + m.decode_per_context_token * context
         if self.prefilling is not None:
             chunk = m.token_budget * self.prefilling.cost
             return chunk if chunk > step else step
@@ -259,7 +298,7 @@ class Engine:
         if self.prefilling is not None or self.n_dec:
             iterations = dt / self._iteration()
             if self.n_dec:
-                self.D += iterations
+                self.D += iterations * self.m.tokens_per_step
             if self.prefilling is not None:
                 self.P += iterations * self.m.token_budget
         self.t = now
@@ -281,8 +320,8 @@ class Engine:
         if self.n_dec:
             top = self._top(self.dec_heap, DECODE)
             if top is not None:
-                best = min(best, (top[0] - self.D) * iteration)
-            best = min(best, max(0.0, self.cap - self.used()) / self.n_dec * iteration)
+                best = min(best, (top[0] - self.D) / self.m.tokens_per_step * iteration)
+            best = min(best, max(0.0, self.cap - self.used()) / self.n_dec / self.m.tokens_per_step * iteration)
         return now + max(0.0, best) if best < math.inf else None
 
     # transitions ------------------------------------------------------------------------------
@@ -861,7 +900,11 @@ class Simulation:
             engine=str(self.plan.engine),
             time=self.now + off,
             replicas=tuple(
-                replace(s, sample_time=None if s.sample_time is None else s.sample_time + off)
+                replace(
+                    s,
+                    sample_time=None if s.sample_time is None else s.sample_time + off,
+                    acceptance_length=self._acceptance_length(s),
+                )
                 for s in (
                     signals_from_scrapes(r.name, r.scrapes, self.settings, self.prompt_bounds)
                     for r in self._serving()
@@ -871,6 +914,14 @@ class Simulation:
             window_seconds=self.settings.rate_window_seconds,
             gateway=gateway_signals(self.gateway_scrapes, self.settings) if self.gateway_scrapes else None,
         )
+
+    def _acceptance_length(self, signals: ReplicaSignals) -> float | None:
+        """What vLLM's speculative-decoding counters read over the rate window (1 + accepted / drafts): the engine
+        model's tokens per step, the plan's prior; None without a draft or with nothing decoded in the window."""
+        draft = self.plan.speculative_decoding
+        if draft is None or not signals.generation_tokens_rate:
+            return None
+        return draft.acceptance_length_prior
 
     def fleet(self) -> FleetState:
         starting = [r for r in self.replicas if not r.ready and r.deleted is None]

@@ -200,6 +200,25 @@ def _steady_chat(rng: random.Random, day: random.Random) -> list[Phase]:
     return [Phase(0, 60 * MINUTE, 5.0, CHAT_PROMPT, CHAT_OUTPUT, "chat")]
 
 
+# Reasoning-style answers to short prompts: a sequence holds little KV (a few thousand tokens) for many steps, so
+# an engine's batch of running sequences fills before its KV cache does.
+SHORT_PROMPT = LogNormal(median=400, sigma=0.8, low=16, high=8192)
+LONG_ANSWER = LogNormal(median=1500, sigma=0.5, low=64, high=8192)
+
+
+def _long_answers(rng: random.Random, day: random.Random) -> list[Phase]:
+    """Short prompts and long answers at a seeded 2-4 requests/s for an hour, doubling for a seeded 10-20 minutes:
+    decode-bound, where speculative decoding's acceptance length sets how long each sequence holds its batch slot."""
+    rate = rng.uniform(2.0, 4.0)
+    start = rng.uniform(15, 35) * MINUTE
+    end = start + rng.uniform(10, 20) * MINUTE
+    return [
+        Phase(0, start, rate, SHORT_PROMPT, LONG_ANSWER, "long answers"),
+        Phase(start, end, 2 * rate, SHORT_PROMPT, LONG_ANSWER, "twice the rate"),
+        Phase(end, 60 * MINUTE, rate, SHORT_PROMPT, LONG_ANSWER, "long answers"),
+    ]
+
+
 def _long_mix(rng: random.Random) -> Mixture:
     """A LongBench-like heavy tail whose upper end and share of >= 500k-token prompts the seed draws."""
     huge = rng.uniform(0.02, 0.08)
@@ -344,6 +363,19 @@ SCENARIOS: dict[str, Scenario] = {
             build_phases=_recurring_burst,
             days=3,
             window_start=_recurring_window,
+        ),
+        Scenario(
+            name="long-answers",
+            description=(
+                "short prompts (median 400 tokens) and long answers (median 1,500) at 2-4 requests/s for an hour, "
+                "twice that for 10-20 minutes (rate and timing drawn from the seed): the batch fills before the KV"
+            ),
+            duration=60 * MINUTE,
+            min_replicas=1,
+            max_replicas=8,
+            initial_replicas=1,
+            max_model_len=None,
+            build_phases=_long_answers,
         ),
         Scenario(
             name="idle-gaps",

@@ -141,11 +141,13 @@ def prepare(
     measured: tuple[BenchResult, str] | None = None,
     cold_start_model: str | None = None,
     gateway: bool = False,
+    speculative: str | None = None,
 ) -> Setup:
     """Resolve the resource and plan, draw the requests and cold starts; with `measured` (an `m3fleet bench`
     result and where it came from), its speeds replace the model's; with `cold_start_model` (cache, pvc, hub)
     every cold start is built from phases (coldstart.py); with `gateway` the built-in resource has a gateway
-    (spec.autoscaling.gateway) in front. A resource naming a gateway runs with its request sizes exported.
+    (spec.autoscaling.gateway) in front; with `speculative` (mtp, eagle3) the built-in resource drafts with that
+    method (spec.speculativeDecoding). A resource naming a gateway runs with its request sizes exported.
     Raises KeyError, SpecError(s)."""
     scenario = SCENARIOS[scenario_name] if isinstance(scenario_name, str) else scenario_name
     if resource is None:
@@ -165,6 +167,9 @@ def prepare(
         if gateway:
             body["spec"]["autoscaling"] = {"gateway": copy.deepcopy(DEFAULT_GATEWAY)}
             note += ", behind an inference gateway that exports request sizes (spec.autoscaling.gateway)"
+        if speculative is not None:
+            body["spec"]["speculativeDecoding"] = {"method": speculative}
+            note += f", with speculative decoding (spec.speculativeDecoding.method {speculative})"
         resource = parse_resource(body)
     else:
         note = "the resource given with -f, as written"

@@ -22,8 +22,9 @@ from m3fleet.cli import build_parser
 from m3fleet.planner import plan
 from m3fleet.render import labels as render_labels
 from m3fleet.render import render as render_engine
+from m3fleet.render.dynamo import DYNAMO_ROLE
 from tests.support.chart import CHART, NAMESPACE, ROOT, by_kind, one, render, render_notes, validate_any
-from tests.support.samples import SAMPLE_FILES, load_sample
+from tests.support.samples import SAMPLE_FILES, SAMPLES_DIR, load_sample
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 CASES: dict[str, dict[str, Any]] = {
@@ -368,10 +369,11 @@ def _vllm_over_two_nodes() -> dict[str, Any]:
 
 
 def _engine_pods(component: str = "engine") -> list[dict[str, Any]]:
-    """Pod templates of every sample (and of vLLM over two nodes), as the operator renders them: the engines', or
-    another `component`'s (spec.gateway's endpoint-picker)."""
+    """Pod templates of every sample, disaggregated ones too (and of vLLM over two nodes), as the operator renders
+    them: the engines', or another `component`'s (spec.gateway's endpoint-picker, a disaggregated frontend)."""
     pods = []
-    for document in [*(load_sample(path) for path in SAMPLE_FILES), _vllm_over_two_nodes()]:
+    disaggregated = sorted((SAMPLES_DIR / "disaggregated").glob("*.yaml"))
+    for document in [*(load_sample(path) for path in [*SAMPLE_FILES, *disaggregated]), _vllm_over_two_nodes()]:
         resource = parse_resource(document)
         for obj in render_engine(resource, plan(resource.spec)):
             if obj["metadata"]["labels"].get("app.kubernetes.io/component") != component:
@@ -387,18 +389,20 @@ def _engine_pods(component: str = "engine") -> list[dict[str, Any]]:
 SCRAPE_ANNOTATION = "__meta_kubernetes_pod_annotation_prometheus_io_scrape"
 
 
+ROLE_LABEL = "__meta_kubernetes_pod_label_m3fleet_dev_dynamo_role"
+ROLE_SERIES_LABEL = "m3fleet_dev_dynamo_role"  # what the autoscaler selects each role's series by
+
+
 def _kept(endpoint: dict[str, Any], pod: dict[str, Any]) -> bool:
-    """Whether the endpoint's keep rules (Prometheus's relabelling, the two meta labels it reads) keep this pod."""
+    """Whether the endpoint's keep and drop rules (Prometheus's relabelling, the meta labels it reads) keep this pod."""
     meta = {
         SCRAPE_ANNOTATION: (pod["metadata"].get("annotations") or {}).get("prometheus.io/scrape", ""),
         "__meta_kubernetes_pod_label_m3fleet_dev_engine": pod["metadata"]["labels"].get(render_labels.ENGINE, ""),
+        ROLE_LABEL: pod["metadata"]["labels"].get(DYNAMO_ROLE, ""),
     }
-    keep = [r for r in endpoint["relabelings"] if r["action"] == "keep"]
-    assert [r["sourceLabels"] for r in keep] == [
-        [SCRAPE_ANNOTATION],
-        ["__meta_kubernetes_pod_label_m3fleet_dev_engine"],
-    ]
-    return all(re.fullmatch(r["regex"], meta[r["sourceLabels"][0]]) for r in keep)
+    rules = [r for r in endpoint["relabelings"] if r["action"] in ("keep", "drop")]
+    assert {r["sourceLabels"][0] for r in rules} <= set(meta)
+    return all(bool(re.fullmatch(r["regex"], meta[r["sourceLabels"][0]])) == (r["action"] == "keep") for r in rules)
 
 
 def test_pod_monitor_scrapes_every_pod_that_exports_engine_metrics() -> None:
@@ -408,7 +412,8 @@ def test_pod_monitor_scrapes_every_pod_that_exports_engine_metrics() -> None:
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     endpoints = monitor["spec"]["podMetricsEndpoints"]
     (picker,) = [e for e in endpoints if e["port"] == "metrics"]  # spec.gateway's endpoint pickers
-    endpoints = [e for e in endpoints if e is not picker]
+    (dynamo,) = [e for e in endpoints if e["port"] == "system"]  # spec.disaggregation's workers
+    endpoints = [e for e in endpoints if e is not picker and e is not dynamo]
     picker_label = "__meta_kubernetes_pod_label_m3fleet_dev_endpoint_picker"
     assert [r["sourceLabels"] for r in picker["relabelings"]] == [[picker_label]]
     pickers = _engine_pods("endpoint-picker")
@@ -429,7 +434,27 @@ def test_pod_monitor_scrapes_every_pod_that_exports_engine_metrics() -> None:
         targets = {r["targetLabel"] for r in e["relabelings"] if r["action"] == "replace"}
         assert targets == {"m3fleet_dev_name", "m3fleet_dev_engine", "m3fleet_dev_accelerator", "m3fleet_dev_tier"}
 
-    pods = _engine_pods()
+    # A disaggregated fleet's prefill and decode workers: only the Dynamo endpoint, on their system port, with the role
+    # the autoscaler reads each role by; its frontend (no engine metrics) by none.
+    roles = {
+        "frontend": _engine_pods("frontend"),
+        "workers": [p for p in _engine_pods() if DYNAMO_ROLE in p["metadata"]["labels"]],
+    }
+    assert roles["frontend"] and roles["workers"], "the disaggregated sample renders a frontend and workers"
+    assert not any(_kept(e, p) for e in [*endpoints, dynamo] for p in roles["frontend"])
+    role_targets = {r["targetLabel"] for r in dynamo["relabelings"] if r["action"] == "replace"}
+    assert ROLE_SERIES_LABEL in role_targets and "m3fleet_dev_name" in role_targets
+    for pod in roles["workers"]:
+        served = [e for e in [*endpoints, dynamo] if _kept(e, pod)]
+        annotations = pod["metadata"]["annotations"]
+        ports = {p["name"]: p["containerPort"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        if annotations.get("prometheus.io/scrape") != "true":
+            assert not served  # a multi-node worker's non-leader pods
+            continue
+        assert served == [dynamo] and annotations["prometheus.io/path"] == dynamo["path"]
+        assert annotations["prometheus.io/port"] == str(ports[dynamo["port"]])
+
+    pods = [p for p in _engine_pods() if DYNAMO_ROLE not in p["metadata"]["labels"]]
     scraped = [p for p in pods if any(_kept(e, p) for e in endpoints)]
     serving = [p for p in pods if p["metadata"]["labels"].get(render_labels.SERVING) == "true"]
     workers = [p for p in pods if p["metadata"]["labels"][render_labels.ROLE] == "worker"]

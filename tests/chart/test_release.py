@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from m3fleet.catalog import gateway
 from tests.support.chart import ROOT
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -66,6 +67,9 @@ def test_the_dry_run_builds_every_artifact_of_the_one_version() -> None:
 
     for push in ("buildah manifest push --all", "cosign sign --yes", "helm push", "pypa/gh-action-pypi-publish"):
         assert f"dry run, would run: {push}" in result.stderr, push
+    # The endpoint picker image spec.gateway renders is released too, under its own pin.
+    epp = gateway.EPP_IMAGE
+    assert f"buildah manifest push --all --digestfile dist/epp-image.digest {epp} docker://{epp}" in result.stderr
 
 
 def test_the_workflow_runs_the_release_script_on_a_version_tag() -> None:
@@ -76,6 +80,7 @@ def test_the_workflow_runs_the_release_script_on_a_version_tag() -> None:
     uses = [str(step.get("uses", "")) for step in steps]
     assert "hack/release.sh --push" in runs
     assert any(u.startswith("sigstore/cosign-installer@") for u in uses)
+    assert any(u.startswith("actions/setup-go@") for u in uses)  # hack/build-epp-image.sh builds the picker
     assert any(u.startswith("pypa/gh-action-pypi-publish@") for u in uses)
     jobs = workflow["jobs"].values()
     publish = next(job for job in jobs if any("pypi-publish" in str(s.get("uses")) for s in job["steps"]))

@@ -92,7 +92,7 @@ def test_every_invalid_case_is_rejected_with_its_field(
         ({"context__maxModelLen": 2_000_000}, "spec.context.maxModelLen"),
         ({"context__maxModelLen": 0}, "spec.context.maxModelLen"),
         ({"replicas": -1}, "spec.replicas"),
-        ({"accelerator": "h100"}, "spec.accelerator"),
+        ({"accelerator": "a100"}, "spec.accelerator"),
         ({"autoscaling__target": {"kvCacheUtilization": 0}}, "spec.autoscaling.target.kvCacheUtilization"),
     ],
 )

@@ -52,6 +52,7 @@ from typing import Any
 import pytest
 from tests.support.autoscaling.prom import GatewayLoad, MetricsServer, prometheus
 from tests.support.cluster.cluster import Cluster, OperatorProcess
+from tests.support.cluster.epp import HELD_METRIC
 from tests.support.cluster.fleet import delete, operated_namespace, pods, wait_ready
 from tests.support.cluster.live import ScenarioLoad, burst_slice
 from tests.support.cluster.standins import (
@@ -79,6 +80,7 @@ from m3fleet.api import parse_resource
 from m3fleet.autoscaling.policy import POD_DELETION_COST
 from m3fleet.autoscaling.policy.decision import MEASURED
 from m3fleet.planner import plan as make_plan
+from m3fleet.planner import plan_tier
 
 GATEWAY_MODEL = "MiniMaxAI/MiniMax-M3"
 COLD_START = 10  # seconds kwok holds a new engine pod before it is ready (the engine loading its weights)
@@ -450,6 +452,95 @@ def test_sglang_and_tensorrt_llm_formats_drive_the_same_loop(
         finally:
             for name in documents:
                 delete(chart, name, NAMESPACE)
+
+
+TIERED, SHORT = "loop-tiers", "loop-tiers-short"  # the fleet (its own, 512k tier) and its short tier's workload
+
+
+def test_each_context_tier_scales_on_its_own_demand(chart: Cluster, operator: OperatorProcess, tmp_path: Path) -> None:
+    """A gatewayed fleet with a short context tier (spec.gateway.tiers): each tier is its own Deployment, its
+    pods' series carry the tier label, and the autoscaler sizes each on its own series and plan. The short tier
+    starts at zero (its minReplicas 0) and a request held by the endpoint picker (a stand-in exporting the pool's
+    held-request gauge) brings it to one, the long tier untouched. Its demand rises while the long tier's stays
+    quiet: only the short tier grows. Then the other way round: the long tier grows and the short one shrinks back,
+    each within its own bounds, recorded in its own place of status and named in the Events. (No Gateway API here:
+    the engines are applied all the same.)"""
+    document = fleet(TIERED, "act", "vllm-h200-gateway-tiers")
+    document["spec"]["autoscaling"]["maxReplicas"] = 2
+    (tier,) = document["spec"]["gateway"]["tiers"]
+    tier.update(replicas=0, minReplicas=0, maxReplicas=2)
+    resource = parse_resource(document)
+    plans = {TIERED: make_plan(resource.spec), SHORT: plan_tier(resource.spec, 0)}
+    assert plans[SHORT].max_model_len < plans[TIERED].max_model_len
+    targets = tmp_path / "targets.json"
+    workdir = tmp_path / "prom"
+    workdir.mkdir()
+    held = {"requests": 0.0}  # what the pool's endpoint picker holds
+
+    def picker(_: float) -> tuple[int, str]:
+        series = f'{HELD_METRIC}{{namespace="{NAMESPACE}",inference_pool="{TIERED}"}} {held["requests"]}'
+        return 200, f"# TYPE {HELD_METRIC} gauge\n{series}\n"
+
+    with (
+        StandIns(chart, targets, plans) as standins,
+        MetricsServer({"/metrics": picker}) as picker_server,
+        prometheus(workdir, scrape_config(targets, gateway=f"127.0.0.1:{picker_server.port}")) as url,
+    ):
+        try:
+            document["spec"]["autoscaling"]["prometheus"]["url"] = url
+            chart.apply(document)
+
+            def at(main: int, short: int) -> bool:
+                counts = (replicas(chart, TIERED), replicas(chart, SHORT), standins.up(TIERED), standins.up(SHORT))
+                return counts == (main, short, main, short)
+
+            def recorded() -> dict[str, Any]:
+                return autoscaling(chart, TIERED)
+
+            # The short tier at zero stays there while the picker holds nothing; a held request brings it to one.
+            eventually(
+                "the short tier's first decision, at zero",
+                lambda: (
+                    ((recorded().get("tiers") or {}).get("short") or {}).get("scaleToZero", {}).get("heldRequests")
+                    == 0.0
+                ),
+                90,
+                recorded,
+            )
+            assert chart.get("deployment", SHORT, NAMESPACE) is not None  # the tier's workload, at zero
+            eventually("the long tier at 1 (a stand-in on it), the short tier at 0", lambda: at(1, 0), 90, recorded)
+            held["requests"] = 1.0
+            eventually("a held request woke the short tier", lambda: at(1, 1), 90, recorded)
+            held["requests"] = 0.0
+            woke = [m for m in events(chart, TIERED, "Scaled") if m.startswith(f"tier short ({SHORT}): ")]
+            assert any("held by the endpoint picker at zero replicas" in m for m in woke), woke
+
+            # The short tier's demand rises, the long tier's stays quiet: the short tier alone grows.
+            standins.demand.update({SHORT: BUSY, TIERED: QUIET})
+            eventually("the short tier at 2, the long tier at 1", lambda: at(1, 2), 120, recorded)
+            decided = autoscaling(chart, TIERED)
+            short = decided["tiers"]["short"]
+            assert (short["action"], short["desiredReplicas"], short["applied"]) == ("scale-up", 2, True), short
+            # Its own KV demand, within its own bounds.
+            assert short["terms"]["kvReplicas"] > 1 and short["bounds"]["maxReplicas"] == 2, short
+            assert decided["desiredReplicas"] == 1 and decided["terms"]["kvReplicas"] < 1, decided  # the long one holds
+            scaled = events(chart, TIERED, "Scaled")
+            assert any(m.startswith(f"tier short ({SHORT}): scale-up 1 -> 2") for m in scaled), scaled
+            assert not any(m.startswith("scale-up") for m in scaled), scaled  # the long tier never moved
+
+            # And the other way round: the long tier grows, the short one shrinks back (its engines still busy with
+            # the requests in flight: not to zero, which waits for scaleToZeroAfterSeconds of idle).
+            standins.demand.update({SHORT: QUIET, TIERED: BUSY})
+            eventually("the long tier at 2, the short tier at 1", lambda: at(2, 1), 150, recorded)
+            decided = autoscaling(chart, TIERED)
+            assert decided["desiredReplicas"] == 2 and decided["tiers"]["short"]["desiredReplicas"] == 1, decided
+            scaled = events(chart, TIERED, "Scaled")
+            assert any(m.startswith("scale-up 1 -> 2") for m in scaled), scaled  # the spec's own tier, as ever
+            assert any(m.startswith(f"tier short ({SHORT}): scale-down 2 -> 1") for m in scaled), scaled
+            body = chart.get("m3d", TIERED, NAMESPACE) or {}
+            assert body["metadata"]["generation"] == 1 and spec_managers(chart, TIERED) == {"kubectl"}
+        finally:
+            delete(chart, TIERED, NAMESPACE)
 
 
 SCENARIO_SEED = 13  # long-context-burst seed 13: its burst needs more than the 4 replicas allowed

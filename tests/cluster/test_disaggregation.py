@@ -2,7 +2,9 @@
 H200 pool, becomes Dynamo's frontend, prefill workers (one node each: a Deployment) and a decode worker group (DEP16
 over two nodes: a LeaderWorkerSet through the real LWS controller), owned and reported; a bad disaggregation
 leaves them running; switching back to aggregated prunes every Dynamo child with a Warning; renderAs
-DynamoGraphDeployment is applied against the installed CRD.
+DynamoGraphDeployment is applied against the installed CRD; with spec.autoscaling the operator's autoscaler scales each
+role on its own signal, read from a real Prometheus scraping stand-ins of the role pods' engine metrics, and the role
+workloads follow the counts it records.
 
 H200 rather than the sample's GB200: the kwok pool has four GB200 nodes in two NVLink cliques, and two 2-node
 groups scheduled at once (no gang scheduler) can each take one node of both cliques and wait forever; the GB200
@@ -11,19 +13,24 @@ rendering is checked whole by the golden test."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from tests.support.autoscaling.prom import EngineState, Reading, prometheus
 from tests.support.cluster import dra
 from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
 from tests.support.cluster.dynamo_crd import CRD
 from tests.support.cluster.fleet import condition, delete, operated_namespace, pods, rendered, wait_ready
+from tests.support.cluster.standins import StandIns, scrape_config
+from tests.support.cluster.standins import eventually as eventually_saying
 from tests.support.samples import SAMPLES_DIR
 
 from m3fleet.api import parse_resource
+from m3fleet.api.models import DisaggregationPlan
+from m3fleet.autoscaling.signals import one_two_five_buckets
 from m3fleet.planner import plan
 
 NAMESPACE = "disagg"
@@ -175,3 +182,131 @@ def test_dynamo_graph_deployment_is_accepted_by_the_crd(
         assert result.returncode != 0 and "Unsupported value" in result.stderr, result.stderr
     finally:
         delete(chart, name, NAMESPACE)
+
+
+class RoleLoad:
+    """What the stand-ins of a disaggregated fleet's pods export: prompt requests queued at the prefill workers and
+    KV demand (in decode workers' worth at the 0.8 target) at the decode workers, each shared by that role's pods up;
+    the test sets both. The rates stay steady (no counter resets when the load changes); the frontend exports nothing
+    the autoscaler reads (its series carry role frontend)."""
+
+    PROMPT = 32768.0
+    RATE = 0.05  # requests per second through each worker
+
+    def __init__(self, fleet: str, d: DisaggregationPlan) -> None:
+        self.fleet, self.d = fleet, d
+        self.queued = 0.0  # prompt requests waiting, over all prefill workers
+        self.kv_demand = 0.5
+        self.members: dict[str, list[str]] = {"prefill": [], "decode": []}
+
+    def role(self, replica: str) -> str:
+        return next((r for r in ("prefill", "decode") if replica.startswith(f"{self.fleet}-{r}-")), "frontend")
+
+    def follow(self, fleet: str, pods: Collection[str]) -> None:
+        for role in self.members:
+            self.members[role] = [p for p in pods if self.role(p) == role]
+
+    def reading(self, fleet: str, replica: str, elapsed: float) -> Reading:
+        role, bounds = self.role(replica), one_two_five_buckets(131072)
+        if role == "frontend":
+            return Reading.idle(0.0, bounds)
+        share = 1 / max(1, len(self.members[role]))
+        worker = self.d.prefill if role == "prefill" else self.d.decode
+        state = EngineState(
+            running=2.0,
+            waiting=self.queued * share if role == "prefill" else 0.0,
+            kv_usage=min(0.95, 0.8 * self.kv_demand * share) if role == "decode" else 0.1,
+            capacity_tokens=float(worker.kv_cache_tokens_per_worker),
+            prompt_tokens_rate=self.RATE * self.PROMPT,
+            generation_tokens_rate=self.RATE * 1024,
+            request_rate=self.RATE,
+            prompt_tokens=self.PROMPT,
+        )
+        return state.reading(elapsed, bounds)
+
+
+def test_autoscaler_scales_each_role_on_its_own_signal_and_the_role_workloads_follow(
+    chart: Cluster, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Prefill scales on queued prompt tokens while decode holds; then decode scales on KV demand."""
+    name = "disagg-as"
+    # 32k-token prompts, both roles one H200 node (TEP8): at most 2 prefill workers per decode worker (the ratio's
+    # upper bound, twice the derived 0.7), at least one.
+    doc = document(name, inputTokens=32768, decode={"parallelism": {"strategy": "tp-ep"}})
+    doc["spec"]["autoscaling"] = {
+        "enabled": True,
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "intervalSeconds": 5,
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},  # no scale-down in this test
+        "prometheus": {"url": "http://127.0.0.1:9"},  # replaced below by the test's Prometheus
+    }
+    p = plan(parse_resource(doc).spec)
+    assert p.disaggregation is not None
+    load = RoleLoad(name, p.disaggregation)
+    targets = tmp_path / "targets.json"
+    with (
+        StandIns(chart, targets, {name: p}, load, namespace=NAMESPACE),
+        prometheus(tmp_path, scrape_config(targets)) as url,
+    ):
+        doc["spec"]["autoscaling"]["prometheus"]["url"] = url
+        try:
+            chart.apply(doc)
+            generation = wait_ready(chart, name, NAMESPACE)["metadata"]["generation"]
+
+            def roles(prefill: int, decode: int, prefill_by: str, decode_by: str) -> dict[str, Any] | None:
+                body = chart.get("m3d", name, NAMESPACE) or {}
+                recorded = ((body.get("status") or {}).get("autoscaling") or {}).get("roles") or {}
+                counts = {r: (recorded.get(r) or {}).get("replicas") for r in ("prefill", "decode")}
+                deciders = {r: (recorded.get(r) or {}).get("decidedBy") for r in ("prefill", "decode")}
+                if counts != {"prefill": prefill, "decode": decode}:
+                    return None
+                if deciders != {"prefill": prefill_by, "decode": decode_by}:
+                    return None
+                return dict(recorded)
+
+            def workloads(prefill: int, decode: int) -> bool:
+                """The role Deployments set to the counts, and their pods ready (kwok), as the render follows."""
+                for role, count in (("prefill", prefill), ("decode", decode)):
+                    workload = chart.get("deployment", f"{name}-{role}", NAMESPACE) or {}
+                    ready = (workload.get("status") or {}).get("readyReplicas") or 0
+                    if (workload.get("spec") or {}).get("replicas") != count or ready != count:
+                        return False
+                return True
+
+            def recorded() -> dict[str, Any]:
+                body = chart.get("m3d", name, NAMESPACE) or {}
+                return dict((body.get("status") or {}).get("autoscaling") or {})
+
+            # Quiet: one decode worker's KV at half the target, a trickle of prompts and none queued.
+            quiet = eventually_saying(
+                "the quiet fleet's decision", lambda: roles(1, 1, "promptTokens", "kvDemand"), 90, recorded
+            )
+            assert "KV demand" in quiet["decode"]["reason"]
+            # Prompts queue at the prefill workers: prefill scales, decode holds.
+            load.queued = 6.0
+            queued = eventually(
+                "prefill scaled on queued prompt tokens", lambda: roles(2, 1, "promptTokens", "kvDemand"), 90
+            )
+            assert "queued" in queued["prefill"]["reason"] and queued["prefill"]["need"] > 1.0
+            eventually("the prefill Deployment at 2, decode at 1", lambda: workloads(2, 1), 90)
+            # KV demand of 1.6 decode workers: decode scales; prefill keeps its two (its own signal is unchanged).
+            load.kv_demand = 1.6
+            eventually_saying(
+                "decode scaled on KV demand", lambda: roles(2, 2, "promptTokens", "kvDemand"), 90, recorded
+            )
+            eventually("the decode Deployment at 2", lambda: workloads(2, 2), 90)
+            body = chart.get("m3d", name, NAMESPACE)
+            assert body is not None and body["status"]["autoscaling"]["desiredReplicas"] == 2
+            assert body["metadata"]["generation"] == generation  # spec (GitOps's) never written
+            assert (body["status"]["replicas"], body["status"]["readyReplicas"]) == (2, 2)  # decode workers
+            scaled = [
+                e["message"]
+                for e in chart.list("events", NAMESPACE)
+                if e["involvedObject"].get("name") == name and e["reason"] == "Scaled"
+            ]
+            assert any("decode 1 -> 2" in m for m in scaled) and any("prefill 1 -> 2" in m for m in scaled), scaled
+            assert "Traceback" not in operator.log()
+        finally:
+            delete(chart, name, NAMESPACE)
+            eventually(f"{name} pods gone", lambda: not pods(chart, name, NAMESPACE), 120)

@@ -2,11 +2,11 @@
 read it, through the real ReplicaSet and LeaderWorkerSet controllers, and the fleet stays honest when the scheduler
 it names is not there.
 
-Kueue itself is not installed (it builds from Go modules; not done here): the test shows the queue-name label on the
-LeaderWorkerSet and Deployment objects and on every pod, where Kueue's "Run LeaderWorkerSet" / "Run Deployment"
-integrations read it. The priority class is a real PriorityClass the apiserver's Priority admission resolves into
-each pod's spec.priority; `default-scheduler` named explicitly still schedules; `volcano` (not running) leaves the
-pods Pending and status says why.
+Kueue itself runs in tests/cluster/test_kueue.py; here the queue-name label is on the LeaderWorkerSet and Deployment
+objects and on a Deployment's pods, where Kueue's "Run LeaderWorkerSet" / "Run Deployment" integrations read it. The
+priority class is a real PriorityClass the apiserver's Priority admission resolves into each pod's spec.priority;
+`default-scheduler` named explicitly still schedules; `volcano` (not running) leaves the pods Pending and status says
+why.
 """
 
 from __future__ import annotations
@@ -16,7 +16,16 @@ from typing import Any
 
 import pytest
 from tests.support.cluster.cluster import Cluster, OperatorProcess, eventually
-from tests.support.cluster.fleet import condition, delete, operated_namespace, pods, renamed, sample, wait_ready
+from tests.support.cluster.fleet import (
+    condition,
+    delete,
+    operated_namespace,
+    pods,
+    renamed,
+    sample,
+    two_node_group,
+    wait_ready,
+)
 
 NAMESPACE = "platform"
 PRIORITY_CLASS = "m3-serving-high"
@@ -58,17 +67,15 @@ def single_node(name: str, scheduler: str) -> dict[str, Any]:
 
 
 def multi_node(name: str) -> dict[str, Any]:
-    """vLLM at 1M context on the MXFP8 checkpoint, three full-length sequences: two H200 nodes a replica (an LWS)."""
-    document = single_node(name, "default-scheduler")
-    document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
-    document["spec"]["context"] = {"maxModelLen": 1_048_576, "minSequencesAtMaxLen": 3}
-    document["spec"]["parallelism"] = {"tensorParallelSize": 0}
+    document = two_node_group(name, NAMESPACE)
+    document["spec"]["podTemplate"] = pod_template("default-scheduler")
     return document
 
 
-def assert_on_pod(pod: dict[str, Any], scheduler: str) -> None:
+def assert_on_pod(pod: dict[str, Any], scheduler: str, grouped: bool = False) -> None:
+    """`grouped`: a LeaderWorkerSet's pod, which Kueue labels with the queue itself (tests/cluster/test_kueue.py)."""
     name = pod["metadata"]["name"]
-    assert QUEUE.items() <= pod["metadata"]["labels"].items(), name
+    assert (QUEUE.items() <= pod["metadata"]["labels"].items()) != grouped, name
     assert ANNOTATIONS.items() <= pod["metadata"]["annotations"].items(), name
     assert pod["spec"]["schedulerName"] == scheduler, name
     assert (pod["spec"]["priorityClassName"], pod["spec"]["priority"]) == (PRIORITY_CLASS, PRIORITY), name
@@ -87,14 +94,14 @@ def test_labels_priority_scheduler_and_volume_land_on_the_workload_and_every_pod
     workload = chart.get(kind, name, NAMESPACE)
     assert workload is not None
     # Kueue reads the queue name on the LeaderWorkerSet object itself (one Workload per group) and on a Deployment's
-    # pods; both carry it, with m3fleet's own labels intact.
+    # pods; both objects carry it, with m3fleet's own labels intact.
     assert QUEUE.items() <= workload["metadata"]["labels"].items()
     assert ANNOTATIONS.items() <= workload["metadata"]["annotations"].items()
     assert workload["metadata"]["labels"]["m3fleet.dev/name"] == name
     found = pods(chart, name, NAMESPACE)
     assert len(found) == (1 if kind == "deployment" else 2), [p["metadata"]["name"] for p in found]
     for pod in found:
-        assert_on_pod(pod, "default-scheduler")
+        assert_on_pod(pod, "default-scheduler", grouped=kind == "lws")
         assert pod["spec"].get("nodeName"), pod["metadata"]["name"]  # the default scheduler placed it
     delete(chart, name, NAMESPACE)
 

@@ -232,7 +232,7 @@ def caches() -> dict[str, str]:
             "    huggingFace: {repo: a/b, revision: '" + "0" * 40 + "', tokenSecretRef: {name: other/k}}\n",
         ),
         "bad-cache-stager-image.yaml": cache(extra='  stagerImage: "my image"\n'),
-        "bad-cache-accelerator.yaml": cache().replace("accelerator: h200", "accelerator: h100"),
+        "bad-cache-accelerator.yaml": cache().replace("accelerator: h200", "accelerator: a100"),
         "bad-cache-name-uppercase.yaml": cache("Chat"),
         "bad-cache-unknown-top-level.yaml": cache() + "specs: {}\n",
         "bad-cache-spec-missing.yaml": cache().split("spec:")[0],
@@ -338,7 +338,7 @@ def hostile() -> dict[str, bytes | str]:
             "  model:\n    source", "  x:\n    y"
         ),
         "bad-out-of-range.yaml": good(extra="  context: {maxModelLen: 99999999}\n"),
-        "bad-enum.yaml": good(extra="  accelerator: h100\n"),
+        "bad-enum.yaml": good(extra="  accelerator: a100\n"),
         "bad-infeasible.yaml": good(
             extra="  context: {maxModelLen: 1048576}\n  parallelism: {tensorParallelSize: 8}\n"
         ),

@@ -227,13 +227,25 @@ TIERS_REFUSED: list[tuple[list[dict[str, Any]], str, str]] = [
         "same maxModelLen",
         "spec.gateway.tiers",
     ),
+    (
+        [{"name": "s", "maxModelLen": 8192, "minReplicas": 3, "maxReplicas": 2}],
+        "exceeds its maxReplicas",
+        "spec.gateway.tiers",
+    ),
+    (
+        [{"name": "s", "maxModelLen": 8192, "minReplicas": 5}],
+        "an absent one is spec.autoscaling's",
+        "spec.gateway.tiers",
+    ),
 ]
 
 # (resource, a fragment of the message, the field the apiserver's rejection names)
 CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
     (with_spec(model__variant="mxfp4", accelerator="h200"), "mxfp4", "spec.model.variant"),
     (with_spec(model__variant="mxfp4", accelerator="gb200"), "mxfp4", "spec.model.variant"),
+    (with_spec(model__variant="mxfp4", accelerator="mi300x"), "gfx950", "spec.model.variant"),
     (with_spec(engine__name="trtllm", accelerator="mi355x"), "NVIDIA", "spec.engine.name"),
+    (with_spec(engine__name="trtllm", accelerator="gb300"), "its MiniMax-M3 guide documents", "spec.engine.name"),
     (with_spec(engine__name="trtllm", accelerator="gb200", model__variant="mxfp8"), "bf16 only", "spec.model.variant"),
     (with_spec(accelerator="mi355x", disaggregation={}), "NVIDIA GPUs only", "spec.disaggregation"),
     (
@@ -242,7 +254,7 @@ CEL_CASES: list[tuple[dict[str, Any], str, str]] = [
         "spec.disaggregation.inputTokens",
     ),
     (
-        with_spec(disaggregation={"ratio": "1:2", "prefill": {"replicas": 1}, "decode": {"replicas": 2}}),
+        with_spec(disaggregation={"ratio": "1:2", "prefill": {"replicas": 1}}),
         "ratio cannot be pinned together",
         "spec.disaggregation.ratio",
     ),

@@ -157,9 +157,10 @@ def test_what_only_the_schema_decides_is_left_to_the_schema() -> None:
     verdict = review("CREATE", unreadable)
     assert verdict.allowed and verdict.message == ""
     assert len(verdict.warnings) == 1 and "spec.parallelism.tensorParallelSize" in verdict.warnings[0]
-    # A CEL rule of the CRD (TensorRT-LLM serves NVIDIA only) is the CRD's to enforce, before the webhook.
+    # A CEL rule of the CRD (TensorRT-LLM serves its guide's NVIDIA pools only) is the CRD's to enforce, before the
+    # webhook.
     cel_refused = review("CREATE", changed(engine={"name": "trtllm"}, accelerator="mi355x"))
-    assert cel_refused.allowed and "trtllm runs only on NVIDIA" in cel_refused.warnings[0]
+    assert cel_refused.allowed and "trtllm runs only on the NVIDIA pools" in cel_refused.warnings[0]
     assert review("CREATE", {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}).allowed
 
 

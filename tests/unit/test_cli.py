@@ -150,7 +150,7 @@ def test_bad_input_exits_2_with_one_message_and_no_stdout(
 
 
 def test_one_message_per_failing_resource(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    bad = GOOD.replace("good", "bad") + "  accelerator: h100\n"
+    bad = GOOD.replace("good", "bad") + "  accelerator: a100\n"
     worse = GOOD.replace("good", "worse") + "  replicas: -1\n"
     code, out, err = run(capsys, "plan", "-f", write(tmp_path, "---\n".join([GOOD, bad, worse])))
     assert code == 2 and out == ""

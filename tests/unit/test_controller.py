@@ -319,12 +319,6 @@ def test_the_spec_says_how_metrics_are_read() -> None:
     single = source_spec("llm", "m3", "sglang", scaling, False, Tls())
     assert (single.rate_window_seconds, single.workers_of) == (240.0, None)
     assert single.selector == (("namespace", "llm"), ("m3fleet_dev_name", "m3"))
-    # With context tiers (spec.gateway.tiers) the spec's own tier is sized on its own pods: those without the label.
-    tiered = source_spec("llm", "m3", "sglang", scaling, False, Tls(), tiered=True)
-    assert tiered.selector == (("namespace", "llm"), ("m3fleet_dev_name", "m3"), ("m3fleet_dev_tier", ""))
-    adapter_of_tier = prometheus_adapter(tiered)
-    assert isinstance(adapter_of_tier, PrometheusAdapter)
-    assert 'm3fleet_dev_tier=""' in adapter_of_tier.queries().scalars["running"]
     adapter = prometheus_adapter(source_spec("llm", "m3", "sglang", scaling, True, Tls()))
     assert isinstance(adapter, PrometheusAdapter)
     assert (adapter.rate_window, adapter.histogram_window, adapter.workers_of) == (240.0, 300.0, "m3")

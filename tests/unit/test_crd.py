@@ -291,7 +291,7 @@ def _model_accepts(resource: dict[str, Any]) -> bool:
         ),
         ({"context__maxModelLen": 0}, "spec.context.maxModelLen: 0 is too small"),
         ({"replicas": -1}, "spec.replicas: -1 is too small; fix: use a value from 0 to 1024"),
-        ({"accelerator": "h100"}, 'spec.accelerator: the string "h100" is not supported; fix: use one of h200, gb200'),
+        ({"accelerator": "a100"}, 'spec.accelerator: the string "a100" is not supported; fix: use one of h200, gb200'),
         ({"contxt": {}}, "spec.contxt: is not a field of this object; fix: did you mean `context`?"),
         (
             {"context__max_model_len": 8192},

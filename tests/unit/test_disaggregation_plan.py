@@ -95,11 +95,20 @@ def test_pinned_ratio_that_starves_prefill_is_refused_with_the_minimum() -> None
     assert "queue without bound" in message and "fix: use at least " in message
 
 
-def test_ratio_with_both_counts_pinned_is_refused_by_the_schema() -> None:
+def test_ratio_with_the_prefill_count_pinned_is_refused_by_the_schema() -> None:
     doc = sample(ratio="1:1")
     doc["spec"]["disaggregation"]["prefill"]["replicas"] = 2
+    assert refusal(doc).startswith("spec.disaggregation.ratio: cannot be pinned together with prefill.replicas")
+
+
+def test_decode_workers_are_counted_by_spec_replicas_only() -> None:
+    # One field for the decode count: the scale subresource's, which status.replicas reports back (kubectl scale).
+    doc = sample()
     doc["spec"]["disaggregation"]["decode"]["replicas"] = 2
-    assert refusal(doc).startswith("spec.disaggregation.ratio: cannot be pinned together with both roles' replicas")
+    assert refusal(doc) == (
+        "spec.disaggregation.decode.replicas: is not a field of this object; fix: remove it; the fields here are: "
+        "parallelism"
+    )
 
 
 def test_role_that_does_not_fit_names_the_roles_field() -> None:
@@ -138,10 +147,10 @@ def test_engine_or_accelerator_dynamo_cannot_serve_is_refused(change: dict[str, 
     assert refusal(doc).startswith(f"{field}: ")
 
 
-def test_the_autoscaler_is_refused_until_it_scales_each_role() -> None:
+def test_the_autoscaler_is_accepted_and_the_plan_is_where_it_starts() -> None:
     doc = sample()
     doc["spec"]["autoscaling"] = {"enabled": True, "prometheus": {"url": "http://prometheus.monitoring:9090"}}
-    assert refusal(doc).startswith("spec.autoscaling.enabled: the autoscaler does not yet scale")
+    assert planned(doc).disaggregation == planned(sample()).disaggregation
 
 
 def test_expected_lengths_must_fit_the_context() -> None:

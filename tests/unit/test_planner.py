@@ -44,6 +44,9 @@ RECIPE_SHAPES = {
     "vllm-h200-mtp-tp8": ("vllm", "h200", "bf16", "tp", 8, 1, 1, 1),
     "sglang-gb200-mxfp8-eagle3-tp4": ("sglang", "gb200", "mxfp8", "tp", 4, 1, 1, 1),
     "sglang-b200-mxfp8-tp8-ep8": ("sglang", "b200", "mxfp8", "tp-ep", 8, 1, 8, 1),
+    "sglang-gb300-mxfp8-tp4": ("sglang", "gb300", "mxfp8", "tp", 4, 1, 1, 1),
+    "sglang-mi300x-mxfp8-tp8": ("sglang", "mi300x", "mxfp8", "tp", 8, 1, 1, 1),
+    "vllm-h100-mxfp8-tp8": ("vllm", "h100", "mxfp8", "tp", 8, 1, 1, 1),
 }
 # Samples whose shape no published recipe runs exactly: NV-BLOG's SGLang TP8+EP8 command is CUDA-only on one
 # 8-GPU Blackwell node, so neither its MI355X nor its 2 x 4 GB200 form is `validated`.
@@ -56,6 +59,7 @@ NOT_PUBLISHED = {
     "vllm-gb200-nvfp4-eagle3-tp4",
     "vllm-h200-mtp-tp8",
     "sglang-gb200-mxfp8-eagle3-tp4",
+    "vllm-h100-mxfp8-tp8",  # the vLLM recipe's TP8 names H200 and the 141 GB H20, no recipe H100
 }
 
 

@@ -81,10 +81,15 @@ def test_each_field_lands_on_every_engine_pod_and_the_workload(path: Path) -> No
     for owner in owners:
         assert meta["labels"].items() <= owner["metadata"]["labels"].items()
         assert meta["annotations"].items() <= owner["metadata"]["annotations"].items()
+        # A group's pods get the queue from Kueue itself, with their Workload: it skips a pod that already has it.
+        for template in _templates_of(owner):
+            queued = "kueue.x-k8s.io/queue-name" in template["metadata"]["labels"]
+            assert queued == (owner["kind"] == "Deployment"), owner["kind"]
     templates = list(pod_templates(objects))
     assert len(templates) == sum(1 if owner["kind"] == "Deployment" else 2 for owner in owners)
+    others = {k: v for k, v in meta["labels"].items() if k != "kueue.x-k8s.io/queue-name"}
     for template in templates:
-        assert meta["labels"].items() <= template["metadata"]["labels"].items()
+        assert others.items() <= template["metadata"]["labels"].items()
         assert meta["annotations"].items() <= template["metadata"]["annotations"].items()
         pod = template["spec"]
         assert pod["priorityClassName"] == PASSTHROUGH["priorityClassName"]
@@ -203,3 +208,17 @@ def test_status_says_when_the_named_scheduler_has_not_placed_the_pods() -> None:
     assert unschedulable([_pending(None), _pending("default-scheduler")]) is None
     tried = {"type": "PodScheduled", "status": "False", "reason": "Pending", "message": "gang of 2 not ready"}
     assert unschedulable([_pending("volcano", [tried])]) is None
+
+
+def test_status_says_when_scheduling_gates_hold_the_pods() -> None:
+    gated = {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "gates"}
+    pod = _pending(None, [gated])
+    pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    said = unschedulable([pod, _pending(None)])
+    assert said is not None and said.startswith("1 of 2 pods cannot be scheduled: they wait on scheduling gates "), said
+    assert "kueue.x-k8s.io/admission" in said and "kubectl get workloads" in said, said
+    # Gates lifted (none left, or the pod already bound to a node): nothing to say.
+    pod["spec"]["schedulingGates"] = []
+    assert unschedulable([pod]) is None
+    pod["spec"].update(schedulingGates=[{"name": "example.com/hold"}], nodeName="h200-0")
+    assert unschedulable([pod]) is None

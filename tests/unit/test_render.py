@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from m3fleet.api import parse_resource
 from m3fleet.api.models import MAX_NAME_LENGTH, MAX_REPLICAS, MAX_SURGE, MiniMaxM3Deployment
-from m3fleet.catalog import ENGINES
+from m3fleet.catalog import ACCELERATORS, ENGINES
 from m3fleet.documents import dump
 from m3fleet.engines import sglang
 from m3fleet.errors import SpecError
@@ -242,7 +242,7 @@ SGLANG_FLAGS = {
     "--chunked-prefill-size": 1, "--quantization": 1, "--dtype": 1, "--kv-cache-dtype": 1, "--attention-backend": 1,
     "--page-size": 1, "--moe-runner-backend": 1, "--enable-multimodal": 0, "--json-model-override-args": 1,
     "--trust-remote-code": 0, "--reasoning-parser": 1, "--tool-call-parser": 1, "--enable-metrics": 0,
-    "--dist-init-addr": 1, "--nnodes": 1, "--node-rank": 1,
+    "--dist-init-addr": 1, "--nnodes": 1, "--node-rank": 1, "--watchdog-timeout": 1, "--skip-server-warmup": 0,
 }  # fmt: skip
 TRTLLM_FLAGS = {
     "--host": 1, "--port": 1, "--trust_remote_code": 0, "--reasoning_parser": 1, "--tool_parser": 1,
@@ -372,7 +372,7 @@ def test_grid_properties(doc: dict[str, Any]) -> None:
     resource, p, objs = result
     engine = p.engine
     workload = next(o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet"))
-    gpu = "amd.com/gpu" if p.accelerator == "mi355x" else "nvidia.com/gpu"
+    gpu = ACCELERATORS[p.accelerator].resource_name
     assert workload["spec"]["replicas"] == resource.spec.replicas
     if workload["kind"] == "Deployment":
         assert p.nodes_per_replica == 1

@@ -62,6 +62,12 @@ class Accelerator(StrEnum):
     GB200 = "gb200"
     B200 = "b200"  # HGX B200: 8 GPUs a node
     B300 = "b300"  # HGX B300 (Blackwell Ultra): 8 GPUs a node
+    GB300 = "gb300"  # GB300 NVL72 compute tray (Blackwell Ultra): 4 GPUs a node, NVLink across the rack
+    H100 = "h100"  # HGX H100 80GB: 8 GPUs a node
+    H20 = "h20"  # HGX H20 96GB: 8 GPUs a node
+    MI300X = "mi300x"  # gfx942 (CDNA3), 192 GB
+    MI325X = "mi325x"  # gfx942 (CDNA3), 256 GB
+    MI350X = "mi350x"  # gfx950 (CDNA4), 288 GB
     MI355X = "mi355x"
 
 

@@ -141,8 +141,8 @@ DEPLOYMENT_REASON_MEANINGS: Final[Mapping[Reason, str]] = {
     _D.MODEL_CACHE_NOT_FOUND: "spec.model.cacheRef names a MiniMaxM3ModelCache that does not exist in the namespace.",
     _D.LEADER_WORKER_SET_NOT_INSTALLED: "A replica spans nodes and the cluster does not serve the LeaderWorkerSet "
     "API (leaderworkerset.x-k8s.io/v1): install LeaderWorkerSet v0.9 or newer, or plan a replica that fits one node.",
-    _D.COMPUTE_DOMAIN_NOT_INSTALLED: "Multi-node GB200 replicas need the NVIDIA DRA driver's ComputeDomain API "
-    "(resource.nvidia.com/v1beta1), which the cluster does not serve.",
+    _D.COMPUTE_DOMAIN_NOT_INSTALLED: "Multi-node GB200 and GB300 replicas need the NVIDIA DRA driver's ComputeDomain "
+    "API (resource.nvidia.com/v1beta1), which the cluster does not serve.",
     _D.DYNAMO_NOT_INSTALLED: "spec.disaggregation.renderAs DynamoGraphDeployment and the cluster does not serve the "
     "Dynamo operator's DynamoGraphDeployment API (nvidia.com/v1beta1): install NVIDIA Dynamo's platform chart, or "
     "render as pods.",

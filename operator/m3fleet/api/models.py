@@ -82,10 +82,11 @@ from m3fleet.api.spec_autoscaling import (
     Weekday,
 )
 from m3fleet.api.spec_disaggregation import (
-    DisaggregationRoleSpec,
+    DecodeRoleSpec,
     DisaggregationSpec,
     FrontendSpec,
     KvTransfer,
+    PrefillRoleSpec,
     RenderAs,
 )
 from m3fleet.api.spec_engine import (
@@ -103,6 +104,8 @@ from m3fleet.api.spec_engine import (
     ResourceFieldSelector,
 )
 from m3fleet.api.spec_gateway import (
+    TIER_BOUNDS_FIX,
+    TIER_BOUNDS_PROBLEM,
     TIER_CONTEXT_FIX,
     TIER_CONTEXT_PROBLEM,
     ContextTier,
@@ -217,16 +220,16 @@ class MiniMaxM3DeploymentSpec(CamelModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.model.variant != 'mxfp4' || self.accelerator == 'mi355x'",
-                    "model.variant mxfp4 (amd/MiniMax-M3-MXFP4) runs only on accelerator mi355x; fix: use variant "
-                    "mxfp8 or bf16 here, or accelerator mi355x",
+                    "self.model.variant != 'mxfp4' || self.accelerator in ['mi350x', 'mi355x']",
+                    "model.variant mxfp4 (amd/MiniMax-M3-MXFP4) runs only on accelerator mi350x or mi355x (gfx950); "
+                    "fix: use variant mxfp8 or bf16 here, or accelerator mi350x or mi355x",
                     ".model.variant",
                     "FieldValueForbidden",
                 ),
                 cel(
                     "self.engine.name != 'trtllm' || self.accelerator in ['h200', 'gb200']",
-                    "engine trtllm runs only on NVIDIA accelerators (h200, gb200); fix: use engine vllm or sglang on "
-                    "mi355x, or accelerator h200 or gb200",
+                    "engine trtllm runs only on the NVIDIA pools its MiniMax-M3 guide documents (h200, gb200); fix: "
+                    "use engine vllm or sglang on the other pools, or accelerator h200 or gb200",
                     ".engine.name",
                     "FieldValueForbidden",
                 ),
@@ -291,6 +294,13 @@ class MiniMaxM3DeploymentSpec(CamelModel):
                     ".autoscaling.minReplicas",
                 ),
                 cel(
+                    "!has(self.gateway) || !has(self.gateway.tiers) || self.gateway.tiers.all(t, "
+                    "(has(t.minReplicas) ? t.minReplicas : self.autoscaling.minReplicas) <= "
+                    "(has(t.maxReplicas) ? t.maxReplicas : self.autoscaling.maxReplicas))",
+                    f"gateway.tiers[].minReplicas {TIER_BOUNDS_PROBLEM}; fix: {TIER_BOUNDS_FIX}",
+                    ".gateway.tiers",
+                ),
+                cel(
                     "!has(self.gateway) || !has(self.gateway.tiers) || "
                     "self.gateway.tiers.all(t, t.maxModelLen < self.context.maxModelLen)",
                     f"gateway.tiers[].maxModelLen {TIER_CONTEXT_PROBLEM}; fix: {TIER_CONTEXT_FIX}",
@@ -302,7 +312,8 @@ class MiniMaxM3DeploymentSpec(CamelModel):
     model: ModelSpec = Field(description="Which MiniMax-M3 checkpoint to serve and where its weights are.")
     engine: EngineSpec = Field(default_factory=EngineSpec, description="Serving engine and its overrides.")
     accelerator: Accelerator = Field(
-        default=Accelerator.H200, description="GPU pool: h200, gb200, b200, b300 or mi355x."
+        default=Accelerator.H200,
+        description="GPU pool: h200, h100, h20, gb200, gb300, b200, b300, mi300x, mi325x, mi350x or mi355x.",
     )
     node_pool: NodePoolSpec = Field(default_factory=NodePoolSpec, description="Extra placement for the pool.")
     parallelism: ParallelismSpec = Field(
@@ -629,8 +640,8 @@ __all__ = [
     "Condition",
     "ContextSpec",
     "ContextTier",
+    "DecodeRoleSpec",
     "DisaggregationPlan",
-    "DisaggregationRoleSpec",
     "DisaggregationSpec",
     "EndpointPickerSpec",
     "EngineName",
@@ -665,6 +676,7 @@ __all__ = [
     "PodResourcesSpec",
     "PodTemplateMetadata",
     "PodTemplateSpec",
+    "PrefillRoleSpec",
     "PrometheusSpec",
     "PvcSource",
     "RenderAs",

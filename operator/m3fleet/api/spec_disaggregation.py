@@ -28,21 +28,26 @@ class KvTransfer(StrEnum):
     NIXL = "nixl"  # NVIDIA's transfer library (UCX/libfabric underneath): what every backend's Dynamo recipe uses
 
 
-class DisaggregationRoleSpec(CamelModel):
-    """One role's workers: how many, and how each is laid out."""
+class DecodeRoleSpec(CamelModel):
+    """The decode workers' layout; how many there are is spec.replicas (the scale subresource's field)."""
 
-    replicas: int = Field(
-        default=0,
-        ge=0,
-        le=MAX_REPLICAS,
-        description="Workers of this role; 0 lets the planner decide (decode: spec.replicas; prefill: decode "
-        "workers x the ratio, rounded up).",
-    )
     parallelism: ParallelismSpec = Field(
         default_factory=ParallelismSpec,
         description="This role's layout (unset: spec.parallelism's); strategy auto takes the engine's default for "
         "the role (TensorRT-LLM: TEP for prefill, DEP for decode when a sequence fits one rank; vLLM and SGLang: "
         "tp-ep for both).",
+    )
+
+
+class PrefillRoleSpec(DecodeRoleSpec):
+    """The prefill workers: how many, and how each is laid out."""
+
+    replicas: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_REPLICAS,
+        description="Prefill workers; 0 lets the planner decide (decode workers x the ratio, rounded up). A count "
+        "set here is kept, also by the autoscaler (which then scales the decode workers only).",
     )
 
 
@@ -59,9 +64,9 @@ class DisaggregationSpec(CamelModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.ratio == '' || self.prefill.replicas == 0 || self.decode.replicas == 0",
-                    "disaggregation.ratio cannot be pinned together with both roles' replicas (they already fix it); "
-                    "fix: clear ratio, or set one role's replicas to 0",
+                    "self.ratio == '' || self.prefill.replicas == 0",
+                    "disaggregation.ratio cannot be pinned together with prefill.replicas (the count already fixes "
+                    "the prefill workers); fix: clear ratio, or set prefill.replicas to 0",
                     ".ratio",
                     "FieldValueForbidden",
                 ),
@@ -94,11 +99,12 @@ class DisaggregationSpec(CamelModel):
         description='Prefill:decode workers, e.g. "1:2"; empty lets the planner derive it from inputTokens, '
         "outputTokens and the engine's time model (m3fleet plan shows the arithmetic).",
     )
-    prefill: DisaggregationRoleSpec = Field(
-        default_factory=DisaggregationRoleSpec, description="Prefill workers: compute-bound, hold prompts in flight."
+    prefill: PrefillRoleSpec = Field(
+        default_factory=PrefillRoleSpec, description="Prefill workers: compute-bound, hold prompts in flight."
     )
-    decode: DisaggregationRoleSpec = Field(
-        default_factory=DisaggregationRoleSpec,
-        description="Decode workers: bandwidth-bound, hold whole sequences; spec.replicas counts them by default.",
+    decode: DecodeRoleSpec = Field(
+        default_factory=DecodeRoleSpec,
+        description="Decode workers: bandwidth-bound, hold whole sequences; spec.replicas counts them (kubectl scale, "
+        "the scale subresource), or the autoscaler.",
     )
     frontend: FrontendSpec = Field(default_factory=FrontendSpec, description="Dynamo's HTTP frontend and KV router.")

@@ -29,6 +29,10 @@ TIER_CONTEXT_PROBLEM = (
     "must be shorter than spec.context.maxModelLen: the spec itself is the longest tier, and every other tier "
     "serves the prompts too short for the next one"
 )
+TIER_BOUNDS_PROBLEM = (
+    "exceeds its maxReplicas (an absent one is spec.autoscaling's): the autoscaler could never satisfy both"
+)
+TIER_BOUNDS_FIX = "lower the tier's minReplicas, or raise its maxReplicas"
 TIER_CONTEXT_FIX = "lower the tier's maxModelLen, or raise spec.context.maxModelLen to the longest context served"
 
 
@@ -56,6 +60,11 @@ class GatewayRef(CamelModel):
         pattern=SECTION_NAME_PATTERN + "|^$",
         description="The Gateway listener to attach to; empty means every listener that admits the route.",
     )
+
+
+def _tier_bound(least: int, description: str) -> Any:
+    """A tier's autoscaling bound: optional, the spec's own when absent."""
+    return Field(default=None, ge=least, le=MAX_REPLICAS, description=description)
 
 
 class ContextTier(CamelModel):
@@ -86,7 +95,17 @@ class ContextTier(CamelModel):
         default=1,
         ge=0,
         le=MAX_REPLICAS,
-        description="The tier's replicas (the built-in autoscaler scales the spec's own tier, not this one).",
+        description="The tier's replicas while spec.autoscaling is off (as spec.replicas is the spec's own tier's).",
+    )
+    min_replicas: int | None = _tier_bound(
+        0,
+        "With spec.autoscaling on: the tier's fewest replicas; 0 scales the tier to zero after "
+        "spec.autoscaling.scaleToZeroAfterSeconds idle. Absent: spec.autoscaling.minReplicas.",
+    )
+    max_replicas: int | None = _tier_bound(
+        1,
+        "With spec.autoscaling on: the tier's most replicas, scaled on the tier's own demand. "
+        "Absent: spec.autoscaling.maxReplicas.",
     )
     parallelism: ParallelismSpec | None = Field(
         default=None, description="The tier's parallel layout; absent: spec.parallelism's, planned for the tier."

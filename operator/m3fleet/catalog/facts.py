@@ -59,6 +59,23 @@ SOURCES: Final[dict[str, str]] = {
     "shared experts NVFP4 group 16, attention/indexer/router/embeddings/lm_head/vision tower BF16, ~256 GB on disk",
     "INFX": "SemiAnalysisAI/InferenceX PRs #1724, #1733 (B300) and #1741 (B200): the vLLM recipe's MiniMax-M3 MXFP8 "
     "shapes TP8, TP4 and TP8+EP8 on one 8-GPU HGX node",
+    "SGL-CFG-POOLS": "sgl-project/sglang docs_new/src/snippets/configs/MiniMaxAI/minimax-m3.jsx (cells for gb300, "
+    "mi300x, mi325x, mi350x: GB300 MXFP8 --tp 4 verified; MI300X MXFP8 --tp 8 verified, MXFP8 converted to block-fp8 "
+    "[128,128] at load on gfx942 with --attention-backend aiter --moe-runner-backend triton --watchdog-timeout 3600 "
+    "--skip-server-warmup; MI325X and MI350X 'inferred-supported' from their same-arch siblings; images rocm700-mi30x "
+    "for gfx942, rocm720-mi35x for gfx950)",
+    "AMD-SPECS": "ROCm/ROCm docs/reference/gpu-specs.rst (rocm.docs.amd.com; VRAM GiB and LLVM target: MI300X 192 "
+    "gfx942, MI325X 256 gfx942, MI350X 288 gfx950, MI355X 288 gfx950)",
+    "DEVICE-NAMES": "vllm 0.33.0 wheel: model_executor/layers/fused_moe/configs/ file names (device_name= the GPU's "
+    "product name as torch and nvidia-smi/amd-smi report it: NVIDIA_H100_80GB_HBM3, NVIDIA_H20, NVIDIA_H20-3e, "
+    "AMD_Instinct_MI300X, AMD_Instinct_MI325X, AMD_Instinct_MI325_OAM, AMD_Instinct_MI350X, AMD_Instinct_MI350_OAM) "
+    "and platforms/rocm.py _ROCM_DEVICE_ID_NAME_MAP",
+    "NV-GB300-RA": "docs.nvidia.com enterprise-reference-architectures nvl72-ai-factory components (GB300 NVL72: 18 "
+    "compute trays of 4 Blackwell Ultra GPUs and 2 Grace CPUs, one NVLink domain of 72 GPUs); verda.com blog "
+    "gb300-nvl72-architecture (GB300: 279 GB HBM3E per GPU)",
+    "H100-H20": "third-party spec pages: willitrunai.com gpus/h20-96gb (H20: Hopper, 96 GB HBM3, 4.0 TB/s, 148 TFLOPS "
+    "FP16), apetops-us.com (H20 in 96 GB and 141 GB versions); H100 SXM 80 GB HBM3 as DEVICE-NAMES' 'NVIDIA H100 80GB "
+    "HBM3'. The vLLM recipe's '8x H200 / H20' at 1128 GB is the 141 GB H20",
     "DERIVED": "computed in this file from the sourced numbers above it",
 }
 
@@ -234,6 +251,9 @@ class AcceleratorFacts:
     # Node label whose value names one NVLink domain; every pod of a multi-node group must share it.
     nvlink_domain_label: str | None = None
     blackwell: bool = False  # SM100-class NVIDIA GPU: the engines' Blackwell kernels and flags apply
+    # AMD's LLVM target (AMD-SPECS): gfx950 (CDNA4) has MX matrix cores, gfx942 (CDNA3) does not, and SGLang's M3
+    # path needs other attention and MoE backends there (SGL-CFG-POOLS).
+    gfx_target: Literal["gfx942", "gfx950"] | None = None
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -248,20 +268,77 @@ POD_SHM_GIB: Final = 32
 RDMA_RESOURCE_MARKERS: Final = ("rdma", "infiniband", "/ib", "hca", "roce", "efa")
 
 
-def _hgx_blackwell(name: Accelerator, memory_gib: float, sources: dict[str, str]) -> AcceleratorFacts:
-    """An HGX Blackwell pool: 8 GPUs on NVSwitch in one x86_64 node; nodes talk over the network (no NVLink between
-    them). Host CPU and memory per GPU as H200's (HGX hosts have 2 x 56+ cores and 2 TB or more)."""
+def _hgx(
+    name: Accelerator, memory_gib: float, sources: dict[str, str], *, product: str = "", blackwell: bool = False
+) -> AcceleratorFacts:
+    """An HGX pool: 8 GPUs on NVSwitch in one x86_64 node; nodes talk over the network (no NVLink between them). Host
+    CPU and memory per GPU as H200's (HGX hosts have 2 x 56+ cores and 2 TB or more). GFD's product label is the
+    product name with dashes: NVIDIA-<NAME> unless `product` says otherwise."""
     return AcceleratorFacts(
         name=name,
         vendor="nvidia",
         memory_gib=memory_gib,
         gpus_per_node=8,
         resource_name="nvidia.com/gpu",
-        node_labels={"nvidia.com/gpu.product": (f"NVIDIA-{name.value.upper()}",), "kubernetes.io/arch": ("amd64",)},
+        node_labels={
+            "nvidia.com/gpu.product": (product or f"NVIDIA-{name.value.upper()}",),
+            "kubernetes.io/arch": ("amd64",),
+        },
         cpu_per_gpu=8,
         memory_gib_per_gpu=64,
-        blackwell=True,
+        blackwell=blackwell,
         sources={**sources, "cpu_per_gpu": "as H200: 64 CPU / 512 GiB per 8-GPU pod; a sizing choice, UNVERIFIED"},
+    )
+
+
+def _grace_tray(name: Accelerator, memory_gib: float, sources: dict[str, str]) -> AcceleratorFacts:
+    """A Grace Blackwell NVL72 compute tray: 4 GPUs and 2 Grace CPUs (arm64); NVLink spans the rack's trays, and GFD's
+    clique label names each NVLink domain."""
+    return AcceleratorFacts(
+        name=name,
+        vendor="nvidia",
+        memory_gib=memory_gib,
+        gpus_per_node=4,
+        resource_name="nvidia.com/gpu",
+        node_labels={"nvidia.com/gpu.product": (f"NVIDIA-{name.value.upper()}",), "kubernetes.io/arch": ("arm64",)},
+        cpu_per_gpu=16,
+        memory_gib_per_gpu=128,
+        nvlink_spans_nodes=True,
+        nvlink_domain_label="nvidia.com/gpu.clique",
+        blackwell=True,
+        sources=sources,
+    )
+
+
+HOPPER_LABEL_SOURCE: Final = (
+    "nvidia.com/gpu.product: GFD's product name with dashes from the name DEVICE-NAMES records (UNVERIFIED on live "
+    "nodes: set nodePool.nodeSelector to what your nodes show); HGX hosts are x86_64"
+)
+
+
+def _instinct(
+    name: Accelerator, memory_gib: float, gfx: Literal["gfx942", "gfx950"], products: tuple[str, ...]
+) -> AcceleratorFacts:
+    """An 8-GPU AMD Instinct OAM node (x86_64 EPYC host, Infinity Fabric between the GPUs of a node, the network
+    between nodes); host CPU and memory per GPU as MI355X's."""
+    return AcceleratorFacts(
+        name=name,
+        vendor="amd",
+        memory_gib=memory_gib,
+        gpus_per_node=8,
+        resource_name="amd.com/gpu",
+        node_labels={"amd.com/gpu.product-name": products, "kubernetes.io/arch": ("amd64",)},
+        cpu_per_gpu=8,
+        memory_gib_per_gpu=64,
+        gfx_target=gfx,
+        sources={
+            "memory_gib": "AMD-SPECS (VRAM GiB); what amd-smi reports is UNVERIFIED",
+            "node_labels": "amd.com/gpu.product-name: AMD-DP publishes the product name with underscores; the "
+            "spellings are the names DEVICE-NAMES records for this GPU (marketing and OAM forms), UNVERIFIED on live "
+            "nodes: set nodePool.nodeSelector to what your nodes show",
+            "gfx_target": "AMD-SPECS",
+            "cpu_per_gpu": "as MI355X: 64 CPU / 512 GiB per 8-GPU pod; a sizing choice, UNVERIFIED",
+        },
     )
 
 
@@ -285,19 +362,10 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
             "v5: 96 vCPU, 1850 GiB; AWS p5en and DGX H200 are larger); a sizing choice, UNVERIFIED per provider",
         },
     ),
-    Accelerator.GB200: AcceleratorFacts(
-        name=Accelerator.GB200,
-        vendor="nvidia",
-        memory_gib=184.0,  # 186 GB per GPU (NVL72: ~13.4 TB / 72)
-        gpus_per_node=4,
-        resource_name="nvidia.com/gpu",
-        node_labels={"nvidia.com/gpu.product": ("NVIDIA-GB200",), "kubernetes.io/arch": ("arm64",)},
-        cpu_per_gpu=16,
-        memory_gib_per_gpu=128,
-        nvlink_spans_nodes=True,
-        nvlink_domain_label="nvidia.com/gpu.clique",
-        blackwell=True,
-        sources={
+    Accelerator.GB200: _grace_tray(
+        Accelerator.GB200,
+        184.0,  # 186 GB per GPU (NVL72: ~13.4 TB / 72)
+        {
             "node_labels": "nvidia.com/gpu.product: GFD ('NVIDIA GB200' -> NVIDIA-GB200, seen in several "
             "manifests); kubernetes.io/arch: the kubelet's well-known label (Grace compute trays are arm64)",
             "nvlink_domain_label": "GFD nvidia.com/gpu.clique = <GPU fabric ClusterUUID>.<CliqueID>: nodes with "
@@ -308,7 +376,7 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
             "gpus_per_node": "TRT-GUIDE",
         },
     ),
-    Accelerator.B200: _hgx_blackwell(
+    Accelerator.B200: _hgx(
         Accelerator.B200,
         178.0,  # 179 GB as nvidia-smi reports it on an HGX B200
         {
@@ -317,8 +385,9 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
             "node_labels": "nvidia.com/gpu.product: GFD's product name with dashes ('NVIDIA B200' -> NVIDIA-B200; the "
             "string is UNVERIFIED on live nodes); HGX hosts are x86_64. Override with nodePool.nodeSelector",
         },
+        blackwell=True,
     ),
-    Accelerator.B300: _hgx_blackwell(
+    Accelerator.B300: _hgx(
         Accelerator.B300,
         268.0,  # 288 GB HBM3e = 268 GiB; what nvidia-smi reports is UNVERIFIED
         {
@@ -327,6 +396,54 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
             "node_labels": "nvidia.com/gpu.product: GFD's product name with dashes (the B300 string, which may carry "
             "a form-factor suffix, is UNVERIFIED: set nodePool.nodeSelector to what your nodes show); x86_64 hosts",
         },
+        blackwell=True,
+    ),
+    # 288 GB HBM3e marketed; one provider lists 279 GB per GPU. The lower figure, read as decimal GB (259.8 GiB), is
+    # planned: what nvidia-smi reports on a GB300 is UNVERIFIED.
+    Accelerator.GB300: _grace_tray(
+        Accelerator.GB300,
+        259.0,
+        {
+            "memory_gib": "NV-GB300-RA (279 GB a GPU; 288 GB HBM3e marketed); reported MiB UNVERIFIED",
+            "gpus_per_node": "NV-GB300-RA (a compute tray: 4 GPUs, 2 Grace CPUs)",
+            "node_labels": "nvidia.com/gpu.product: GFD's product name with dashes ('NVIDIA GB300' -> NVIDIA-GB300, "
+            "UNVERIFIED on live nodes: set nodePool.nodeSelector to what your nodes show); kubernetes.io/arch: Grace "
+            "compute trays are arm64",
+            "nvlink_domain_label": "GFD nvidia.com/gpu.clique, as GB200 (NV-GB300-RA: one NVLink domain of 72 GPUs)",
+            "cpu_per_gpu": "as GB200: 64 CPU / 512 GiB per 4-GPU pod out of a tray's 2 Grace CPUs; UNVERIFIED",
+        },
+    ),
+    Accelerator.H100: _hgx(
+        Accelerator.H100,
+        79.0,  # 80 GB HBM3; nvidia-smi's 81559 MiB (79.6 GiB) is UNVERIFIED here
+        {
+            "memory_gib": "H100-H20 (H100 SXM 80 GB HBM3); DEVICE-NAMES 'NVIDIA H100 80GB HBM3'",
+            "node_labels": HOPPER_LABEL_SOURCE,
+        },
+        product="NVIDIA-H100-80GB-HBM3",
+    ),
+    Accelerator.H20: _hgx(
+        Accelerator.H20,
+        95.0,  # 96 GB HBM3; nvidia-smi's report UNVERIFIED. The 141 GB H20-3e plans as h200 (docs/pools.md)
+        {
+            "memory_gib": "H100-H20 (H20 96 GB HBM3); DEVICE-NAMES 'NVIDIA H20' (the 141 GB part is 'NVIDIA H20-3e')",
+            "node_labels": HOPPER_LABEL_SOURCE,
+        },
+    ),
+    Accelerator.MI300X: _instinct(
+        Accelerator.MI300X, 192.0, "gfx942", ("AMD_Instinct_MI300X_OAM", "AMD_Instinct_MI300X")
+    ),
+    Accelerator.MI325X: _instinct(
+        Accelerator.MI325X,
+        256.0,
+        "gfx942",
+        ("AMD_Instinct_MI325_OAM", "AMD_Instinct_MI325X", "AMD_Instinct_MI325X_OAM"),
+    ),
+    Accelerator.MI350X: _instinct(
+        Accelerator.MI350X,
+        288.0,
+        "gfx950",
+        ("AMD_Instinct_MI350_OAM", "AMD_Instinct_MI350X", "AMD_Instinct_MI350X_OAM"),
     ),
     Accelerator.MI355X: AcceleratorFacts(
         name=Accelerator.MI355X,
@@ -343,6 +460,7 @@ ACCELERATORS: Final[dict[Accelerator, AcceleratorFacts]] = {
         },
         cpu_per_gpu=8,
         memory_gib_per_gpu=64,
+        gfx_target="gfx950",
         sources={
             "memory_gib": "rocm.docs.amd.com gpu-specs (288 GB); reported value UNVERIFIED",
             "node_labels": "amd.com/gpu.product-name: AMD-DP (ROCm/k8s-device-plugin "
@@ -396,6 +514,8 @@ class EngineFacts:
     deviations: dict[Accelerator, tuple[str, ...]] = field(default_factory=dict)
     # Why the engine does not serve a variant, where the reason is known: the planner's refusal says it.
     unserved_variants: dict[Variant, str] = field(default_factory=dict)
+    # Why a pool serves fewer variants than the engine does elsewhere: the planner's refusal says it.
+    pool_limits: dict[Accelerator, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
 
@@ -412,14 +532,18 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             Accelerator.GB200: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
             Accelerator.B200: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
             Accelerator.B300: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
+            Accelerator.GB300: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
+            Accelerator.H100: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
+            Accelerator.H20: (Variant.BF16, Variant.MXFP8, Variant.NVFP4),
+            # gfx942: the recipe's MI300X/MI325X commands serve the BF16 checkpoint; its MX variants are for gfx950.
+            Accelerator.MI300X: (Variant.BF16,),
+            Accelerator.MI325X: (Variant.BF16,),
+            Accelerator.MI350X: ALL_VARIANTS,
             Accelerator.MI355X: ALL_VARIANTS,
         },
         images={
-            Accelerator.H200: f"vllm/vllm-openai:v{VLLM_VERSION}",
-            Accelerator.GB200: f"vllm/vllm-openai:v{VLLM_VERSION}",
-            Accelerator.B200: f"vllm/vllm-openai:v{VLLM_VERSION}",
-            Accelerator.B300: f"vllm/vllm-openai:v{VLLM_VERSION}",
-            Accelerator.MI355X: f"vllm/vllm-openai-rocm:v{VLLM_VERSION}",
+            **{a: f"vllm/vllm-openai:v{VLLM_VERSION}" for a, f in ACCELERATORS.items() if f.vendor == "nvidia"},
+            **{a: f"vllm/vllm-openai-rocm:v{VLLM_VERSION}" for a, f in ACCELERATORS.items() if f.vendor == "amd"},
         },
         # vLLM 0.33.0's own default (CacheConfig.gpu_memory_utilization = 0.92, VLLM-SRC config/cache.py); the
         # recipes do not set it, so m3fleet does not differ from it.
@@ -443,10 +567,17 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             Variant.NVFP4: "vLLM 0.33.0 has no NVFP4 kernel for AMD GPUs (its Marlin path is CUDA-only; only a "
             "correctness emulation remains) and MI355X's FP4 tensor cores take MXFP4",
         },
+        pool_limits={
+            a: "the vLLM recipe serves the MX checkpoints on gfx950 (MI350X/MI355X: 'native MXFP8 Matrix Cores') and "
+            "the BF16 checkpoint on gfx942 (MI300X/MI325X), which has no MX matrix cores"
+            for a in (Accelerator.MI300X, Accelerator.MI325X)
+        },
         sources={
             "support": "VLLM-RCP (NVIDIA Hopper/Blackwell; AMD CDNA4 incl. MXFP4); VLLM-NVFP4 (modelopt_fp4 from "
             "compute capability 7.5: Marlin W4A16 on H200, FP4 kernels on Blackwell); INFX (the recipe's MXFP8 "
-            "TP8/TP4/TP8+EP8 on B200 and B300)",
+            "TP8/TP4/TP8+EP8 on B200 and B300); Hopper H100/H20 as H200 (VLLM-RCP: 'compute capability >= 9.0', "
+            "'8x H200 / H20'); GB300 as GB200 (Blackwell); MI300X/MI325X BF16 and MI350X as MI355X (VLLM-RCP AMD: "
+            "'MI350X/MI355X (gfx950), MI300X/MI325X (gfx942)', hardware mi300x verified)",
             "images": "ENGINE-ARGPARSE: 0.33.0 has the M3 model classes and minimax_m3 parsers",
             "memory_fraction": "VLLM-SRC config/cache.py: gpu_memory_utilization default 0.92",
             "activation_reserve_gib": "DERIVED: about 4 GiB of non-KV overhead per GPU (UNVERIFIED)",
@@ -469,22 +600,43 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             Accelerator.GB200: (Variant.BF16, Variant.MXFP8),
             Accelerator.B200: (Variant.BF16, Variant.MXFP8),
             Accelerator.B300: (Variant.BF16, Variant.MXFP8),
+            Accelerator.GB300: (Variant.BF16, Variant.MXFP8),
+            Accelerator.H100: (Variant.BF16,),
+            Accelerator.H20: (Variant.BF16,),
+            # gfx942 has no MX matrix cores: SGLang converts the MXFP8 checkpoint to block-fp8 at load (SGL-CFG-POOLS).
+            Accelerator.MI300X: (Variant.BF16, Variant.MXFP8),
+            Accelerator.MI325X: (Variant.BF16, Variant.MXFP8),
+            Accelerator.MI350X: (Variant.BF16, Variant.MXFP8),
             Accelerator.MI355X: (Variant.BF16, Variant.MXFP8),
         },
         images={
             Accelerator.H200: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu129",
+            Accelerator.H100: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu129",
+            Accelerator.H20: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu129",
             Accelerator.GB200: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu130",
+            Accelerator.GB300: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu130",
             Accelerator.B200: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu130",
             Accelerator.B300: f"lmsysorg/sglang:v{SGLANG_VERSION}-cu130",
+            Accelerator.MI300X: f"lmsysorg/sglang:v{SGLANG_VERSION}-rocm700-mi30x",
+            Accelerator.MI325X: f"lmsysorg/sglang:v{SGLANG_VERSION}-rocm700-mi30x",
+            Accelerator.MI350X: f"lmsysorg/sglang:v{SGLANG_VERSION}-rocm720-mi35x",
             Accelerator.MI355X: f"lmsysorg/sglang:v{SGLANG_VERSION}-rocm720-mi35x",
         },
         # GB200 takes the NVIDIA blog's Blackwell 0.8 (NV-BLOG); SGL-CFG's GB200 cell (0.75) is "inferred, not
         # benchmarked". H200 and MI355X keep their SGL-CFG cells.
+        # Hopper H100/H20 take H200's cell, GB300 the Blackwell 0.8 (SGL-CFG-POOLS' GB300 cell runs 0.75 at TP4; the
+        # plan sizes the KV pool from the fraction it renders either way), the Instinct pools their cells' 0.80.
         memory_fraction={
             Accelerator.H200: 0.75,
+            Accelerator.H100: 0.75,
+            Accelerator.H20: 0.75,
             Accelerator.GB200: 0.80,
+            Accelerator.GB300: 0.80,
             Accelerator.B200: 0.80,
             Accelerator.B300: 0.80,
+            Accelerator.MI300X: 0.80,
+            Accelerator.MI325X: 0.80,
+            Accelerator.MI350X: 0.80,
             Accelerator.MI355X: 0.80,
         },
         memory_model="static",
@@ -505,6 +657,11 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             "checkpoint that packs NVFP4 experts under MXFP8; the ModelOpt nvidia/MiniMax-M3-NVFP4 checkpoint is not "
             "a layout its M3 code documents",
         },
+        pool_limits={
+            a: "SGLang's MXFP8 MoE kernels are Blackwell and AMD Instinct only; on Hopper its cookbook serves the BF16 "
+            "checkpoint (SGL-CFG)"
+            for a in (Accelerator.H100, Accelerator.H20)
+        },
         deviations={
             Accelerator.GB200: (
                 "sglang on gb200 follows the NVIDIA blog's Blackwell command (--tp-size 8 --ep-size 8 --quantization "
@@ -523,8 +680,10 @@ ENGINES: Final[dict[EngineName, EngineFacts]] = {
             )
         },
         sources={
-            "support": "SGL-CFG (H200 BF16; GB200 MXFP8; MI355X MXFP8)",
-            "images": "SGL-CFG tag families (cu12 H200, cu13 multi-arch GB200, rocm720-mi35x); tags UNVERIFIED",
+            "support": "SGL-CFG (H200 BF16; GB200 MXFP8; MI355X MXFP8); SGL-CFG-POOLS (GB300 MXFP8; MI300X MXFP8 as "
+            "block-fp8; MI325X, MI350X inferred from their same-arch siblings); H100/H20 as H200 (Hopper BF16)",
+            "images": "SGL-CFG tag families (cu12 Hopper, cu13 multi-arch Blackwell, rocm700-mi30x gfx942, "
+            "rocm720-mi35x gfx950); tags UNVERIFIED",
             "memory_fraction": "SGL-CFG (0.75 H200, 0.80 MI355X); NV-BLOG (0.8 on Blackwell: GB200, B200, B300)",
             "parsers": "ENGINE-ARGPARSE (dash form registered; underscore rejected)",
             "pipeline_parallel": "SGL-SRC: --pp-size (fields/parallel.py); MiniMaxM3Model splits layers with "
@@ -614,6 +773,7 @@ def _s(
 V, S, T = EngineName.VLLM, EngineName.SGLANG, EngineName.TRTLLM
 H, G, M = Accelerator.H200, Accelerator.GB200, Accelerator.MI355X
 B2, B3 = Accelerator.B200, Accelerator.B300
+G3, M300 = Accelerator.GB300, Accelerator.MI300X
 TP, TPEP, DPEP = Strategy.TP, Strategy.TP_EP, Strategy.DP_EP
 
 VALIDATED_SHAPES: Final[tuple[Shape, ...]] = (
@@ -628,6 +788,13 @@ VALIDATED_SHAPES: Final[tuple[Shape, ...]] = (
     _s(V, M, Variant.MXFP8, TP, 8, 1, 1, "VLLM-RCP ('use TP=8 for lower latency or long context')"),
     _s(V, M, Variant.MXFP4, TP, 4, 1, 1, "VLLM-RCP MXFP4 AITER MoE TP4"),
     _s(V, M, Variant.MXFP4, TP, 8, 1, 1, "VLLM-RCP MXFP4 emulation MoE TP8"),
+    # The recipe's AMD BF16 commands cover gfx942 and list mi300x as verified hardware (MI325X: same commands, not
+    # listed as verified).
+    _s(V, M300, Variant.BF16, TP, 8, 1, 1, "VLLM-RCP AMD TP8 (mi300x verified)"),
+    _s(V, M300, Variant.BF16, TPEP, 8, 1, 1, "VLLM-RCP AMD TP8 + Expert Parallel (mi300x verified)"),
+    _s(V, M300, Variant.BF16, DPEP, 1, 8, 1, "VLLM-RCP AMD DP8 + Expert Parallel (mi300x verified)"),
+    _s(S, M300, Variant.MXFP8, TP, 8, 1, 1, "SGL-CFG-POOLS MI300X MXFP8 --tp 8 (verified; block-fp8 at load)"),
+    _s(S, G3, Variant.MXFP8, TP, 4, 1, 1, "SGL-CFG-POOLS GB300 MXFP8 --tp 4 (verified)"),
     *(
         _s(V, b, Variant.MXFP8, strategy, tp, 1, 1, f"INFX {b.value} MXFP8 {label}")
         for b in (B2, B3)
@@ -660,6 +827,16 @@ FLOORS: Final[tuple[Floor, ...]] = (
     Floor(M, Variant.BF16, 8, "BF16 on MI355X needs TP=8 (VLLM-RCP prerequisites)"),
     Floor(M, Variant.MXFP8, 4, "MXFP8 on MI355X runs from TP=4 (VLLM-RCP)"),
     Floor(M, Variant.MXFP4, 4, "MXFP4 on MI355X runs from TP=4 (VLLM-RCP)"),
+    *(
+        Floor(a, Variant.BF16, 8, f"BF16 on {a.value.upper()} needs TP=8 (VLLM-RCP AMD prerequisites)")
+        for a in (Accelerator.MI300X, Accelerator.MI325X, Accelerator.MI350X)
+    ),
+    Floor(Accelerator.MI350X, Variant.MXFP8, 4, "MXFP8 on gfx950 runs from TP=4 (VLLM-RCP)"),
+    Floor(Accelerator.MI350X, Variant.MXFP4, 4, "MXFP4 on gfx950 runs from TP=4 (VLLM-RCP)"),
+    *(
+        Floor(a, Variant.MXFP8, 8, f"MXFP8 on {a.value.upper()} (gfx942) is published at --tp 8 only (SGL-CFG-POOLS)")
+        for a in (Accelerator.MI300X, Accelerator.MI325X)
+    ),
     Floor(G, Variant.BF16, 8, "TensorRT-LLM serves M3 on GB200 as 8 ranks over 2 nodes (TRT-GUIDE)", T),
 )
 

@@ -1,4 +1,10 @@
-"""The autoscaler in the operator: one tick = read -> decide (pure policy) -> record -> apply.
+"""The autoscaler in the operator: one tick = read -> decide (pure policy) -> record -> apply, for each scaled group.
+
+A fleet's groups (`autoscaling.groups.scaled_groups`) are the spec's own tier and each context tier of
+spec.gateway.tiers: each is read, decided and recorded on its own (its workload, pods, engine series, plan, bounds,
+policy state and demand record), the spec's own at the top of `status.autoscaling` as ever, a tier's under
+`status.autoscaling.tiers.<tier>`; one status write per tick carries every group that changed. Steps 1-4 are each
+group's.
 
 The operator's scheduler ticks each resource whose spec has `autoscaling.enabled`, every
 `intervalSeconds` (a resource without autoscaling is never ticked and costs nothing):
@@ -25,7 +31,7 @@ import asyncio
 import base64
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -33,6 +39,7 @@ from m3fleet import kubeapi, permissions
 from m3fleet.api.models import AutoscalingSpec, PrometheusSpec
 from m3fleet.autoscaling import slo, time_to_ready
 from m3fleet.autoscaling.forecast import DemandRecord, bucket_seconds, record_demand
+from m3fleet.autoscaling.groups import FLEET_LABEL, ScaledGroup, scaled_groups, tier_status
 from m3fleet.autoscaling.policy import (
     POD_DELETION_COST,
     Action,
@@ -48,17 +55,14 @@ from m3fleet.autoscaling.promql import Gateway, held_requests_query
 from m3fleet.autoscaling.signals import HISTOGRAM_WINDOW_SECONDS, RATE_WINDOW_SECONDS, MetricsSnapshot
 from m3fleet.catalog.gateway import HELD_REQUESTS_METRIC
 from m3fleet.controller import metrics
+from m3fleet.controller.autoscaler_roles import RoleMemory, tick_roles
 from m3fleet.controller.decide import Understood
 from m3fleet.controller.events import Events
 from m3fleet.kubeapi import ApiError, KubeApi
-from m3fleet.render import labels
-
-# Engine series carry the pod's labels as Prometheus labels (the chart's PodMonitor, or the usual
-# `labelmap` of __meta_kubernetes_pod_label_(.+) for annotation-based scraping).
-FLEET_LABEL = "m3fleet_dev_name"
-TIER_LABEL = "m3fleet_dev_tier"  # a context tier's pods (spec.gateway.tiers): the autoscaler sizes the spec's own tier
 
 log = logging.getLogger(__name__)
+
+GroupKey = tuple[str, str, str]  # (namespace, name, tier): the tier "" is the spec's own
 
 
 class MetricsSource(Protocol):
@@ -83,22 +87,30 @@ AdapterFactory = Callable[[SourceSpec], MetricsSource]
 
 
 def source_spec(
-    namespace: str, name: str, engine: str, scaling: AutoscalingSpec, multi_node: bool, tls: Tls, tiered: bool = False
+    namespace: str, name: str, engine: str, scaling: AutoscalingSpec, multi_node: bool, tls: Tls
 ) -> SourceSpec:
-    """How the resource's spec says its metrics are read (`tiered`: only the spec's own tier's pods, those without
-    the tier label, when spec.gateway has context tiers)."""
+    """How the resource's spec says the metrics of its pods are read (`name`: the workload's, whose LeaderWorkerSet
+    names a multi-node replica's worker pods)."""
     prometheus = scaling.prometheus
     return SourceSpec(
         engine=engine,
         url=prometheus.url,
-        selector=(("namespace", namespace), (FLEET_LABEL, name), *(((TIER_LABEL, ""),) if tiered else ())),
+        selector=(("namespace", namespace), (FLEET_LABEL, name)),
         overrides=tuple(sorted(prometheus.query_overrides.items())),
         tls=tls,
         gateway=gateway_of(scaling),
-        # A multi-node replica's worker pods are named after its LeaderWorkerSet, named after the resource.
+        # A multi-node replica's worker pods are named after its LeaderWorkerSet.
         workers_of=name if multi_node else None,
         rate_window_seconds=float(prometheus.rate_window_seconds),
     )
+
+
+def group_source_spec(namespace: str, group: ScaledGroup, scaling: AutoscalingSpec, tls: Tls) -> SourceSpec:
+    """One scaled group's metrics: its engine series only (a context tier's by its tier label; the spec's own tier's,
+    when there are tiers, by an empty one). The gateway's request sizes are the whole pool's, counted before the
+    picker chose a tier: they size the spec's own (longest) tier, where a burst's long prompts go."""
+    spec = source_spec(namespace, group.workload_name, str(group.plan.engine), scaling, group.multi_node, tls)
+    return replace(spec, selector=group.metric_labels, gateway=None if group.tier else spec.gateway)
 
 
 def prometheus_adapter(source: SourceSpec) -> MetricsSource:
@@ -193,9 +205,12 @@ class Autoscaler:
     events: Events
     adapters: AdapterFactory = prometheus_adapter
     clock: Callable[[], float] = time.time
-    _states: dict[tuple[str, str], PolicyState] = field(default_factory=dict)
-    _sources: dict[tuple[str, str], tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
-    _demand: dict[tuple[str, str], DemandRecord] = field(default_factory=dict)
+    # Per scaled group: (namespace, name, tier), the tier "" being the spec's own.
+    _states: dict[GroupKey, PolicyState] = field(default_factory=dict)
+    _sources: dict[GroupKey, tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
+    _demand: dict[GroupKey, DemandRecord] = field(default_factory=dict)
+    _groups: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # the tiers each resource last had
+    roles: RoleMemory = field(default_factory=RoleMemory)  # a disaggregated fleet's role ticks
 
     async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
         """How to verify Prometheus: the CA read from the Secret the spec names (by name, each tick, so a rotated
@@ -213,31 +228,37 @@ class Autoscaler:
             raise
         return Tls(ca_pem=ca_from_secret(secret, ref.name, ref.key))
 
-    async def _source(
-        self, body: Mapping[str, Any], engine: str, scaling: AutoscalingSpec, multi_node: bool, tiered: bool
-    ) -> MetricsSource:
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        prometheus = scaling.prometheus
+    async def _source(self, body: Mapping[str, Any], group: ScaledGroup, scaling: AutoscalingSpec) -> MetricsSource:
+        key = group_key(body, group)
         try:
-            tls = await self._tls(key[0], prometheus)
+            tls = await self._tls(key[0], scaling.prometheus)
         except ValueError as exc:
-            return Unreadable(engine, str(exc))
-        wanted = source_spec(key[0], key[1], engine, scaling, multi_node, tls, tiered)
+            return Unreadable(str(group.plan.engine), str(exc))
+        wanted = group_source_spec(key[0], group, scaling, tls)
         cached = self._sources.get(key)
         if cached is None or cached[0] != wanted:
             cached = (wanted, self.adapters(wanted))
             self._sources[key] = cached
-            if tls.insecure_skip_verify:  # said once per source (and in the log), not every tick
+            if tls.insecure_skip_verify and not group.tier:  # said once per resource (and logged), not every tick
                 self.events.warn(body, "InsecureSkipVerify", INSECURE_MESSAGE)
-                log.warning("%s/%s: %s", *key, INSECURE_MESSAGE)
+                log.warning("%s/%s: %s", key[0], key[1], INSECURE_MESSAGE)
         return cached[1]
 
     def forget(self, namespace: str, name: str) -> None:
         """The resource went away, or no longer autoscales."""
-        self._states.pop((namespace, name), None)
-        self._sources.pop((namespace, name), None)
-        self._demand.pop((namespace, name), None)
+        self._drop(namespace, name, keep=())
+        self.roles.forget(namespace, name)
         metrics.forget(metrics.AUTOSCALER_SERIES, namespace, name)
+
+    def _drop(self, namespace: str, name: str, keep: Collection[str]) -> None:
+        """Forget the groups of the resource but those of the tiers in `keep` (a removed tier's history must not be
+        resumed if a tier of that name comes back); `keep` becomes the resource's groups."""
+        memories: tuple[dict[GroupKey, Any], ...] = (self._states, self._sources, self._demand)
+        for tier in set(self._groups.pop((namespace, name), ())) - set(keep):
+            for memory in memories:
+                memory.pop((namespace, name, tier), None)
+        if keep:
+            self._groups[(namespace, name)] = tuple(keep)
 
     async def _mark_removal_order(
         self, body: Mapping[str, Any], pods: list[dict[str, Any]], costs: Mapping[str, int]
@@ -266,14 +287,16 @@ class Autoscaler:
 
     async def _zero(
         self,
-        key: tuple[str, str],
+        key: GroupKey,
         scaling: AutoscalingSpec,
         decision: Decision,
         snapshot: MetricsSnapshot,
         before: Mapping[str, Any],
     ) -> tuple[Decision, dict[str, Any]]:
         """The zero rule (policy/zero.py) over the policy's decision, with the requests the endpoint picker holds
-        (read from the same Prometheus; None when unreadable) and `status.autoscaling.scaleToZero` as it was."""
+        (read from the same Prometheus; None when unreadable) and `status.autoscaling.scaleToZero` as it was. The
+        picker holds requests per pool, before it knows which context tier they fit: a held request wakes every
+        tier at zero, while each tier's idle window is its own (its own pods running or queueing requests)."""
         held = await asyncio.to_thread(self._held_requests, key, scaling)
         busy = any((r.running or 0) + (r.waiting or 0) > 0 for r in snapshot.replicas)
         last_busy = before.get("lastBusyTime")
@@ -293,11 +316,11 @@ class Autoscaler:
         action = Action.SCALE_UP if change > 0 else Action.SCALE_DOWN if change < 0 else Action.HOLD
         return replace(decision, desired_replicas=verdict.replicas, action=action, reason=str(verdict.reason)), record
 
-    def _held_requests(self, key: tuple[str, str], scaling: AutoscalingSpec) -> float | None:
+    def _held_requests(self, key: GroupKey, scaling: AutoscalingSpec) -> float | None:
         """Requests the fleet's endpoint picker holds, summed; None when Prometheus does not answer or has no series."""
         cached = self._sources.get(key)
         tls = cached[0].tls if cached is not None else Tls()
-        query = held_requests_query(key[0], key[1], HELD_REQUESTS_METRIC)
+        query = held_requests_query(key[0], key[1], HELD_REQUESTS_METRIC)  # the pool is named after the resource
         try:
             result = PrometheusHttp(scaling.prometheus.url, tls).custom_query(query)
             return float(result[0]["value"][1]) if result else None
@@ -305,7 +328,8 @@ class Autoscaler:
             return None
 
     async def tick(self, body: Mapping[str, Any], understood: Understood) -> Tick:
-        """One decision for one resource, as the watch last delivered it (`understood`: its spec parsed and planned)."""
+        """One decision for each scaled group of one resource (the spec's own tier, and each context tier of
+        spec.gateway.tiers), as the watch last delivered it (`understood`: its spec parsed and planned)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         if body["metadata"].get("deletionTimestamp"):
             return Tick()
@@ -316,22 +340,60 @@ class Autoscaler:
         if not scaling.enabled:
             self.forget(namespace, name)
             return Tick()
-        workload_kind = kubeapi.LEADER_WORKER_SET if plan.nodes_per_replica > 1 else kubeapi.DEPLOYMENT
-        workload = await self.api.get(workload_kind, namespace, name)
-        if workload is None:  # not applied yet (or blocked): the reconcile owns that; or deleted unseen, then
-            return Tick(gone=not await kubeapi.still_exists(self.api, body))  # never tick it again
-        # The spec's own tier: a context tier's pods (spec.gateway.tiers) are another workload's.
-        pods = await self.api.list(kubeapi.POD, namespace, f"{labels.owned_selector(name)},!{labels.TIER}")
-        key = (namespace, name)
-        tiered = bool(resource.spec.gateway is not None and resource.spec.gateway.tiers)
-        source = await self._source(body, str(plan.engine), scaling, plan.nodes_per_replica > 1, tiered)
-        snapshot = await asyncio.to_thread(source.read)
+        if plan.disaggregation is not None:  # each role on its own signal (such a fleet has no context tiers)
+            done = await tick_roles(self, body, resource, plan)
+            return Tick(status=done.status, scale=done.scale, gone=done.gone)
+        groups = scaled_groups(resource, plan)
+        self._drop(namespace, name, keep=[g.tier for g in groups])
         status = body.get("status") or {}
-        previous = status.get("autoscaling") or {}
+        decided = []
+        for group in groups:
+            outcome = await self._decide(body, group, status)
+            if outcome is None and not group.tier:  # the spec's own workload not applied yet (or blocked): the
+                # reconcile owns that; or the resource was deleted unseen, then never tick it again
+                return Tick(gone=not await kubeapi.still_exists(self.api, body))
+            if outcome is not None:  # a tier's workload not applied yet: decided once the reconcile made it
+                decided.append(outcome)
+        main = decided[0]
+        metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(main.decision.desired_replicas)
+        changed = [o for o in decided if o.changed]
+        stale = set((status.get("autoscaling") or {}).get("tiers") or {}) - {g.tier for g in groups}
+        if not changed and not stale:
+            return Tick(main.decision)
+        for outcome in changed:
+            metrics.AUTOSCALER_DECISIONS.labels(namespace, name, str(outcome.record.get("action", "hold"))).inc()
+        written = await self.api.patch_status(namespace, name, {"autoscaling": status_patch(changed, stale)})
+        if written is None:
+            return Tick(main.decision, gone=True)
+        for outcome in changed:
+            self._announce(body, outcome)
+        return Tick(main.decision, written, scale=any(o.decision.applied for o in changed))
+
+    async def _decide(
+        self, body: Mapping[str, Any], group: ScaledGroup, status: Mapping[str, Any]
+    ) -> GroupDecision | None:
+        """One group's decision on its own workload, pods, series, plan, policy state and demand record; None when
+        its workload does not exist."""
+        namespace = body["metadata"]["namespace"]
+        kind = kubeapi.LEADER_WORKER_SET if group.multi_node else kubeapi.DEPLOYMENT
+        workload = await self.api.get(kind, namespace, group.workload_name)
+        if workload is None:
+            return None
+        pods = await self.api.list(kubeapi.POD, namespace, group.pod_selector)
+        key = group_key(body, group)
+        scaling = group.spec.autoscaling
+        source = await self._source(body, group, scaling)
+        snapshot = await asyncio.to_thread(source.read)
+        previous = tier_status(status, group.tier)
         state = self._states.get(key) or PolicyState.from_dict(previous.get("state") or {})
-        config = PolicyConfig.from_spec(scaling, plan)
+        config = PolicyConfig.from_spec(scaling, group.plan)
         fleet = time_to_ready.fleet_from(
-            workload, pods, self.clock(), status.get("timeToReady"), plan.nodes_per_replica, config.cold_start_seconds
+            workload,
+            pods,
+            self.clock(),
+            status.get("timeToReady"),
+            group.plan.nodes_per_replica,
+            config.cold_start_seconds,
         )
         period = config.forecast_period_seconds
         demand = self._demand.get(key) or DemandRecord.from_status(previous.get("demand"), bucket_seconds(period))
@@ -341,26 +403,25 @@ class Autoscaler:
         decision, state = decide(config, state, snapshot, fleet)
         self._states[key] = state
         zero: dict[str, Any] = {}
-        if resource.spec.gateway is not None and scaling.min_replicas == 0:
+        if group.spec.gateway is not None and scaling.min_replicas == 0:
             decision, zero = await self._zero(key, scaling, decision, snapshot, previous.get("scaleToZero") or {})
         if config.forecast:
             demand = record_demand(demand, fleet.now, decision.terms.get("demandReplicas"), period, look_ahead)
             self._demand[key] = demand
-        if decision.applied and decision.action is Action.SCALE_DOWN and workload_kind is kubeapi.DEPLOYMENT:
+        if decision.applied and decision.action is Action.SCALE_DOWN and kind is kubeapi.DEPLOYMENT:
             # Before the new count is written: the ReplicaSet must find the marks when it picks whom to delete.
             await self._mark_removal_order(body, pods, decision.removal_costs)
-        sampled = demand.worth_saving(previous.get("demand"))
         record = {**decision.to_status(), **slo_status(scaling, config, decision.terms, snapshot), **zero}
-        metrics.AUTOSCALER_DESIRED.labels(namespace, name).set(decision.desired_replicas)
-        if not worth_recording(previous, record, decision.time) and not sampled:
-            return Tick(decision)
-        metrics.AUTOSCALER_DECISIONS.labels(namespace, name, str(record.get("action", "hold"))).inc()
-        written = await self.api.patch_status(
-            namespace, name, {"autoscaling": {**record, "state": state.to_dict(), "demand": demand.to_status()}}
-        )
-        if written is None:
-            return Tick(decision, gone=True)
+        changed = worth_recording(previous, record, decision.time) or demand.worth_saving(previous.get("demand"))
+        return GroupDecision(group, decision, record, state, demand, previous, changed)
+
+    def _announce(self, body: Mapping[str, Any], outcome: GroupDecision) -> None:
+        """The Events of a recorded decision; a context tier's name the tier."""
+        decision, record, previous = outcome.decision, outcome.record, outcome.previous
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         reason = str(record.get("reason", ""))
+        if outcome.group.tier:
+            reason = f"tier {outcome.group.tier} ({outcome.group.workload_name}): {reason}"
         if decision.decided_by:  # the Event says which term decided, as status.autoscaling.decidedBy does
             reason = f"{reason} [decided by {decision.decided_by}]"
         if decision.applied:
@@ -371,4 +432,36 @@ class Autoscaler:
             self.events.info(body, "ScaleRecommended", reason)
         if decision.unservable_requests and not previous.get("unservableRequests"):
             self.events.warn(body, "UnservableRequests", reason)
-        return Tick(decision, written, scale=decision.applied)
+
+
+def group_key(body: Mapping[str, Any], group: ScaledGroup) -> GroupKey:
+    return (body["metadata"]["namespace"], body["metadata"]["name"], group.tier)
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+    """One group's decision in a tick, what it records and whether that is worth a status write."""
+
+    group: ScaledGroup
+    decision: Decision
+    record: dict[str, Any]
+    state: PolicyState
+    demand: DemandRecord
+    previous: Mapping[str, Any]
+    changed: bool
+
+    def to_status(self) -> dict[str, Any]:
+        return {**self.record, "state": self.state.to_dict(), "demand": self.demand.to_status()}
+
+
+def status_patch(changed: Collection[GroupDecision], stale: Collection[str]) -> dict[str, Any]:
+    """The merge patch of status.autoscaling: the spec's own tier's decision at its top (where it always was), each
+    context tier's under tiers.<tier>, and tiers no longer in the spec removed."""
+    patch: dict[str, Any] = {}
+    tiers: dict[str, Any] = {tier: None for tier in sorted(stale)}
+    for outcome in changed:
+        if outcome.group.tier:
+            tiers[outcome.group.tier] = outcome.to_status()
+        else:
+            patch.update(outcome.to_status())
+    return {**patch, "tiers": tiers} if tiers else patch

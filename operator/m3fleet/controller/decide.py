@@ -26,7 +26,9 @@ from m3fleet.api import parse_resource
 from m3fleet.api.conditions import READY, DeploymentReason
 from m3fleet.api.models import MiniMaxM3Deployment, Plan
 from m3fleet.api.parse import parse_cache
+from m3fleet.autoscaling.groups import tier_replicas_to_apply
 from m3fleet.autoscaling.policy import replicas_to_apply
+from m3fleet.autoscaling.policy.roles import role_replicas_to_apply
 from m3fleet.catalog.gateway import ROUTE_API
 from m3fleet.controller.status import (
     Blocked,
@@ -147,13 +149,22 @@ def _invalid(exc: SpecError | SpecErrors) -> Blocked:
 
 def want(understood: Understood, cache: Mapping[str, Any] | None, status: Mapping[str, Any]) -> Wanted:
     """The children of `understood` with the model cache `cache` (as stored; None: none named, or not there), at the
-    replica count the autoscaler's last decision in `status` sets, or spec.replicas."""
+    replica counts the autoscaler's last decisions in `status` set (the spec's own tier's and each context tier's),
+    or spec.replicas and each tier's replicas."""
     resource, plan = understood.resource, understood.plan
     if resource is None or plan is None:
         return Wanted(blocked=_invalid(understood.error or SpecError("spec", "cannot be planned", "fix the spec")))
     try:
         mount = cache_mount(resource, parse_cache(dict(cache)) if cache is not None else None)
-        objects = render(resource, plan, replicas_to_apply(resource.spec, status), mount)
+        replicas = replicas_to_apply(resource.spec, status)
+        objects = render(
+            resource,
+            plan,
+            replicas,
+            mount,
+            tier_replicas=tier_replicas_to_apply(resource.spec, status),
+            role_replicas=role_replicas_to_apply(resource.spec, status),
+        )
     except (SpecError, SpecErrors) as exc:
         return Wanted(blocked=_invalid(exc))
     return Wanted(objects, required_secrets(resource, plan), mount)

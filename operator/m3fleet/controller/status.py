@@ -139,25 +139,46 @@ def pods_per_replica(workload: Mapping[str, Any]) -> int:
 
 
 def unschedulable(pods: list[dict[str, Any]]) -> str | None:
-    """ "N of M pods cannot be scheduled: <the scheduler's message>" when some pod is Pending because no node
-    fits (PodScheduled=False, reason Unschedulable), else None. The scheduler's message says which nodes
-    failed which check, e.g. "0/15 nodes are available: 15 node(s) didn't match Pod's node affinity/selector"."""
+    """ "N of M pods cannot be scheduled: <why>" when some pod is Pending unplaced, else None: held by scheduling
+    gates (`gated`), named to a scheduler that has not looked at it (`unplaced_by_other_scheduler`), or refused by
+    the scheduler (PodScheduled=False, reason Unschedulable), whose message says which nodes failed which check,
+    e.g. "0/15 nodes are available: 15 node(s) didn't match Pod's node affinity/selector"."""
     waiting: list[str] = []
     for pod in pods:
         if (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        if other := unplaced_by_other_scheduler(pod):
-            waiting.append(other)
-        for cond in (pod.get("status") or {}).get("conditions") or []:
-            if (
-                cond.get("type") == "PodScheduled"
-                and cond.get("status") == "False"
-                and cond.get("reason") == DeploymentReason.UNSCHEDULABLE
-            ):
-                waiting.append(str(cond.get("message") or "no node fits"))
+        if why := gated(pod) or unplaced_by_other_scheduler(pod) or refused_by_scheduler(pod):
+            waiting.append(why)
     if not waiting:
         return None
     return f"{len(waiting)} of {len(pods)} pods cannot be scheduled: {waiting[0]}"
+
+
+def refused_by_scheduler(pod: Mapping[str, Any]) -> str | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == DeploymentReason.UNSCHEDULABLE
+        ):
+            return str(cond.get("message") or "no node fits")
+    return None
+
+
+def gated(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod waits on scheduling gates (spec.schedulingGates): no scheduler looks at it until whoever set them
+    lifts them. Kueue gates a queued group's pods (kueue.x-k8s.io/admission) until its Workload is admitted, so
+    a quota too small for the group leaves them here; the Workload's QuotaReserved condition says what is short."""
+    spec = pod.get("spec") or {}
+    gates = [str(g.get("name")) for g in spec.get("schedulingGates") or []]
+    if not gates or spec.get("nodeName"):
+        return None
+    return (
+        f"they wait on scheduling gates {', '.join(gates)}, which the controller that set them has not lifted "
+        "(Kueue: its Workload for them is not admitted); fix: check that controller, for Kueue the queue in "
+        "spec.podTemplate's kueue.x-k8s.io/queue-name label and `kubectl get workloads` (QuotaReserved says what "
+        "is short)"
+    )
 
 
 DEFAULT_SCHEDULER = "default-scheduler"  # the apiserver's default for spec.schedulerName

@@ -124,6 +124,21 @@ DIST_INIT_PORT = 20000  # the LWS SGLang example's rendezvous port
 LONG_CONTEXT = 32_768  # above it the cookbook raises the chunked-prefill size (SGL-CB)
 
 
+# SGLang's validated MI300X command (SGL-CFG-POOLS): on gfx942 the M3 path needs the aiter attention backend and the
+# triton MoE runner (it converts MXFP8 to block-fp8 at load), and the cold-start AITER JIT can outlast the default
+# watchdog and warmup, so the cell raises one and skips the other (the readiness probe's /health_generate still runs a
+# real forward pass before the pod takes traffic).
+CDNA3_ARGS = [
+    "--attention-backend",
+    "aiter",
+    "--moe-runner-backend",
+    "triton",
+    "--watchdog-timeout",
+    "3600",
+    "--skip-server-warmup",
+]
+
+
 def multimodal_args(ctx: Context) -> list[str]:
     """The vision side: NV-BLOG's encoder attention on Blackwell, or text-only serving."""
     if ctx.spec.model.language_model_only:
@@ -191,6 +206,8 @@ def serve_args(ctx: Context) -> list[str]:
         args += ["--quantization", "mxfp8", "--dtype", "bfloat16"]
     if plan.kv_cache_dtype == "fp8":
         args += ["--kv-cache-dtype", "fp8_e4m3"]
+    if ctx.accelerator.gfx_target == "gfx942":
+        args += CDNA3_ARGS
     args += multimodal_args(ctx)
     args += speculative_args(ctx)
     if plan.rope_scaling_factor > 1:

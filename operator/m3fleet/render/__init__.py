@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from m3fleet.api.cache import MiniMaxM3ModelCache, node_label_key
-from m3fleet.api.models import Accelerator, MiniMaxM3Deployment, ModelCacheRef, NodeAffinityMode, Plan, RenderAs
+from m3fleet.api.models import MiniMaxM3Deployment, ModelCacheRef, NodeAffinityMode, Plan, RenderAs
 from m3fleet.engines import Context, EngineLaunch, Role, launch
 from m3fleet.engines.base import CacheMount
 from m3fleet.errors import SpecError
@@ -139,20 +139,22 @@ def render(
     replicas: int | None = None,
     cache: CacheMount | None = None,
     tier_replicas: Mapping[str, int] | None = None,
+    role_replicas: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Every child object. `replicas` overrides spec.replicas (the autoscaler's decision), `tier_replicas` a context
-    tier's replicas by tier name; `cache` is the MiniMaxM3ModelCache that spec.model.cacheRef names (needed when it
-    is set)."""
+    tier's replicas by tier name, `role_replicas` a disaggregated fleet's prefill and decode workers (the autoscaler's
+    per-role decision); `cache` is the MiniMaxM3ModelCache that spec.model.cacheRef names (needed when it is set)."""
     if resource.spec.model.cache_ref is not None and cache is None:
         cache_mount(resource, None)  # raises: which cache is missing, and the fix
     count = resource.spec.replicas if replicas is None else replicas
     if plan.disaggregation is not None:
-        return _render_disaggregated(resource, plan, count, cache)
+        roles = role_replicas or {}
+        return _render_disaggregated(resource, plan, roles.get("decode", count), cache, roles.get("prefill"))
     ctx = context_for(resource, plan, cache)
     tiers = tier_contexts(resource, cache)
     *config_map, workload = _workload(ctx, count)
     objects = list(config_map)
-    if any(c.multi_node and c.plan.accelerator == Accelerator.GB200 for c in (ctx, *tiers)):
+    if any(c.multi_node and c.accelerator.nvlink_spans_nodes for c in (ctx, *tiers)):
         objects.append(compute_domain(ctx))  # one IMEX domain for every multi-node workload of the resource
     objects.append(workload)
     for tier in tiers:
@@ -166,13 +168,17 @@ def render(
 
 
 def _render_disaggregated(
-    resource: MiniMaxM3Deployment, plan: Plan, decode_replicas: int, cache: CacheMount | None
+    resource: MiniMaxM3Deployment,
+    plan: Plan,
+    decode_replicas: int,
+    cache: CacheMount | None,
+    prefill_replicas: int | None,
 ) -> list[dict[str, Any]]:
     """spec.disaggregation: Dynamo's frontend and workers as pods, or one DynamoGraphDeployment."""
     roles = role_plans(resource.spec)
     if plan.disaggregation is not None and plan.disaggregation.render_as == RenderAs.DYNAMO_GRAPH_DEPLOYMENT:
-        return render_graph(resource, plan, roles, decode_replicas, cache)
-    return render_pods(resource, plan, roles, decode_replicas, cache)
+        return render_graph(resource, plan, roles, decode_replicas, cache, prefill_replicas)
+    return render_pods(resource, plan, roles, decode_replicas, cache, prefill_replicas)
 
 
 def cache_mount(resource: MiniMaxM3Deployment, cache: MiniMaxM3ModelCache | None) -> CacheMount | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from m3fleet.api.models import Accelerator, DisaggregationPlan, MiniMaxM3Deployment, Plan
+from m3fleet.api.models import DisaggregationPlan, MiniMaxM3Deployment, Plan
 from m3fleet.catalog.dynamo import DISCOVERY_LABELS, FRONTEND_PORT, SYSTEM_PORT, WORKER_METADATA_API
 from m3fleet.disaggregation import prefill_count
 from m3fleet.engines.base import CacheMount, Context, EngineLaunch, Role
@@ -61,14 +61,17 @@ def render_pods(
     roles: dict[str, Plan],
     decode_replicas: int,
     cache: CacheMount | None = None,
+    prefill_replicas: int | None = None,
 ) -> list[dict[str, Any]]:
     """Every child of a disaggregated resource run as pods; `roles` holds each role's plan (the planner's),
-    `decode_replicas` the decode workers in force (spec.replicas or the autoscaler's)."""
+    `decode_replicas` the decode workers in force (spec.replicas or the autoscaler's), `prefill_replicas` the prefill
+    workers the autoscaler decided (None: the plan's ratio applied to the decode workers)."""
     d = plan.disaggregation
     if d is None:
         raise ValueError("render_pods needs a disaggregated plan")
     name, namespace = resource.metadata.name, resource.metadata.namespace
-    counts = {"prefill": prefill_count(d, decode_replicas), "decode": decode_replicas}
+    prefill = prefill_count(d, decode_replicas) if prefill_replicas is None else prefill_replicas
+    counts = {"prefill": prefill, "decode": decode_replicas}
     contexts = role_contexts(resource, roles, cache)
     launches = {role: worker_launch(ctx, role) for role, ctx in contexts.items()}
     files = {k: v for launch in launches.values() for k, v in launch.config_files.items()}
@@ -77,7 +80,7 @@ def render_pods(
     objects: list[dict[str, Any]] = []
     if files:
         objects.append(config_map(top, files))
-    if plan.accelerator == Accelerator.GB200 and any(c.multi_node for c in contexts.values()):
+    if top.accelerator.nvlink_spans_nodes and any(c.multi_node for c in contexts.values()):
         objects.append(compute_domain(top))
     objects += _rbac(top)
     for role in contexts:

@@ -32,6 +32,7 @@ def render_graph(
     roles: dict[str, Plan],
     decode_replicas: int,
     cache: CacheMount | None = None,
+    prefill_replicas: int | None = None,
 ) -> list[dict[str, Any]]:
     """The engine ConfigMap (TensorRT-LLM's per-role YAML) and the DynamoGraphDeployment."""
     d = plan.disaggregation
@@ -41,7 +42,8 @@ def render_graph(
     top = Context(name, namespace, resource.spec, plan, cache)
     contexts = {role: Context(name, namespace, resource.spec, roles[role], cache) for role in ("prefill", "decode")}
     files = {k: v for role, ctx in contexts.items() for k, v in role_config_files(ctx, role).items()}
-    counts = {"prefill": prefill_count(d, decode_replicas), "decode": decode_replicas}
+    prefill = prefill_count(d, decode_replicas) if prefill_replicas is None else prefill_replicas
+    counts = {"prefill": prefill, "decode": decode_replicas}
     objects: list[dict[str, Any]] = []
     if files:
         objects.append(config_map(top, files))

@@ -8,7 +8,6 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from m3fleet.api.models import Accelerator
 from m3fleet.api.spec_pod import (
     CACHE_MOUNT,
     CONFIG_MOUNT,
@@ -40,6 +39,10 @@ SHM_SIZE = f"{POD_SHM_GIB}Gi"  # the AMD verified run used 32g; vLLM/SGLang pass
 LWS_GROUP_KEY = "leaderworkerset.sigs.k8s.io/group-key"
 COMPUTE_DOMAIN_CLAIM = "compute-domain-channel"
 CONFIG_DIGEST_ANNOTATION = "m3fleet.dev/engine-config-digest"  # on the pod template: which ConfigMap data it runs
+# Kueue's LeaderWorkerSet integration reads the queue on the LeaderWorkerSet (workload_meta puts it there) and labels
+# each pod of a group itself, with the group's Workload; it leaves alone a pod that already carries the label, which
+# then joins no Workload and keeps Kueue's admission gate forever (seen on the real tier, tests/cluster/test_kueue.py).
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 NON_ROOT_UID = 1000  # engine pods that need no root run as this UID/GID (Pod Security restricted)
 
 
@@ -116,7 +119,7 @@ def _env(ctx: Context, container: Container) -> list[dict[str, Any]]:
     values: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in {**home_env(), **container.env}.items()}
     for name, (secret, key) in container.secret_env.items():  # referenced, never copied
         values[name] = {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
-    if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
+    if ctx.accelerator.nvlink_spans_nodes and ctx.multi_node:
         # Multi-node NVLink through the IMEX channel (third-party GB200 guides; UNVERIFIED as official).
         for name in ("NCCL_MNNVL_ENABLE", "NCCL_CUMEM_ENABLE"):
             values[name] = {"name": name, "value": "1"}
@@ -231,7 +234,7 @@ def _resources(ctx: Context) -> dict[str, Any]:
     requests = {"cpu": str(ctx.plan.cpu_per_pod), "memory": memory, **devices}
     limits = {"memory": memory, **devices}
     resources: dict[str, Any] = {"limits": dict(sorted(limits.items())), "requests": dict(sorted(requests.items()))}
-    if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
+    if ctx.accelerator.nvlink_spans_nodes and ctx.multi_node:
         resources["claims"] = [{"name": COMPUTE_DOMAIN_CLAIM}]
     return resources
 
@@ -454,11 +457,12 @@ def pod_template(
         "automountServiceAccountToken": False,  # engines never talk to the API server
         "enableServiceLinks": False,  # a Service named e.g. "vllm" would inject VLLM_PORT and confuse vLLM
     }
-    if ctx.plan.accelerator == Accelerator.GB200 and ctx.multi_node:
+    if ctx.accelerator.nvlink_spans_nodes and ctx.multi_node:
         template = ctx.resource_name("compute-domain-channel")
         pod_spec["resourceClaims"] = [{"name": COMPUTE_DOMAIN_CLAIM, "resourceClaimTemplateName": template}]
     passthrough = ctx.spec.pod_template.metadata
-    metadata: dict[str, Any] = {"labels": {**passthrough.labels, **pod_labels(ctx, role, container.serves_http)}}
+    labels = {k: v for k, v in passthrough.labels.items() if role == Role.SINGLE or k != KUEUE_QUEUE_LABEL}
+    metadata: dict[str, Any] = {"labels": {**labels, **pod_labels(ctx, role, container.serves_http)}}
     annotations: dict[str, str] = dict(passthrough.annotations)
     if config is not None:
         # A changed ConfigMap alone changes no pod (the kubelet only swaps the mounted files under running engines,

@@ -66,8 +66,9 @@ def workload_meta(ctx: Context, name: str, containers: Iterable[Container]) -> d
     """A Deployment's or LeaderWorkerSet's metadata: spec.podTemplate's labels and annotations go here too, where
     the integrations read them on the workload object itself. Kueue (kueue.sigs.k8s.io, "Run LeaderWorkerSet")
     admits a LeaderWorkerSet group as one Workload from `kueue.x-k8s.io/queue-name` in the LeaderWorkerSet's
-    metadata.labels; "Run Deployment" reads it from the pod template (the pod integration), where pod_template
-    puts it on every engine pod as well. The annotation says which `pod-security.kubernetes.io/enforce` level the
+    metadata.labels, and labels the group's pods itself (pod_template leaves the label off them: Kueue skips a pod
+    that has it); "Run Deployment" reads it from the pod template (the pod integration), where pod_template puts it
+    on a Deployment's pods as well. The annotation says which `pod-security.kubernetes.io/enforce` level the
     namespace may have for these pods to be admitted."""
     passthrough = ctx.spec.pod_template.metadata
     security = {POD_SECURITY_ANNOTATION: pod_security_level(ctx, list(containers)).value}

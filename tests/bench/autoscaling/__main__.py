@@ -11,7 +11,10 @@ each model side by side (same requests; the policy, the default baselines and th
 prints one row per seed and model. `--gateway` puts an inference gateway in front of the built-in resource
 (spec.autoscaling.gateway): the policy also reads the request sizes it records as requests arrive; the baselines
 and the oracle do not change. `--slo-ttft S` sets the resource's spec.autoscaling.slo.ttft.seconds: the policy
-sizes prefill for it and every policy is scored against it (each seed's `slo` says which SLO was used).
+sizes prefill for it and every policy is scored against it (each seed's `slo` says which SLO was used); `--slo-itl S`
+makes the ITL bound absolute (S seconds per output token).
+`--speculative METHOD` (mtp, eagle3) runs the built-in resource with that draft (spec.speculativeDecoding): the
+simulated engines decode its acceptance length's tokens per step and every policy and the oracle run on them.
 `--robustness` also runs the policy with the simulator's time model x0.7 and x1.4, against the policy whose prior
 matches that engine (`checks.robustness`). `--scale-to-zero SECONDS` (implies `--gateway`) instead runs, per seed,
 the policy at minReplicas 1 against minReplicas 0 with the zero rule and that idle window (zero.py): GPU-hours saved
@@ -26,6 +29,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from m3fleet.api.models import SpeculativeMethod
 from m3fleet.api.parse import parse_resource
 from m3fleet.documents import InputError
 from m3fleet.errors import SpecError, SpecErrors
@@ -65,6 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         "--scale-to-zero", type=float, metavar="SECONDS", help="minReplicas 0 with this idle window vs minReplicas 1"
     )
     parser.add_argument("--slo-ttft", type=float, help="the SLO's fixed TTFT allowance (slo.ttft.seconds)")
+    parser.add_argument(
+        "--slo-itl",
+        type=float,
+        help="an absolute ITL bound (slo.itl.seconds, unloadedFactor 0): the same with or "
+        "without a draft, where the default is relative to the engine's own idle step",
+    )
+    parser.add_argument(
+        "--speculative",
+        choices=[m.value for m in SpeculativeMethod],
+        help="draft with this method (speculativeDecoding)",
+    )
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--summary-json", help="also write the summary (per-seed min/mean/max, checks) here")
     args = parser.parse_args(argv)
@@ -108,18 +123,26 @@ def seed_setup(args: argparse.Namespace, seed: int, gateway: bool) -> Setup:
         cold_start=args.cold_start,
         cold_start_model=args.cold_start_model,
         gateway=gateway,
+        speculative=args.speculative,
     )
-    return setup if args.slo_ttft is None else with_slo_ttft(setup, args.slo_ttft)
+    if args.slo_ttft is None and args.slo_itl is None:
+        return setup
+    return with_slo(setup, args.slo_ttft, args.slo_itl)
 
 
-def with_slo_ttft(setup: Setup, seconds: float) -> Setup:
-    """The same run with spec.autoscaling.slo.ttft.seconds set, validated as `kubectl apply` would."""
+def with_slo(setup: Setup, ttft: float | None, itl: float | None) -> Setup:
+    """The same run with spec.autoscaling.slo.ttft.seconds and/or an absolute ITL bound set, validated as
+    `kubectl apply` would."""
     body = setup.resource.model_dump(by_alias=True, mode="json", exclude_none=True)
-    body["spec"]["autoscaling"]["slo"]["ttft"]["seconds"] = seconds
+    slo = body["spec"]["autoscaling"]["slo"]
+    if ttft is not None:
+        slo["ttft"]["seconds"] = ttft
+    if itl is not None:
+        slo["itl"] = {"seconds": itl, "unloadedFactor": 0}
     try:
         resource = parse_resource(body)
     except (InputError, SpecError, SpecErrors) as error:
-        raise SystemExit(f"--slo-ttft: {error}") from None
+        raise SystemExit(f"--slo-ttft/--slo-itl: {error}") from None
     return replace(setup, resource=resource)
 
 

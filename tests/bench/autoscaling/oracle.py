@@ -1,7 +1,8 @@
 """The oracle: perfect foresight of the true requests, and how far it is from a true lower bound.
 
 `run_oracle(setup)` provisions, each tick, `headroom` x the replicas the true load needs (prefill work
-at the unloaded rate, KV footprint in flight, long requests in flight; `oracle_need`), each replica
+at the unloaded rate, KV footprint in flight, long requests in flight, sequences in flight over an engine's batch;
+`oracle_need`), each replica
 ordered one cold start ahead (the exact cold start with `--cold-start`, else the worst case), and
 finds the smallest headroom (to 0.01) that meets the SLO for >= 99% of admitted requests.
 
@@ -43,7 +44,8 @@ def oracle_need(
     """Replicas each `step` needs, from the true requests at the unloaded rate (full utilisation).
 
     The largest of: prefill seconds arriving per second (averaged over `window`), the KV footprint
-    in flight, and the long requests in flight (> half an engine cannot share one).
+    in flight, the long requests in flight (> half an engine cannot share one), and the sequences in flight over
+    the engine's batch (max_num_seqs: beyond it requests wait, whatever KV is free).
     """
     ranks = max(1, plan.data_parallel_size)
     limit = min(plan.max_model_len, model.capacity_tokens)
@@ -51,6 +53,7 @@ def oracle_need(
     prefill = [0.0] * cells
     kv = [0.0] * cells
     large = [0.0] * cells
+    batch = [0.0] * cells
     for r in requests:
         if r.prompt + r.output > limit:
             continue
@@ -61,6 +64,7 @@ def oracle_need(
         is_large = r.prompt + r.output > model.capacity_tokens / 2
         for cell in range(int(r.arrival // step), min(cells, int(end // step) + 1)):
             kv[cell] += footprint
+            batch[cell] += 1 / model.max_num_seqs
             if is_large:
                 large[cell] += 1
     half = max(1, round(window / step / 2))
@@ -68,7 +72,7 @@ def oracle_need(
     for c in range(cells):
         lo, hi = max(0, c - half), min(cells, c + half + 1)
         prefill_rate = sum(prefill[lo:hi]) / ((hi - lo) * step)
-        need.append(max(prefill_rate, kv[c], large[c]) / ranks)
+        need.append(max(prefill_rate, kv[c], large[c], batch[c]) / ranks)
     return need
 
 

@@ -92,7 +92,7 @@ def _cel_pattern(schema: dict[str, Any]) -> str | None:
 def _scalar(draw: st.DrawFn, schema: dict[str, Any], valid: bool) -> Any:
     kind = schema.get("type")
     if "enum" in schema:
-        return draw(_one_of(tuple(schema["enum"]))) if valid else draw(_one_of(("h100", "VLLM", "", "auto ")))
+        return draw(_one_of(tuple(schema["enum"]))) if valid else draw(_one_of(("a100", "VLLM", "", "auto ")))
     if kind in ("integer", "number"):
         low, high = schema.get("minimum", -5), schema.get("maximum", 10**6)
         if valid:

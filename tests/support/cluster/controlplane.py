@@ -21,7 +21,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,17 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float, interval: flo
     raise ControlPlaneError(
         f"timed out after {timeout:.0f}s waiting for {what}" + (f" (last error: {last})" if last else "")
     )
+
+
+def wait_listening(what: str, process: Process, port: int, timeout: float = 90) -> None:
+    """Until `process` accepts connections on 127.0.0.1:`port` (failing at once if it exits)."""
+
+    def listening() -> bool:
+        process.check_alive()
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    wait_for(what, listening, timeout, 0.5)
 
 
 @dataclass
@@ -479,21 +490,28 @@ class ControlPlane:
 
         wait_for(f"CRD {crd} Established", established, timeout)
 
-    # -- LeaderWorkerSet -------------------------------------------------------------------------------
-
-    def _start_lws(self) -> None:
-        config_dir = self.data_dir / "lws-config"
-        for crd in sorted((config_dir / "crd/bases").glob("*.yaml")):
+    def install_crds(self, files: Iterable[Path]) -> None:
+        for crd in sorted(files):
             body = yaml.safe_load(crd.read_text())
             self.admin.apply(
                 f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{body['metadata']['name']}", body
             )
             self.wait_established(body["metadata"]["name"])
+
+    def write_serving_pair(self, directory: Path, name: str, *dns: str) -> None:
+        """tls.crt and tls.key of a loopback serving certificate of this control plane's CA (webhook servers)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        serving = self.ca.serving(name, *dns)
+        (directory / "tls.crt").write_bytes(serving.cert.read_bytes())
+        (directory / "tls.key").write_bytes(serving.key.read_bytes())
+
+    # -- LeaderWorkerSet -------------------------------------------------------------------------------
+
+    def _start_lws(self) -> None:
+        config_dir = self.data_dir / "lws-config"
+        self.install_crds((config_dir / "crd/bases").glob("*.yaml"))
         certs = self.workdir / "lws-certs"
-        certs.mkdir(exist_ok=True)
-        serving = self.ca.serving("lws-webhook", "lws-webhook-service.lws-system.svc")
-        (certs / "tls.crt").write_bytes(serving.cert.read_bytes())
-        (certs / "tls.key").write_bytes(serving.key.read_bytes())
+        self.write_serving_pair(certs, "lws-webhook", "lws-webhook-service.lws-system.svc")
         health = free_port()
         config = {
             "apiVersion": "config.lws.x-k8s.io/v1alpha1",
@@ -513,12 +531,7 @@ class ControlPlane:
         ).start(env={"KUBECONFIG": str(self.admin_kubeconfig), "POD_NAMESPACE": LWS_NAMESPACE})
         self.processes["lws-controller"] = lws
 
-        def webhook_listening() -> bool:
-            lws.check_alive()
-            with socket.create_connection(("127.0.0.1", self.lws_webhook_port), timeout=1):
-                return True
-
-        wait_for("the LeaderWorkerSet webhook server", webhook_listening, 90, 0.5)
+        wait_listening("the LeaderWorkerSet webhook server", lws, self.lws_webhook_port)
         for hook in self._lws_webhooks(config_dir / "webhook"):
             kind = (
                 "mutatingwebhookconfigurations"

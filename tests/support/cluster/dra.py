@@ -58,7 +58,7 @@ def install(cluster: Cluster) -> None:
         }
     )
     for node in NODES:
-        if node.pool != "gb200":
+        if "nvidia.com/gpu.clique" not in node.labels:  # the NVL72 trays (gb200, gb300)
             continue
         cluster.apply(
             {

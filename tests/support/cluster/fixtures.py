@@ -53,11 +53,11 @@ ENGINE_PODS = "app.kubernetes.io/component=engine,app.kubernetes.io/managed-by=m
 
 @pytest.fixture(scope="module", autouse=True)
 def fleets_removed_after_each_module(request: pytest.FixtureRequest) -> Iterator[None]:
-    """The GPU nodes are few (kwok's 7 H200, 4 GB200, 2 B200, 4 MI355X): what one test file leaves running would leave
-    the next without a node. After each file every MiniMaxM3Deployment goes (its children by garbage collection),
-    and the next file starts once their engine pods are gone. Only those: a model cache's staging pods (also
-    managed by m3fleet) hold no GPU and stay Completed until their cache goes, so waiting for them ran out the
-    whole deadline after every file that leaves a cache (2 min each)."""
+    """The GPU nodes are few (kwok's 7 H200, 4 GB200, 2 B200, 4 MI355X, one H100, GB300 and MI300X): what one test
+    file leaves running would leave the next without a node. After each file every MiniMaxM3Deployment goes (its
+    children by garbage collection), and the next file starts once their engine pods are gone. Only those: a model
+    cache's staging pods (also managed by m3fleet) hold no GPU and stay Completed until their cache goes, so waiting
+    for them ran out the whole deadline after every file that leaves a cache (2 min each)."""
     yield
     if "cluster" not in request.fixturenames and "chart" not in request.fixturenames:
         return

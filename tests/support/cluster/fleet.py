@@ -18,7 +18,7 @@ from tests.support.cluster.nodes import NODES
 
 # The samples' claims: their weights, and the Hub cache of the one that reads the checkpoint from Hugging Face.
 WEIGHT_CLAIMS = ("m3-weights", "m3-weights-mxfp8", "m3-weights-mxfp4", "m3-weights-nvfp4", "hf-cache")
-POOL_OF_ACCELERATOR = {"h200": "h200", "gb200": "gb200", "b200": "b200", "mi355x": "mi355x"}
+POOL_OF_ACCELERATOR = {a: a for a in ("h200", "h100", "gb200", "gb300", "b200", "mi300x", "mi355x")}
 NODE_POOL = {spec.name: spec.pool for spec in NODES}
 
 
@@ -35,6 +35,16 @@ def renamed(document: dict[str, Any], name: str, namespace: str) -> dict[str, An
     copied = copy.deepcopy(document)
     copied["metadata"] = {**copied.get("metadata", {}), "name": name, "namespace": namespace}
     return copied
+
+
+def two_node_group(name: str, namespace: str) -> dict[str, Any]:
+    """vLLM at 1M context on the MXFP8 checkpoint, three full-length sequences: two H200 nodes a replica (a
+    LeaderWorkerSet group of a leader and one worker, 8 GPUs each)."""
+    document = renamed(sample("vllm-h200-tp8"), name, namespace)
+    document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
+    document["spec"]["context"] = {"maxModelLen": 1_048_576, "minSequencesAtMaxLen": 3}
+    document["spec"]["parallelism"] = {"tensorParallelSize": 0}
+    return document
 
 
 HUB_REVISION = "0123456789abcdef0123456789abcdef01234567"

@@ -70,9 +70,14 @@ def _b200(i: int) -> NodeSpec:
     return _hgx("b200", i, "224", "2113264832Ki", "NVIDIA-B200", "183359", "blackwell")
 
 
-def _gb200(i: int) -> NodeSpec:
+def _h100(i: int) -> NodeSpec:
+    return _hgx("h100", i, "192", "2063731952Ki", "NVIDIA-H100-80GB-HBM3", "81559", "hopper")
+
+
+def _grace_tray(pool: str, i: int, product: str, gpu_memory_mib: str, clique: str) -> NodeSpec:
+    """A 4-GPU Grace Blackwell NVL72 compute tray as GPU feature discovery labels it, with its NVLink clique."""
     return NodeSpec(
-        f"gb200-{i}",
+        f"{pool}-{i}",
         "arm64",
         cpu="144",
         memory="898388200Ki",
@@ -80,30 +85,47 @@ def _gb200(i: int) -> NodeSpec:
         gpu_resource="nvidia.com/gpu",
         labels={
             "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": "NVIDIA-GB200",
+            "nvidia.com/gpu.product": product,
             "nvidia.com/gpu.count": "4",
-            "nvidia.com/gpu.memory": "189471",
+            "nvidia.com/gpu.memory": gpu_memory_mib,
             "nvidia.com/gpu.family": "blackwell",
-            "nvidia.com/gpu.clique": GB200_CLIQUES[i // 2],
+            "nvidia.com/gpu.clique": clique,
         },
     )
 
 
-def _mi355x(i: int) -> NodeSpec:
+def _gb200(i: int) -> NodeSpec:
+    return _grace_tray("gb200", i, "NVIDIA-GB200", "189471", GB200_CLIQUES[i // 2])
+
+
+def _gb300(i: int) -> NodeSpec:
+    return _grace_tray("gb300", i, "NVIDIA-GB300", "279000", "0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f.32766")
+
+
+def _instinct(pool: str, i: int, product: str, device_id: str, vram: str) -> NodeSpec:
+    """An 8-GPU AMD Instinct node as AMD's node labeller labels it."""
     return NodeSpec(
-        f"mi355x-{i}",
+        f"{pool}-{i}",
         "amd64",
         cpu="256",
         memory="3170184360Ki",
         gpus=8,
         gpu_resource="amd.com/gpu",
         labels={
-            "amd.com/gpu.product-name": "AMD_Instinct_MI355_OAM",
-            "amd.com/gpu.device-id": "75a3",
-            "amd.com/gpu.vram": "288G",
+            "amd.com/gpu.product-name": product,
+            "amd.com/gpu.device-id": device_id,
+            "amd.com/gpu.vram": vram,
             "amd.com/gpu.family": "AI",
         },
     )
+
+
+def _mi355x(i: int) -> NodeSpec:
+    return _instinct("mi355x", i, "AMD_Instinct_MI355_OAM", "75a3", "288G")
+
+
+def _mi300x(i: int) -> NodeSpec:
+    return _instinct("mi300x", i, "AMD_Instinct_MI300X_OAM", "74a1", "192G")
 
 
 # H200 nodes whose pods get loopback addresses (every 127.x address is local on Linux), so a test can run an engine
@@ -127,6 +149,10 @@ NODES: tuple[NodeSpec, ...] = (
     *(_gb200(i) for i in range(4)),
     *(_b200(i) for i in range(2)),
     *(_mi355x(i) for i in range(4)),
+    # One node each for the newer pools' samples (docs/pools.md): every single-node sample is Ready at once.
+    _h100(0),
+    _gb300(0),
+    _mi300x(0),
     *(_h200_loopback(i) for i in range(5)),  # tests/cluster/test_gateway_epp.py's five serving pods
 )
 

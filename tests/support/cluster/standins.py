@@ -32,6 +32,9 @@ from tests.support.cluster.controlplane import COLD_START_ANNOTATION
 from tests.support.cluster.fleet import renamed, sample
 
 NAMESPACE = "loop"
+# A disaggregated fleet's pods carry their Dynamo role; the chart's PodMonitor (a labelmap) makes it this label.
+DYNAMO_ROLE = "m3fleet.dev/dynamo-role"
+ROLE_SERIES_LABEL = "m3fleet_dev_dynamo_role"
 ACT, ADVISORY = "loop-act", "loop-advisory"
 QUIET, BUSY = 0.5, 2.5  # fleet-wide demand, in replicas' worth of KV at the 0.8 target
 KV_TARGET = 0.8  # the autoscaling target the demand is counted at (the spec's default)
@@ -142,6 +145,24 @@ LWS_NAME, LWS_GROUP, LWS_WORKER = (
 )
 
 
+TIER = "m3fleet.dev/tier"
+
+
+def group_of(pod: dict[str, Any]) -> str:
+    """The workload a pod belongs to, by which the stand-ins key their plans and loads: the fleet's name, or a
+    context tier's `<name>-<tier>` (spec.gateway.tiers)."""
+    labels = pod["metadata"]["labels"]
+    return f"{labels['m3fleet.dev/name']}-{labels[TIER]}" if TIER in labels else labels["m3fleet.dev/name"]
+
+
+def series_labels(pod: dict[str, Any]) -> dict[str, str]:
+    """What the chart's PodMonitor (its labelmap of the pod's labels) puts on the pod's engine series."""
+    labels = pod["metadata"]["labels"]
+    tier = {"m3fleet_dev_tier": labels[TIER]} if TIER in labels else {}
+    role = {ROLE_SERIES_LABEL: labels[DYNAMO_ROLE]} if DYNAMO_ROLE in labels else {}  # a disaggregated fleet's pods
+    return {"namespace": pod["metadata"]["namespace"], "m3fleet_dev_name": labels["m3fleet.dev/name"], **tier, **role}
+
+
 def replica_and_node_rank(pod: dict[str, Any]) -> tuple[str, int]:
     """The replica a pod is part of (a LeaderWorkerSet group's is its leader's name) and its node rank."""
     labels = pod["metadata"]["labels"]
@@ -151,16 +172,25 @@ def replica_and_node_rank(pod: dict[str, Any]) -> tuple[str, int]:
 
 
 class StandIns:
-    """One stand-in per running engine pod of the `plans`' fleets that exports metrics (the pods the chart's
+    """One stand-in per running engine pod of the `plans`' fleets (keyed by workload: a fleet, or a context tier's
+    `<name>-<tier>`) that exports metrics (the pods the chart's
     PodMonitor keeps: annotated prometheus.io/scrape; of a multi-node replica, its leader, and on SGLang its
     workers too), exporting what the `load` says of its replica (by default a `SteppedDemand`: set `demand`)
     from that pod's node, and the target list Prometheus reads."""
 
-    def __init__(self, cluster: Cluster, targets: Path, plans: dict[str, Plan], load: Load | None = None) -> None:
-        self.cluster, self.targets, self.plans = cluster, targets, plans
+    def __init__(
+        self,
+        cluster: Cluster,
+        targets: Path,
+        plans: dict[str, Plan],
+        load: Load | None = None,
+        namespace: str = NAMESPACE,
+    ) -> None:
+        self.cluster, self.targets, self.plans, self.namespace = cluster, targets, plans, namespace
         self.load: Load = load or SteppedDemand(plans)
         self.servers: dict[str, tuple[str, MetricsServer]] = {}  # pod -> (fleet, its stand-in)
         self.replicas: dict[str, tuple[str, int]] = {}  # pod -> (its replica, its node rank)
+        self.labels: dict[str, dict[str, str]] = {}  # pod -> the labels its series carry
         self.started: list[str] = []  # pods a stand-in was started for, in order
         self.stopped: list[str] = []
         self._stop = threading.Event()
@@ -187,8 +217,8 @@ class StandIns:
             try:
                 listed = [
                     p
-                    for p in self.cluster.list("pods", NAMESPACE, "m3fleet.dev/name")
-                    if p["metadata"]["labels"]["m3fleet.dev/name"] in self.plans
+                    for p in self.cluster.list("pods", self.namespace, "m3fleet.dev/name")
+                    if group_of(p) in self.plans
                     and (p["metadata"].get("annotations") or {}).get("prometheus.io/scrape") == "true"
                     and not p["metadata"].get("deletionTimestamp")
                     and (p.get("status") or {}).get("phase") == "Running"
@@ -196,10 +226,11 @@ class StandIns:
             except Exception:  # the apiserver busy for a moment: try again
                 time.sleep(0.5)
                 continue
-            running = {p["metadata"]["name"]: p["metadata"]["labels"]["m3fleet.dev/name"] for p in listed}
+            running = {p["metadata"]["name"]: group_of(p) for p in listed}
             changed = False
             for p in listed:
                 self.replicas.setdefault(p["metadata"]["name"], replica_and_node_rank(p))
+                self.labels.setdefault(p["metadata"]["name"], series_labels(p))
             for pod in [p for p in self.servers if p not in running]:
                 with self._lock:
                     _, server = self.servers.pop(pod)
@@ -223,11 +254,8 @@ class StandIns:
     def _write(self) -> None:
         with self._lock:
             groups = [
-                {
-                    "targets": [f"127.0.0.1:{server.port}"],
-                    "labels": {"namespace": NAMESPACE, "m3fleet_dev_name": name, "pod": pod},
-                }
-                for pod, (name, server) in sorted(self.servers.items())
+                {"targets": [f"127.0.0.1:{server.port}"], "labels": {**self.labels[pod], "pod": pod}}
+                for pod, (_, server) in sorted(self.servers.items())
             ]
         partial = self.targets.with_suffix(".tmp")
         partial.write_text(json.dumps(groups))

@@ -36,9 +36,30 @@ ENGINE_CONTAINER = "engine"
 # The grid's axes. Contexts: short (below every long-context switch), the default, and 1M, which is
 # past the BF16/MXFP4 native 512K (YaRN) and plans to two nodes on H200 and GB200 (leader + worker).
 STRATEGIES = ("tp", "tp-ep", "dp-ep")
-# Pools rendered with another pool's flags (same vendor, architecture and GPUs a node; only GPU memory differs, which
-# the planner's tests cover): left out of the cross product to keep the tier's time, checked through their twin.
-FLAG_TWINS = {Accelerator.B300: Accelerator.B200}
+# Pools rendered with another pool's flags (same vendor, architecture and GPUs a node, the same engine facts; only GPU
+# memory differs, which the planner's tests cover): left out of the cross product to keep the tier's time, checked
+# through their twin (tests/unit/test_pools.py proves the flags equal). MI300X is not one: gfx942 takes SGLang flags
+# MI355X's gfx950 does not.
+FLAG_TWINS = {
+    Accelerator.B300: Accelerator.B200,
+    Accelerator.GB300: Accelerator.GB200,
+    Accelerator.H100: Accelerator.H200,
+    Accelerator.H20: Accelerator.H200,
+    Accelerator.MI325X: Accelerator.MI300X,
+    Accelerator.MI350X: Accelerator.MI355X,
+}
+# The same for one engine only: vLLM runs the recipe's one AMD command on gfx942 and gfx950 (MI300X serves BF16 only,
+# whose flags are MI355X's BF16 flags), while SGLang's MI300X flags are its own.
+ENGINE_FLAG_TWINS = {(EngineName.VLLM.value, Accelerator.MI300X): Accelerator.MI355X}
+
+
+def flag_twin(engine: str, accelerator: Accelerator) -> Accelerator | None:
+    """The pool whose commands stand for `accelerator`'s on `engine` in the parser grid, if any (followed through a
+    twin that is itself twinned: vLLM's MI325X -> MI300X -> MI355X)."""
+    twin = FLAG_TWINS.get(accelerator) or ENGINE_FLAG_TWINS.get((engine, accelerator))
+    return None if twin is None else flag_twin(engine, twin) or twin
+
+
 CONTEXTS = (8_192, 131_072, 1_048_576)
 KV_DTYPES = ("bf16", "fp8")
 
@@ -112,7 +133,7 @@ def spec_grid(
     specs: list[Spec] = []
     for engine in engines:
         for accelerator, variants in ENGINES[EngineName(engine)].support.items():
-            if accelerator in FLAG_TWINS:
+            if flag_twin(engine, accelerator) is not None:
                 continue
             for variant in variants:
                 backends = [b.value for b in MoeBackend] if variant == Variant.MXFP4 else [MoeBackend.AUTO.value]

@@ -1,7 +1,8 @@
 """The context-length-aware scaling policy. Pure: no I/O, no clock (time is `FleetState.now`).
 
 One call per tick: `decide(config, state, snapshot, fleet) -> (Decision, PolicyState)`. The need,
-in (fractional) replicas, is the largest of three terms:
+in (fractional) replicas, is the largest of four terms (policy/constants.py lists them and every constant, with
+why):
 
 * **kv** — KV-token demand over KV-token supply: resident tokens + queued prompt tokens + the
   expected decode growth of running requests, against `kvCacheUtilization` x the per-replica
@@ -31,6 +32,11 @@ in (fractional) replicas, is the largest of three terms:
   bytes per prompt token measured against what the engines prefilled: a burst of long prompts is sized
   from its first scrape, while the engines have prefilled none of it (they count a prompt at its first
   token).
+* **decode** — arriving output tokens (the request rate x the output per request) against what a
+  replica decodes: the batch a rank runs (MAX_DECODE_BATCH_PER_RANK, or fewer where a step would give
+  each token more than the ITL objective; the catalog's step model) times the acceptance length with
+  speculative decoding (each target step emits that many tokens a sequence, measured by the engines'
+  counters, the plan's cited prior before, and computes every drafted token, which makes it dearer).
 
 Then HPA semantics: a tolerance band, stabilization windows (highest recommendation in the
 scale-down window wins; the window forgets a burst once its long prompts stopped arriving, and until
@@ -49,9 +55,10 @@ A scale-down prices each measured replica by its resident KV (`removal_costs`), 
 have the replicas holding the least work removed first.
 
 The modules, in the order a tick reads them: `config` and `state` (what it is given and what it keeps), `estimates`,
-`gateway` and `capacity` (arrivals and supply from the metrics), `terms` and `demand` (the three needs), `floors`
+`gateway` and `capacity` (arrivals and supply from the metrics), `terms` and `demand` (the four needs), `floors`
 (forecast and cold-start hold), `hpa` and `scale_down` (how far a tick moves), `decision` (the record and its
-reason), `tick` (`decide`) and `apply` (what the operator writes from a decision).
+reason), `tick` (`decide`) and `apply` (what the operator writes from a decision); `constants` lists every term and
+constant with its unit and why (docs/autoscaling.md is generated from it).
 """
 
 from m3fleet.autoscaling.policy.apply import (

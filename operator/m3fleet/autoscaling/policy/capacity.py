@@ -21,6 +21,8 @@ LEARN_CLAMP: Final = 4.0  # the learned throughput stays within [prior / 4, prio
 # A finished mean this many times the mean prompt of the requests that reached a first token (the prompt-token
 # and first-token counters) says the two histograms saw different requests: the replica teaches nothing then.
 FINISHED_PROMPT_SKEW: Final = 2.0
+# Finished requests a replica's prompt and TTFT histograms need in the window before their means teach anything.
+LEARN_MIN_REQUESTS: Final = 3
 
 
 @dataclass(frozen=True)
@@ -34,14 +36,21 @@ class Capacity:
 def acceptance_length(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> dict[str, Any] | None:
     """Speculative decoding's tokens per target forward pass: the median the replicas' own counters measured, else
     the plan's prior (catalog.speculative: 2.7 for the EAGLE3 draft, from its model card; 1 for MTP, unpublished).
-    It sets how many tokens a decode step emits, so the time a request stays resident at a given decode rate; None
-    without a draft."""
+    It sets how many tokens a decode step emits, so how long a sequence decodes at a given step time (the decode
+    term, `tokens_per_step`); None without a draft."""
     if config.acceptance_length_prior is None:
         return None
     measured = [r.acceptance_length for r in fresh if r.acceptance_length]
     if not measured:
         return {"tokensPerStep": config.acceptance_length_prior, "source": "prior"}
     return {"tokensPerStep": round(median(measured), 3), "source": "engines", "prior": config.acceptance_length_prior}
+
+
+def tokens_per_step(capacity: Capacity) -> float:
+    """Tokens a decode step emits per sequence: the acceptance length `checked_capacity` reported (measured, else the
+    prior), 1 without a draft."""
+    speculative = capacity.status.get("acceptanceLength")
+    return float(speculative["tokensPerStep"]) if speculative else 1.0
 
 
 def checked_capacity(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> Capacity:
@@ -110,7 +119,7 @@ def learned_prefill(
         floors, caps = [], []
         for r in fresh:
             p, t, q = r.prompt_tokens, r.ttft_seconds, r.queue_seconds
-            if p is None or t is None or p.count < 3 or t.count < 3:
+            if p is None or t is None or p.count < LEARN_MIN_REQUESTS or t.count < LEARN_MIN_REQUESTS:
                 continue
             mean_prompt = p.total / p.count
             if mean_prompt < config.long_prompt_tokens:

@@ -12,10 +12,19 @@ from m3fleet.autoscaling.forecast import Bounds, ScheduleWindow, bounds_at, pars
 # Prefill throughput prior, prompt tokens per second per GPU at long context (a stand-in for a
 # measured profile; UNVERIFIED), shared with the disaggregation planner. Multi-node replicas lose some of it to
 # inter-node traffic.
+from m3fleet.catalog.throughput import DECODE_STEP_SECONDS, MULTI_NODE_DECODE_PENALTY
 from m3fleet.catalog.throughput import MULTI_NODE_EFFICIENCY as MULTI_NODE_EFFICIENCY
 from m3fleet.catalog.throughput import PREFILL_TOKENS_PER_GPU_SECOND as PREFILL_TOKENS_PER_GPU_SECOND
 
 WEEKDAYS: Final = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+# The prefill utilisation planned for never falls below this share, however tight the TTFT bound: below it the
+# arriving load is noise beside one prompt, and a bound no utilisation meets must not ask for unbounded replicas.
+PREFILL_UTILISATION_FLOOR: Final = 0.05
+# A snapshot (or a replica's sample) older than max(this, STALE_AFTER_INTERVALS ticks) is stale: a scrape every
+# 15-30 s (the chart's PodMonitor) misses two in a row before it, and a longer tick would otherwise judge its own
+# previous snapshot stale.
+STALE_AFTER_MIN_SECONDS: Final = 60.0
+STALE_AFTER_INTERVALS: Final = 4.0
 
 
 @dataclass(frozen=True)
@@ -27,9 +36,14 @@ class PolicyConfig:
     ranks_per_replica: int
     max_model_len: int
     prefill_tokens_per_second: float  # per replica
+    # An idle target decode step of one rank (HBM-bound: the weights read once), the catalog's prior for the plan's
+    # accelerator, x the penalty when a replica spans nodes; the decode term adds the batch's share (terms.py).
+    decode_step_seconds: float = DECODE_STEP_SECONDS["h200"]
     # Speculative decoding: tokens a target forward pass emits, assumed until the engines' counters measure it (the
     # plan's prior; None without a draft). Each decode step then advances a request by this many tokens.
     acceptance_length_prior: float | None = None
+    # Tokens the target computes per sequence and step: 1 + the drafted tokens it verifies (1 without a draft).
+    verified_per_step: float = 1.0
     min_replicas: int = 1
     max_replicas: int = 4
     mode: str = AutoscalingMode.ACT.value
@@ -102,8 +116,13 @@ class PolicyConfig:
             "ranks_per_replica": max(1, plan.data_parallel_size),
             "max_model_len": plan.max_model_len,
             "prefill_tokens_per_second": per_gpu * gpus * efficiency,
+            "decode_step_seconds": DECODE_STEP_SECONDS.get(str(plan.accelerator), DECODE_STEP_SECONDS["h200"])
+            * (MULTI_NODE_DECODE_PENALTY if plan.nodes_per_replica > 1 else 1.0),
             "acceptance_length_prior": (
                 plan.speculative_decoding.acceptance_length_prior if plan.speculative_decoding else None
+            ),
+            "verified_per_step": (
+                1.0 + plan.speculative_decoding.num_speculative_tokens if plan.speculative_decoding else 1.0
             ),
             "min_replicas": autoscaling.min_replicas,
             "max_replicas": autoscaling.max_replicas,
@@ -117,7 +136,7 @@ class PolicyConfig:
             "panic_threshold": autoscaling.panic_threshold,
             "cold_start_seconds": float(autoscaling.cold_start_seconds),
             "slo": autoscaling.slo,
-            "stale_after_seconds": max(60.0, 4.0 * autoscaling.interval_seconds),
+            "stale_after_seconds": max(STALE_AFTER_MIN_SECONDS, STALE_AFTER_INTERVALS * autoscaling.interval_seconds),
             "forecast": autoscaling.forecast.enabled,
             "forecast_margin_seconds": float(autoscaling.forecast.margin_seconds),
             "forecast_period_seconds": float(autoscaling.forecast.period_seconds),
@@ -154,7 +173,7 @@ class PolicyConfig:
             return self.prefill_target
         t = prompt_tokens / (per_replica or self.prefill_tokens_per_second)
         allowed = 1.0 - t / self.ttft_objective_seconds(prompt_tokens, t)
-        return max(0.05, min(self.prefill_target_cap, self.prefill_safety * allowed))
+        return max(PREFILL_UTILISATION_FLOOR, min(self.prefill_target_cap, self.prefill_safety * allowed))
 
     def ttft_objective_seconds(self, prompt_tokens: float, unloaded_prefill_seconds: float) -> float:
         """The TTFT a prompt is planned to meet: the SLO's bound at its length and unloaded prefill time."""

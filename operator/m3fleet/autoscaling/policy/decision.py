@@ -49,7 +49,7 @@ class Decision:
     # On a scale-down: each measured replica's cost of removal (its resident KV tokens), so the replicas holding
     # the least work go first; the operator hands it to a Deployment's ReplicaSet as POD_DELETION_COST.
     removal_costs: dict[str, int] = field(default_factory=dict)
-    # Which term decided (`decided_by`): the need's largest (kv, bin, prefill), a floor (forecast, burstHold,
+    # Which term decided (`decided_by`): the need's largest (kv, bin, prefill, decode), a floor (forecast, burstHold,
     # standing), a bound (minReplicas, maxReplicas), or what held the move back (scaleDownWindow, scaleUpWindow,
     # panic, missingMetrics, metricsUnavailable, releasedStarting).
     decided_by: str = ""
@@ -145,6 +145,13 @@ def explain_need(terms: Terms) -> str:
             f"prefill needs {v['prefillReplicas']:.2f} replicas ({format_tokens(v['arrivingPromptTokensPerSecond'])}/s "
             f"prompt tokens arriving, {format_tokens(v['queuedPromptTokens'])} queued, "
             f"{format_tokens(v['prefillTokensPerSecondPerReplica'])}/s per replica)"
+        )
+    elif terms.dominant == "decode":
+        detail = (
+            f"decode needs {v['decodeReplicas']:.2f} replicas ({format_tokens(v['arrivingOutputTokensPerSecond'])}/s "
+            f"output tokens arriving, {format_tokens(v['decodeTokensPerSecondPerReplica'])}/s per replica: "
+            f"{v['decodeBatchPerRank']:.0f} sequences a rank within the ITL objective, {v['tokensPerDecodeStep']:g} "
+            "tokens a step)"
         )
     elif terms.dominant == "bin":
         detail = (

@@ -1,13 +1,13 @@
 """From a metrics snapshot to the need: which replicas' metrics can be used (`check_health`), then the arriving
-prompt length, the queues, the three terms and the numbers behind them (`compute_terms`)."""
+prompt length, the queues, the four terms and the numbers behind them (`compute_terms`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from m3fleet.autoscaling.policy.capacity import Capacity, checked_capacity, learned_prefill
+from m3fleet.autoscaling.policy.capacity import Capacity, checked_capacity, learned_prefill, tokens_per_step
 from m3fleet.autoscaling.policy.config import PolicyConfig
 from m3fleet.autoscaling.policy.estimates import (
     LEVEL_JUMP,
@@ -22,8 +22,12 @@ from m3fleet.autoscaling.policy.estimates import (
 )
 from m3fleet.autoscaling.policy.gateway import Arrivals, gateway_arrivals
 from m3fleet.autoscaling.policy.state import PolicyState
-from m3fleet.autoscaling.policy.terms import bin_term, kv_term, prefill_term
+from m3fleet.autoscaling.policy.terms import bin_term, decode_term, kv_term, prefill_term
 from m3fleet.autoscaling.signals import FleetState, MetricsSnapshot, ReplicaSignals
+
+# "What finished recently" for a burst's shift test: a high quantile of the window's finished prompts, so one long
+# prompt among chat does not set it (the mean would), while a tenth of the window's requests being long does.
+RECENT_PROMPT_QUANTILE: Final = 0.9
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,7 @@ def _arriving_prompt_length(
     own queue, see `_queued_prompt_tokens`). Within a rate window of a burst the ratio still mixes in the old
     regime. See `prompt_estimate`."""
     per_running = positive_ratio(load.resident, load.running)
-    recent = load.histogram.quantile(0.9) if load.histogram else None
+    recent = load.histogram.quantile(RECENT_PROMPT_QUANTILE) if load.histogram else None
     if arrivals.requests and arrivals.prompt_tokens is not None:
         seen, previous = arrivals.prompt_tokens / arrivals.requests, state.prompt_tokens
         if previous is not None and seen >= SHIFT * previous:
@@ -154,7 +158,7 @@ def compute_terms(
     fleet: FleetState,
     horizon: float,
 ) -> Terms:
-    """The three needs (KV, long-request bins, prefill) and the numbers behind them; the largest wins."""
+    """The four needs (KV, long-request bins, prefill, decode) and the numbers behind them; the largest wins."""
     now, fresh = fleet.now, health.fresh
     checked = checked_capacity(config, fresh)
     capacity, rank_capacity = checked.replica, checked.rank
@@ -206,7 +210,9 @@ def compute_terms(
     if arrivals.status is not None:
         prefill_status = {**prefill_status, "gateway": arrivals.status}
 
-    candidates = {"kv": kv.replicas, "bin": bin_replicas, "prefill": prefill.replicas}
+    decode = decode_term(config, prefill.request_rate, isl, output, tokens_per_step(checked))
+
+    candidates = {"kv": kv.replicas, "bin": bin_replicas, "prefill": prefill.replicas, "decode": decode.replicas}
     dominant = max(candidates, key=lambda k: candidates[k])
     values = {
         "kvReplicas": kv.replicas,
@@ -216,7 +222,10 @@ def compute_terms(
         # The need without the replicas kept busy by backlogs: what the arriving load itself needs. The
         # forecast records this (a backlog is a symptom of the last cold start, not demand to pre-provision).
         "demandReplicas": max(
-            (load.resident + kv.growth) / (config.kv_target * capacity), bin_replicas, prefill.arrival_replicas
+            (load.resident + kv.growth) / (config.kv_target * capacity),
+            bin_replicas,
+            prefill.arrival_replicas,
+            decode.replicas,
         ),
         "kvDemandTokens": kv.demand,
         "residentTokens": load.resident,
@@ -233,6 +242,12 @@ def compute_terms(
         "prefillUtilisationTarget": prefill.utilisation,
         "prefillArrivalReplicas": prefill.arrival_replicas,
         "prefillBacklogReplicas": prefill.backlog_replicas,
+        "decodeReplicas": decode.replicas,
+        "arrivingOutputTokensPerSecond": decode.output_rate,
+        "decodeTokensPerSecondPerReplica": decode.per_replica,
+        "decodeBatchPerRank": decode.batch,
+        "decodeStepSeconds": decode.step_seconds,
+        "tokensPerDecodeStep": decode.tokens_per_step,
         "runningRequests": load.running,
         "waitingRequests": load.waiting,
         "horizonSeconds": horizon,

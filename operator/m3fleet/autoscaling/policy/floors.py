@@ -14,6 +14,7 @@ GPU-hours. At the default p95 and a 90 s cold start, a burst twice the steady ne
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from m3fleet.autoscaling.forecast import Bounds, Forecast, forecast_floor
 from m3fleet.autoscaling.policy.config import PolicyConfig
@@ -21,6 +22,9 @@ from m3fleet.autoscaling.policy.demand import Terms
 from m3fleet.autoscaling.policy.hpa import recommend
 from m3fleet.autoscaling.policy.state import BurstRecord, PolicyState
 from m3fleet.autoscaling.signals import MetricsSnapshot
+
+# The smallest error budget the standing rule divides by: the CRD's largest slo.percentile, 99.99, leaves 0.01%.
+MIN_ERROR_BUDGET: Final = 1e-4
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,7 @@ def standing_seconds(shortfall: float, time_to_ready: float, budget: float) -> f
     """How long a burst of chat's capacity stands (the module docstring): until the error budget (`budget`, the
     share of requests the SLO lets miss) accrued since it began covers the `shortfall` share of a recurrence's
     requests missing for one `time_to_ready`."""
-    return shortfall * time_to_ready / max(budget, 1e-4)
+    return shortfall * time_to_ready / max(budget, MIN_ERROR_BUDGET)
 
 
 def _standing(

@@ -1,5 +1,5 @@
-"""The three needs, in (fractional) replicas: KV tokens, long-request bins and prefill (the package's docstring
-says what each counts)."""
+"""The four needs, in (fractional) replicas: KV tokens, long-request bins, prefill and decode (the package's
+docstring says what each counts)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ from m3fleet.autoscaling.policy.estimates import (
 from m3fleet.autoscaling.policy.gateway import Arrivals
 from m3fleet.autoscaling.policy.state import PolicyState
 from m3fleet.autoscaling.signals import FleetState, ReplicaSignals
+from m3fleet.catalog.throughput import (
+    DECODE_SECONDS_PER_CONTEXT_TOKEN,
+    DECODE_SECONDS_PER_SEQUENCE,
+    MAX_DECODE_BATCH_PER_RANK,
+)
 
 
 def _pairing_bins(items: Sequence[float], bin_size: float) -> float:
@@ -162,3 +167,42 @@ def prefill_term(
         utilisation,
         in_flight,
     )
+
+
+@dataclass(frozen=True)
+class DecodeTerm:
+    replicas: float
+    output_rate: float  # output tokens arriving per second: the request rate x the output per request
+    per_replica: float  # output tokens/s one replica emits with the batch it can run
+    batch: float  # sequences per rank: the engine's cap, or fewer where a step would miss the ITL objective
+    step_seconds: float  # one target step of that batch
+    tokens_per_step: float  # per sequence: the acceptance length with a draft, else 1
+
+
+def decode_term(
+    config: PolicyConfig,
+    request_rate: float,
+    prompt_tokens: float,
+    output_tokens: float,
+    tokens_per_step: float,
+) -> DecodeTerm:
+    """Output tokens arriving per second over what a replica decodes, at the KV target (the batch's sequences are the
+    sequence count's twin of the KV's tokens). A target step costs the idle step (the weights read once) + a share per
+    sequence for every token it computes (1 + the drafted tokens it verifies with speculative decoding,
+    `verified_per_step`) + a share per context token (each sequence's KV is read once a step, whatever it verifies):
+    the catalog's priors. It emits `tokens_per_step` tokens a sequence, the acceptance length with a draft. A rank
+    runs at most MAX_DECODE_BATCH_PER_RANK sequences, and fewer where a larger batch's step would give each token
+    more than the ITL objective (spec.autoscaling.slo.itl, at the sequences' mean context). So a draft lets a
+    sequence decode, and hold its slot, for 1/acceptance of the steps: nearly that much faster for a small batch,
+    less as verifying the drafts makes a large batch's step dearer. How many sequences fit in KV is the KV term's."""
+    context = prompt_tokens + output_tokens / 2.0
+    verified = config.verified_per_step
+    per_sequence = verified * DECODE_SECONDS_PER_SEQUENCE + DECODE_SECONDS_PER_CONTEXT_TOKEN * context
+    base = config.decode_step_seconds
+    itl_bound = config.slo.itl_seconds((base + per_sequence) / tokens_per_step)
+    batch = max(1.0, min(float(MAX_DECODE_BATCH_PER_RANK), (tokens_per_step * itl_bound - base) / per_sequence))
+    step = base + batch * per_sequence
+    per_replica = config.ranks_per_replica * batch * tokens_per_step / step
+    output_rate = request_rate * output_tokens
+    replicas = output_rate / (config.kv_target * per_replica)
+    return DecodeTerm(replicas, output_rate, per_replica, batch, step, tokens_per_step)
