@@ -456,6 +456,28 @@ def _program(rule: str) -> Any:
     return _ENV.program(_ENV.compile(rule))
 
 
+# Verdicts already reached, by (rule, the value as CEL sees it): documents repeat most of their subtrees (a reconcile
+# parses the same resource again, a grid of specs differs in a few fields) and celpy walks its tree on every
+# evaluation (about half of admission's time). Evaluation is pure, and the repr of celpy's values names each one's
+# type and value, so a remembered verdict is the one a new evaluation would reach. Bounded: cleared when full.
+_VERDICTS: dict[tuple[str, str], Any] = {}
+_VERDICTS_HELD = 4096  # about 12 MB of keys at most (a whole spec is about 3 KB)
+
+
+def _verdict(rule: str, self_value: Any) -> Any:
+    """The rule's result on `self_value`, or the CELEvalError that stopped it."""
+    key = (rule, repr(self_value))
+    if key not in _VERDICTS:
+        try:
+            verdict = _program(rule).evaluate({"self": self_value})
+        except CELEvalError as exc:
+            verdict = exc
+        if len(_VERDICTS) >= _VERDICTS_HELD:
+            _VERDICTS.clear()
+        _VERDICTS[key] = verdict
+    return _VERDICTS[key]
+
+
 class _NotAnInteger(CELEvalError):
     """A float in an integer field: the apiserver's CEL fails any rule that reads it."""
 
@@ -545,10 +567,7 @@ def cel_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[Vio
     if here:
         self_value = to_cel(schema, value)
         for rule in here:
-            try:
-                verdict = _program(rule.rule).evaluate({"self": self_value})
-            except CELEvalError as exc:
-                verdict = exc
+            verdict = _verdict(rule.rule, self_value)
             if isinstance(verdict, CELEvalError):
                 floats = list(_floats(schema, value, path))
                 for where, number in floats:
