@@ -18,7 +18,7 @@ It never goes below a layout a recipe states as the minimum (`catalog.FLOORS`), 
 `kvCacheDtype: auto` it takes fp8 only when that fits the context on fewer GPUs than bf16.
 An impossible spec raises `SpecError` naming the field, the numbers and a fix.
 
-About 680 lines: one replica's plan, and the gateway's tiers and the speculative draft that reuse it (disaggregated
+About 740 lines: one replica's plan, and the gateway's tiers and the speculative draft that reuse it (disaggregated
 roles live in m3fleet/disaggregation.py). The next seams, the tiers and the draft, are left for a change of their own.
 """
 

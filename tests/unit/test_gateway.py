@@ -12,6 +12,7 @@ import yaml
 from m3fleet.admission import review
 from m3fleet.api import parse_resource
 from m3fleet.api.conditions import DeploymentReason
+from m3fleet.api.contract import judge
 from m3fleet.catalog.engine_metrics import ENGINE_METRICS
 from m3fleet.controller.decide import gateway_report, planned_gateway, serving_path_served
 from m3fleet.controller.status import gateway_condition
@@ -316,3 +317,16 @@ def test_the_webhook_refuses_a_tier_the_planner_cannot_plan_and_admits_the_sampl
     )
     verdict = review("CREATE", bad)
     assert not verdict.allowed and "spec.gateway.tiers[0]" in verdict.message and "fix:" in verdict.message
+
+
+@pytest.mark.parametrize("section", ["https\n", "0\n"])
+def test_a_listener_name_with_a_trailing_newline_is_refused_as_the_apiserver_refuses_it(section: str) -> None:
+    """The CRD's pattern `^[a-z0-9]([-a-z0-9]*[a-z0-9])?$|^$` in RE2 (the apiserver's) anchors `$` at the very end;
+    Python's `$` also matches before a final newline, which once let the admission contract pass what the apiserver
+    refuses (tests/cluster/test_contract.py found it beside another error, where the models' own check never ran)."""
+    doc = load_sample(GATEWAY_SAMPLE)
+    doc["spec"]["gateway"]["gatewayRef"]["sectionName"] = section
+    _, violations = judge(doc)
+    assert [v.error.field for v in violations] == ["spec.gateway.gatewayRef.sectionName"], violations
+    doc["spec"]["gateway"]["gatewayRef"]["sectionName"] = section.strip()
+    assert judge(doc)[1] == []  # the same name without the newline is admitted

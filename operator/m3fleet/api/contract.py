@@ -1,6 +1,6 @@
 """The CRD's own admission contract, enforced offline: what `kubectl apply` would say, before the planner.
 
-One module (about 630 lines) on purpose: its four stages are the apiserver's one admission pipeline over one
+One module (about 650 lines) on purpose: its four stages are the apiserver's one admission pipeline over one
 schema, sharing the field-path, type and message helpers; `judge`, `admit` and `admit_spec` run it whole.
 
 `m3fleet plan`/`render` and the operator judge a document exactly as the apiserver does with the CRD that
@@ -367,8 +367,22 @@ def _scalar_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator
 @cache
 def _regex(pattern: str) -> re.Pattern[str]:
     """An OpenAPI pattern (RE2 syntax, unanchored unless it says so); RE2's `$` matches only at the very end,
-    Python's also before a final newline, so a trailing `$` becomes `\\Z`."""
-    return re.compile(re.sub(r"(?<!\\)\$$", r"\\Z", pattern))
+    Python's also before a final newline, so every `$` anchor becomes `\\Z` — not only a trailing one: in
+    `^[a-z0-9]+$|^$` the first `$` let "0\\n" through, which the apiserver refuses."""
+    translated, in_class, escaped = [], False, False
+    for char in pattern:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+        elif char == "$":
+            char = r"\Z"
+        translated.append(char)
+    return re.compile("".join(translated))
 
 
 def schema_errors(schema: Mapping[str, Any], value: Any, path: str) -> Iterator[Violation]:

@@ -5,7 +5,7 @@ These models are the single source of truth: the CRD in `crds/` is generated fro
 description becomes the CRD's (and `kubectl explain`'s) documentation. Field names are a public
 contract (see the architecture page): renaming one needs a new API version.
 
-About 690 lines: the root spec, status and Plan with their enums; the sub-specs live in api/spec_*.py. The next seam is
+About 700 lines: the root spec, status and Plan with their enums; the sub-specs live in api/spec_*.py. The next seam is
 the Plan and its parts (into api/plan.py beside api/plan_disaggregation.py), left for a change of its own.
 
 Rules that span several fields and belong at admission are CEL rules (`x-kubernetes-validations`)

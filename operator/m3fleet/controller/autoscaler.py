@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from m3fleet import kubeapi, permissions
 from m3fleet.api.models import AutoscalingSpec, PrometheusSpec
@@ -61,6 +61,7 @@ from m3fleet.controller.events import Events
 from m3fleet.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
+K = TypeVar("K", bound=tuple[str, ...])  # a metrics source's cache key: namespace, name, then its group or role
 
 GroupKey = tuple[str, str, str]  # (namespace, name, tier): the tier "" is the spec's own
 
@@ -230,18 +231,42 @@ class Autoscaler:
 
     async def _source(self, body: Mapping[str, Any], group: ScaledGroup, scaling: AutoscalingSpec) -> MetricsSource:
         key = group_key(body, group)
+        return await self.cached_source(
+            body,
+            self._sources,
+            key,
+            str(group.plan.engine),
+            scaling.prometheus,
+            lambda tls: group_source_spec(key[0], group, scaling, tls),
+            announce=not group.tier,  # said once per resource (and logged), not per tier or tick
+        )
+
+    async def cached_source(
+        self,
+        body: Mapping[str, Any],
+        cache: dict[K, tuple[SourceSpec, MetricsSource]],
+        key: K,
+        engine: str,
+        prometheus: PrometheusSpec,
+        wanted_with: Callable[[Tls], SourceSpec],
+        announce: bool,
+    ) -> MetricsSource:
+        """The metrics source a spec asks for (`wanted_with` the TLS its Secret gives), kept in `cache` under `key`
+        until the spec changes; a source that says why when the CA Secret does not serve. `announce`: this source
+        warns (Event and log) when Prometheus's certificate is not verified."""
+        namespace = body["metadata"]["namespace"]
         try:
-            tls = await self._tls(key[0], scaling.prometheus)
+            tls = await self._tls(namespace, prometheus)
         except ValueError as exc:
-            return Unreadable(str(group.plan.engine), str(exc))
-        wanted = group_source_spec(key[0], group, scaling, tls)
-        cached = self._sources.get(key)
+            return Unreadable(engine, str(exc))
+        wanted = wanted_with(tls)
+        cached = cache.get(key)
         if cached is None or cached[0] != wanted:
             cached = (wanted, self.adapters(wanted))
-            self._sources[key] = cached
-            if tls.insecure_skip_verify and not group.tier:  # said once per resource (and logged), not every tick
+            cache[key] = cached
+            if tls.insecure_skip_verify and announce:
                 self.events.warn(body, "InsecureSkipVerify", INSECURE_MESSAGE)
-                log.warning("%s/%s: %s", key[0], key[1], INSECURE_MESSAGE)
+                log.warning("%s/%s: %s", namespace, body["metadata"]["name"], INSECURE_MESSAGE)
         return cached[1]
 
     def forget(self, namespace: str, name: str) -> None:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from m3fleet import kubeapi
 from m3fleet.api.models import AutoscalingMode, AutoscalingSpec, MiniMaxM3Deployment, Plan, RenderAs
 from m3fleet.autoscaling.policy import RECORD_HEARTBEAT_SECONDS
+from m3fleet.autoscaling.policy.config import STALE_AFTER_INTERVALS, STALE_AFTER_MIN_SECONDS
 from m3fleet.autoscaling.policy.roles import (
     History,
     RoleDecision,
@@ -52,6 +53,7 @@ from m3fleet.disaggregation import ROLES, Role
 from m3fleet.render.dynamo import DYNAMO_ROLE
 
 if TYPE_CHECKING:
+    from m3fleet.autoscaling.prometheus import Tls
     from m3fleet.controller.autoscaler import Autoscaler, MetricsSource, SourceSpec
 
 ROLE_LABEL = DYNAMO_ROLE.replace(".", "_").replace("/", "_").replace("-", "_")  # m3fleet_dev_dynamo_role
@@ -147,27 +149,26 @@ class RoleMemory:
     async def source(
         self, scaler: Autoscaler, body: Mapping[str, Any], engine: str, scaling: AutoscalingSpec, role: Role, lws: bool
     ) -> MetricsSource:
-        from m3fleet.controller.autoscaler import INSECURE_MESSAGE, Unreadable, source_spec
+        from m3fleet.controller.autoscaler import source_spec
 
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            tls = await scaler._tls(namespace, scaling.prometheus)
-        except ValueError as exc:
-            return Unreadable(engine, str(exc))
-        base = source_spec(namespace, name, engine, scaling, False, tls)
-        # The role's pods only; a multi-node role's worker pods are named after its LeaderWorkerSet.
-        wanted = replace(
-            base, selector=(*base.selector, (ROLE_LABEL, role)), workers_of=f"{name}-{role}" if lws else None
+
+        def wanted_with(tls: Tls) -> SourceSpec:
+            base = source_spec(namespace, name, engine, scaling, False, tls)
+            # The role's pods only; a multi-node role's worker pods are named after its LeaderWorkerSet.
+            return replace(
+                base, selector=(*base.selector, (ROLE_LABEL, role)), workers_of=f"{name}-{role}" if lws else None
+            )
+
+        return await scaler.cached_source(
+            body,
+            self.cached,
+            (namespace, name, role),
+            engine,
+            scaling.prometheus,
+            wanted_with,
+            announce=role == "prefill",  # said once per spec, not per role or tick
         )
-        key = (namespace, name, role)
-        cached = self.cached.get(key)
-        if cached is None or cached[0] != wanted:
-            cached = (wanted, scaler.adapters(wanted))
-            self.cached[key] = cached
-            if tls.insecure_skip_verify and role == "prefill":  # said once per spec, not per role or tick
-                scaler.events.warn(body, "InsecureSkipVerify", INSECURE_MESSAGE)
-                log.warning("%s/%s: %s", namespace, name, INSECURE_MESSAGE)
-        return cached[1]
 
     def forget(self, namespace: str, name: str) -> None:
         self.history.pop((namespace, name), None)
@@ -205,7 +206,7 @@ async def tick_roles(
     now = scaler.clock()
     status = body.get("status") or {}
     previous = status.get("autoscaling") or {}
-    stale_after = max(60.0, 4.0 * scaling.interval_seconds)
+    stale_after = max(STALE_AFTER_MIN_SECONDS, STALE_AFTER_INTERVALS * scaling.interval_seconds)  # the policy's rule
     reading = role_signals(snapshots, running, d, scaling.slo, stale_after)
     key = (namespace, name)
     history = scaler.roles.history.get(key) or history_from((previous.get("roles") or {}).get("history"))
