@@ -43,6 +43,7 @@ model is the simulator's, not measured on hardware).
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import time
 from collections.abc import Iterator
@@ -109,6 +110,19 @@ def _measured_cold_starts(chart: Cluster, name: str, count: int) -> dict[str, An
     )
     assert all(COLD_START <= r["seconds"] <= COLD_START + 5 for r in record["recent"]), record
     return dict(record)
+
+
+def _need(message: str) -> float:
+    """The replicas the deciding term needs, as a Scaled Event says it ("...: prefill needs 1.06 replicas (...)")."""
+    said = re.search(r"needs? (\d+(?:\.\d+)?) replicas", message)
+    assert said, message
+    return float(said.group(1))
+
+
+def _rounded_up(shown: float, least: int) -> set[int]:
+    """The replicas a need an Event shows to two decimals asks for: rounded up, at least `least` (either side of
+    the shown value's rounding)."""
+    return {max(least, math.ceil(shown + error)) for error in (-0.005, 0.005)}
 
 
 def _moves(messages: list[str]) -> list[tuple[str, int, int]]:
@@ -199,10 +213,7 @@ def test_a_cold_start_runs_the_horizon_the_burst_onset_and_the_hold_advisory_cha
                 what_now=lambda: autoscaling(chart, ACT),
             )
             assert up[0].startswith("scale-up 1 -> 2: KV demand"), up
-            said = re.search(r"needs (\d+\.\d+) replicas", up[0])
-            assert said, up
-            need = float(said.group(1))
-            assert 1 + TOLERANCE < need < QUEUE_LIMIT, up
+            assert 1 + TOLERANCE < _need(up[0]) < QUEUE_LIMIT, up
             standins.demand.update({ACT: BUSY, ADVISORY: BUSY})
             decided = eventually(
                 "the act fleet decided 3 replicas",
@@ -475,9 +486,11 @@ def test_each_context_tier_scales_on_its_own_demand(chart: Cluster, operator: Op
     targets = tmp_path / "targets.json"
     workdir = tmp_path / "prom"
     workdir.mkdir()
-    held = {"requests": 0.0}  # what the pool's endpoint picker holds
+    held: dict[str, float | None] = {"requests": None}  # what the pool's endpoint picker holds (None: not exported)
 
     def picker(_: float) -> tuple[int, str]:
+        if held["requests"] is None:
+            return 200, ""
         series = f'{HELD_METRIC}{{namespace="{NAMESPACE}",inference_pool="{TIERED}"}} {held["requests"]}'
         return 200, f"# TYPE {HELD_METRIC} gauge\n{series}\n"
 
@@ -497,15 +510,20 @@ def test_each_context_tier_scales_on_its_own_demand(chart: Cluster, operator: Op
             def recorded() -> dict[str, Any]:
                 return autoscaling(chart, TIERED)
 
-            # The short tier at zero stays there while the picker holds nothing; a held request brings it to one.
+            def held_recorded() -> dict[str, Any]:
+                return dict(((recorded().get("tiers") or {}).get("short") or {}).get("scaleToZero") or {})
+
+            # The picker exports nothing yet: the short tier's first decision, at zero, has no held-request count
+            # (unread). Once the picker exports it, status shows it at once (not at the next heartbeat, minutes on):
+            # a fleet at zero wakes on that count alone. It stays at zero while the picker holds nothing; a held
+            # request brings it to one.
             eventually(
-                "the short tier's first decision, at zero",
-                lambda: (
-                    ((recorded().get("tiers") or {}).get("short") or {}).get("scaleToZero", {}).get("heldRequests")
-                    == 0.0
-                ),
-                90,
-                recorded,
+                "the short tier's first decision, at zero", lambda: "lastBusyTime" in held_recorded(), 90, recorded
+            )
+            assert "heldRequests" not in held_recorded(), recorded()
+            held["requests"] = 0.0
+            eventually(
+                "the short tier read its picker's held count", lambda: held_recorded().get("heldRequests") == 0.0, 30
             )
             assert chart.get("deployment", SHORT, NAMESPACE) is not None  # the tier's workload, at zero
             eventually("the long tier at 1 (a stand-in on it), the short tier at 0", lambda: at(1, 0), 90, recorded)
@@ -554,7 +572,8 @@ def test_a_long_context_burst_scenario_drives_the_loop(
     runs, each ready a cold start after it was created (the burst's first prompts wait on the one replica
     meanwhile). The prompt load, not a scripted gauge, scales the fleet up; the added pods take their share of the
     requests; the default scale-down window holds the burst's fleet while it lasts, and once its long prompts
-    stop arriving (and nothing waits) the fleet returns to one replica in one step, not one replica a tick."""
+    stop arriving (and nothing waits) each tick goes straight to what its need says, back to one replica, not one
+    replica a tick."""
     name = "loop-scenario"
     document = fleet(name, "act", cold_start=COLD_START)
     document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
@@ -604,9 +623,16 @@ def test_a_long_context_burst_scenario_drives_the_loop(
                 added,
                 [load.served(p) for p in added],
             )  # the router gave the new replicas their share
+            # The default window held the burst's fleet while its long prompts arrived: every scale-down came once
+            # they stopped, when the window forgets the burst. Each then went straight to what its own need said
+            # (the first tick after the burst may still count its last prompts in the rate window), not one
+            # replica a tick as the default step limit would: at least one removed two or more.
             down = [m for m in events(chart, name, "Scaled") if "scale-down" in m]
-            ended = _moves([m for m in down if "long prompts stopped arriving" in m])
-            assert any(before - after >= 2 and after == 1 for _, before, after in ended), down
+            assert down and all("long prompts stopped arriving" in m for m in down), down
+            released = list(zip(_moves(down), map(_need, down), strict=True))
+            least = document["spec"]["autoscaling"]["minReplicas"]
+            assert all(after in _rounded_up(need, least) for (_, _, after), need in released), down
+            assert any(before - after >= 2 for (_, before, after), _ in released), down
             eventually("every request of the slice finished", lambda: load.result().unfinished == 0, 60)
             capacity = autoscaling(chart, name).get("capacity") or {}
             assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, capacity
