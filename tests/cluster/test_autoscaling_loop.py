@@ -510,20 +510,27 @@ def test_each_context_tier_scales_on_its_own_demand(chart: Cluster, operator: Op
             def recorded() -> dict[str, Any]:
                 return autoscaling(chart, TIERED)
 
-            def held_recorded() -> dict[str, Any]:
-                return dict(((recorded().get("tiers") or {}).get("short") or {}).get("scaleToZero") or {})
+            def short_recorded() -> dict[str, Any]:
+                return dict((recorded().get("tiers") or {}).get("short") or {})
 
-            # The picker exports nothing yet: the short tier's first decision, at zero, has no held-request count
-            # (unread). Once the picker exports it, status shows it at once (not at the next heartbeat, minutes on):
-            # a fleet at zero wakes on that count alone. It stays at zero while the picker holds nothing; a held
-            # request brings it to one.
-            eventually(
-                "the short tier's first decision, at zero", lambda: "lastBusyTime" in held_recorded(), 90, recorded
+            # The picker exports nothing yet: the short tier's decisions at zero have no held-request count (unread),
+            # down to the one recorded when its horizon went from the prior to the long tier's measured replica (a
+            # change recorded at once). Once the picker exports the count, status shows it at once, not at the next
+            # heartbeat minutes on: a fleet at zero wakes on that count alone. It stays at zero while the picker
+            # holds nothing; a held request brings it to one.
+            first = eventually(
+                "the short tier's decision at zero on the measured time-to-ready",
+                lambda: (t := short_recorded()).get("timeToReady", {}).get("source") == MEASURED and t,
+                90,
+                recorded,
             )
-            assert "heldRequests" not in held_recorded(), recorded()
+            assert first["desiredReplicas"] == 0 and "heldRequests" not in first["scaleToZero"], first
             held["requests"] = 0.0
             eventually(
-                "the short tier read its picker's held count", lambda: held_recorded().get("heldRequests") == 0.0, 30
+                "the short tier read its picker's held count",
+                lambda: short_recorded()["scaleToZero"].get("heldRequests") == 0.0,
+                30,
+                recorded,
             )
             assert chart.get("deployment", SHORT, NAMESPACE) is not None  # the tier's workload, at zero
             eventually("the long tier at 1 (a stand-in on it), the short tier at 0", lambda: at(1, 0), 90, recorded)
