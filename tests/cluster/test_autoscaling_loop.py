@@ -579,7 +579,7 @@ def test_a_long_context_burst_scenario_drives_the_loop(
     chart: Cluster, operator: OperatorProcess, tmp_path: Path
 ) -> None:
     """A slice of `long-context-burst` (seed 13: 20 s of its chat, the first 45 s of its burst of 100k-1M-token
-    prompts, 15 s of the chat after it) served in real time by the simulator's engine model on the pods kwok
+    prompts, 30 s of the chat after it) served in real time by the simulator's engine model on the pods kwok
     runs, each ready a cold start after it was created (the burst's first prompts wait on the one replica
     meanwhile). The prompt load, not a scripted gauge, scales the fleet up; the added pods take their share of the
     requests; the default scale-down window holds the burst's fleet while it lasts, and once its long prompts
@@ -593,7 +593,7 @@ def test_a_long_context_burst_scenario_drives_the_loop(
     document["spec"]["autoscaling"]["behavior"]["scaleDown"] = {}  # the default window (300 s) and step limit
     plan = make_plan(parse_resource(document).spec)
     assert plan.nodes_per_replica == 1
-    load = ScenarioLoad(name, plan, burst_slice("long-context-burst", SCENARIO_SEED, 20, 45, 15))
+    load = ScenarioLoad(name, plan, burst_slice("long-context-burst", SCENARIO_SEED, 20, 45, 30))
     targets = tmp_path / "targets.json"
     workdir = tmp_path / "prom"
     workdir.mkdir()
