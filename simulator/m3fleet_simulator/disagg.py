@@ -228,7 +228,7 @@ class DisaggregatedSimulation(Simulation):
         prompt_only = SimRequest(Request(spec.rid, spec.arrival, spec.prompt, 1))
         engines = [e for w in self.prefill_workers for e in w.engines]
         # the prefill worker with the least prompt work ahead (Dynamo's KV router with nothing cached to reuse)
-        engine = min(engines, key=lambda e: e.queued_tokens + (e.prefilled_at - e.P if e.prefilling else 0.0))
+        engine = min(engines, key=lambda e: e.queued_tokens + e.prefill_left())
         self.prompts[spec.rid] = (spec, engine.replica.name)
         self._send(engine, prompt_only)
 

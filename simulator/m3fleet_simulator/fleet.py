@@ -14,8 +14,10 @@ stays event-driven, so an hour of traffic runs in well under a second:
   `token_budget` prompt tokens of one prompt at a time, first come, first served: vLLM gives the
   step's budget to the running requests in order (a long prompt takes all of it until it is
   prefilled; `--long-prefill-token-threshold` is unset), SGLang to its one chunked request first,
-  so the requests behind it wait (and hold no KV) until it is done. A mixed iteration costs
-  max(decode step, prefill chunk) — decodes piggyback on compute-bound prefill chunks
+  so the requests behind it wait (and hold no KV) until it is done. `PerfModel.prefill_discipline` "shared"
+  instead shares each step's budget equally among every admitted prompt (processor sharing; see
+  `PrefillDiscipline`): the same prefill throughput, short prompts no longer wait behind a long one.
+  A mixed iteration costs max(decode step, prefill chunk) — decodes piggyback on compute-bound prefill chunks
   (Sarathi-style). Decode step = a + b x sequences + c x context tokens (MSA's index
   scan grows with context); a prompt token costs linear + quadratic-in-length (the MSA indexer).
 * **Fleet**: replicas start after a seeded cold start of several minutes and are billed from
@@ -45,7 +47,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol, TypeVar, runtime_checkable
+from typing import Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from m3fleet.api.models import Plan, SloSpec
 from m3fleet.api.spec_gateway import InferenceGatewaySpec
@@ -97,6 +99,20 @@ MULTI_NODE_PREFILL_EFFICIENCY: Final = 0.85
 MULTI_NODE_DECODE_PENALTY: Final = 1.15
 ENGINE_CAPACITY_FACTOR: Final = 0.95
 
+# The order in which an engine prefills the prompts it holds. "fcfs": one prompt at a time in arrival order, chunked
+# (vLLM's and SGLang's default schedulers; every run before the option existed). "shared": the step's token budget split
+# equally among every admitted prompt (processor sharing), as vLLM's `--long-prefill-token-threshold N` with
+# `--long-prefill-token-threshold-adaptive` does (SchedulerConfig.long_prefill_token_threshold_adaptive, vLLM 0.33:
+# each request's chunk capped at max(N, max_num_batched_tokens / queued and running requests)); the older
+# `--max-num-partial-prefills` did the same on vLLM's V0 engine. Total prefill throughput is the same.
+PrefillDiscipline = Literal["fcfs", "shared"]
+PREFILL_ORDER: Final[dict[str, str]] = {
+    "fcfs": "one prompt at a time, first come, first served, in chunks of tokenBudget per step (vLLM and "
+    "SGLang with a long prompt); the requests behind it wait, holding no KV",
+    "shared": "every admitted prompt at once, tokenBudget per step shared equally among them (processor sharing, as "
+    "vLLM's --long-prefill-token-threshold-adaptive); admitted first come, first served while their KV fits",
+}
+
 
 @dataclass(frozen=True)
 class PerfModel:
@@ -117,6 +133,7 @@ class PerfModel:
     # Tokens the target computes per decoding sequence and iteration: 1 + the drafted tokens it verifies. The step's
     # per-sequence share scales with them; the weights and each sequence's KV are read once a step whatever it verifies.
     verified_per_step: float = 1.0
+    prefill_discipline: PrefillDiscipline = "fcfs"
 
     @classmethod
     def from_plan(cls, plan: Plan) -> PerfModel:
@@ -180,10 +197,7 @@ class PerfModel:
             "maxNumSeqs": self.max_num_seqs,
             "kvTokensPerEngine": self.capacity_tokens,
             "admissionWatermark": self.watermark,
-            "prefillOrder": (
-                "one prompt at a time, first come, first served, in chunks of tokenBudget per step (vLLM and "
-                "SGLang with a long prompt); the requests behind it wait, holding no KV"
-            ),
+            "prefillOrder": PREFILL_ORDER[self.prefill_discipline],
             "unloadedPrefillSeconds": {
                 f"{n // 1000}k": round(self.unloaded_prefill_seconds(n), 2) for n in (4000, 100_000, 500_000, 1_000_000)
             },
@@ -260,8 +274,9 @@ class Engine:
         self.waiting: deque[SimRequest] = deque()
         self.queued_tokens = 0.0
         self.running: dict[int, SimRequest] = {}  # admission order: the newest is preempted first
-        self.prefilling: SimRequest | None = None  # the one prompt being prefilled
-        self.prefilled_at = 0.0  # the value of P at which its prefill is done
+        # The prompts being prefilled (one under FCFS), each with the value of V at which its prefill is done.
+        self.prefilling: dict[SimRequest, float] = {}
+        self.prefill_cost = 0.0  # the sum of their costs per token
         self.dec_heap: list[tuple[float, int, SimRequest]] = []
         self.n_dec = 0
         self.dstart_sum = 0.0
@@ -269,6 +284,7 @@ class Engine:
         self.reserved = 0.0
         self.D = 0.0  # tokens every decoding request advanced (iterations x tokens_per_step)
         self.P = 0.0  # prompt tokens prefilled so far
+        self.V = 0.0  # prompt tokens each prefilling prompt received so far (its share of P; P itself under FCFS)
         self.t = sim.now
         self.version = 0
         self.c = Counters(prompt_hist=[0] * (len(sim.prompt_bounds) + 1), ttft_hist=[0] * (len(TTFT_BUCKETS) + 1))
@@ -286,8 +302,9 @@ class Engine:
         if self.n_dec:
             context = self.reserved_dec + self.n_dec * self.D - self.dstart_sum
             step += m.verified_per_step * m.decode_per_sequence * self.n_dec + m.decode_per_context_token * context
-        if self.prefilling is not None:
-            chunk = m.token_budget * self.prefilling.cost
+        if self.prefilling:
+            # each prompt's share of the budget at its own cost per token (one prompt, the whole budget, under FCFS)
+            chunk = m.token_budget * self.prefill_cost / len(self.prefilling)
             return chunk if chunk > step else step
         return step
 
@@ -295,12 +312,13 @@ class Engine:
         dt = now - self.t
         if dt <= 0:
             return
-        if self.prefilling is not None or self.n_dec:
+        if self.prefilling or self.n_dec:
             iterations = dt / self._iteration()
             if self.n_dec:
                 self.D += iterations * self.m.tokens_per_step
-            if self.prefilling is not None:
+            if self.prefilling:
                 self.P += iterations * self.m.token_budget
+                self.V += iterations * self.m.token_budget / len(self.prefilling)
         self.t = now
 
     @staticmethod
@@ -315,8 +333,8 @@ class Engine:
     def next_time(self, now: float) -> float | None:
         best = math.inf
         iteration = self._iteration()
-        if self.prefilling is not None:
-            best = (self.prefilled_at - self.P) / self.m.token_budget * iteration
+        if self.prefilling:
+            best = (min(self.prefilling.values()) - self.V) * len(self.prefilling) / self.m.token_budget * iteration
         if self.n_dec:
             top = self._top(self.dec_heap, DECODE)
             if top is not None:
@@ -332,9 +350,11 @@ class Engine:
 
     def process(self, now: float) -> None:
         self.advance(now)
-        end = self.prefilled_at
-        if self.prefilling is not None and end - self.P <= 1e-9 * end + 1e-6:
-            self._start_decode(self.prefilling, now)
+        while self.prefilling:
+            first, end = min(self.prefilling.items(), key=lambda item: item[1])
+            if end - self.V > 1e-9 * end + 1e-6:
+                break
+            self._start_decode(first, now)
         while self.n_dec:
             top = self._top(self.dec_heap, DECODE)
             if top is None or top[0] - self.D > 1e-9 * top[0] + 1e-6:
@@ -347,31 +367,36 @@ class Engine:
 
     def _admit(self) -> None:
         limit = self.cap * (1.0 - self.m.watermark)
-        if self.prefilling is not None or not self.waiting or len(self.running) >= self.m.max_num_seqs:
-            return
-        r = self.waiting[0]
-        if self.running and self.used() + r.need > limit:
-            return  # FCFS: the head blocks the queue until its prompt fits
-        self.waiting.popleft()
-        self.queued_tokens -= r.need
-        if r.admitted is None:
-            r.admitted = self.t
-        r.phase = PREFILL
-        reused = self._reuse_prefix(r)
-        # Only the uncached suffix is computed; each of its tokens still attends to the whole context before it
-        # (the quadratic term's mean over positions reused..need is linear + quadratic x (need + reused)).
-        r.cost = self.m.prefill_linear + self.m.prefill_quadratic * (r.need + reused)
-        self.prefilling = r
-        self.prefilled_at = self.P + r.need - reused
-        self.reserved += r.need
-        self.running[r.spec.rid] = r
+        shared = self.m.prefill_discipline == "shared"
+        while (shared or not self.prefilling) and self.waiting and len(self.running) < self.m.max_num_seqs:
+            r = self.waiting[0]
+            if self.running and self.used() + r.need > limit:
+                return  # FCFS admission: the head blocks the queue until its prompt fits
+            self.waiting.popleft()
+            self.queued_tokens -= r.need
+            if r.admitted is None:
+                r.admitted = self.t
+            r.phase = PREFILL
+            reused = self._reuse_prefix(r)
+            # Only the uncached suffix is computed; each of its tokens still attends to the whole context before it
+            # (the quadratic term's mean over positions reused..need is linear + quadratic x (need + reused)).
+            r.cost = self.m.prefill_linear + self.m.prefill_quadratic * (r.need + reused)
+            self.prefilling[r] = self.V + r.need - reused
+            self.prefill_cost += r.cost
+            self.reserved += r.need
+            self.running[r.spec.rid] = r
+
+    def prefill_left(self) -> float:
+        """Prompt tokens still to prefill of the prompts being prefilled."""
+        return sum(end - self.V for end in self.prefilling.values())
 
     def _reuse_prefix(self, r: SimRequest) -> int:
         """Prompt tokens of `r` whose KV this engine already holds (prefix caching); none without a cache."""
         return 0
 
-    def _leave_prefill(self) -> None:
-        self.prefilling = None
+    def _leave_prefill(self, r: SimRequest) -> None:
+        if self.prefilling.pop(r, None) is not None:
+            self.prefill_cost = self.prefill_cost - r.cost if self.prefilling else 0.0
 
     def _leave_decode(self, r: SimRequest) -> float:
         """Remove a decoding request from the batch; returns the tokens it produced in this stint."""
@@ -383,7 +408,7 @@ class Engine:
         return produced
 
     def _start_decode(self, r: SimRequest, now: float) -> None:
-        self._leave_prefill()
+        self._leave_prefill(r)
         if r.first_token is None:  # the prefill's last step emits the first token
             r.first_token = now
             r.produced = 1
@@ -422,7 +447,7 @@ class Engine:
         rid = next(reversed(self.running))
         r = self.running.pop(rid)
         if r.phase == PREFILL:
-            self._leave_prefill()
+            self._leave_prefill(r)
         else:
             r.produced += int(self._leave_decode(r))
         self.reserved = self.reserved - r.need if self.running else 0.0

@@ -67,7 +67,7 @@ class PrefixEngine(Engine):
         self.busy = 0.0  # seconds with work in the batch
 
     def advance(self, now: float) -> None:
-        if self.prefilling is not None or self.n_dec:
+        if self.prefilling or self.n_dec:
             self.busy += max(0.0, now - self.t)
         super().advance(now)
 

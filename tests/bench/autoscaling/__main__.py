@@ -16,7 +16,9 @@ makes the ITL bound absolute (S seconds per output token).
 `--speculative METHOD` (mtp, eagle3) runs the built-in resource with that draft (spec.speculativeDecoding): the
 simulated engines decode its acceptance length's tokens per step and every policy and the oracle run on them.
 `--robustness` also runs the policy with the simulator's time model x0.7 and x1.4, against the policy whose prior
-matches that engine (`checks.robustness`). `--scale-to-zero SECONDS` (implies `--gateway`) instead runs, per seed,
+matches that engine, and on engines that share each step's prefill budget among their prompts instead of prefilling
+them first come, first served (`checks.robustness`: `byScale`, `byPrefillDiscipline`). `--scale-to-zero SECONDS`
+(implies `--gateway`) instead runs, per seed,
 the policy at minReplicas 1 against minReplicas 0 with the zero rule and that idle window (zero.py): GPU-hours saved
 and attainment lost, with the gateway holding requests (bounded) while no replica is ready.
 """
@@ -62,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sweep", action="store_true", help="defaults and the oracle only")
     parser.add_argument("--priors-off", action="store_true", help="also run ours with its priors x0.5 and x2")
     parser.add_argument(
-        "--robustness", action="store_true", help="also run ours with the simulator's time model x0.7 and x1.4"
+        "--robustness",
+        action="store_true",
+        help="also run ours with the simulator's time model x0.7 and x1.4 and with shared prefill",
     )
     parser.add_argument("--gateway", action="store_true", help="a gateway exports request sizes (autoscaling.gateway)")
     parser.add_argument(

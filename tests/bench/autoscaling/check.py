@@ -14,7 +14,8 @@ Per seed, the policy `context-aware` against:
 * `longContextLead` (long-context scenarios) — the report's own check against each family's frontier;
 * `coldStartGoal` (90 s cold starts, long-context scenarios) — >= 95% (97% recurring), asked only where the
   envelope reaches 96% within 1.25x the oracle's GPU-hours; elsewhere reported with the envelope's figure;
-* `robust` — where the report ran them (`--priors-off`, `--robustness`): at most 3 points lost to any variant.
+* `robust` — where the report ran them (`--priors-off`, `--robustness`): at most 3 points lost to any variant
+  (priors x0.5/x2, the time model x0.7/x1.4, engines sharing their prefill budget instead of FCFS).
 
 Over seeds (per scenario, cold start and SLO): the median envelope gap at most `MEDIAN_POINTS`; the long-context
 lead on at least `LEAD_SHARE` of seeds.
@@ -124,11 +125,14 @@ def cold_start_goal(seed: dict[str, Any]) -> Verdict | None:
 
 
 def robust(seed: dict[str, Any]) -> Verdict | None:
+    checks = seed.get("checks", {})
     variants = {
         f"{name} {label}": run["pointsLost"]
         for name in ("priorsOff", "robustness")
-        for label, run in seed.get("checks", {}).get(name, {}).get("byScale", {}).items()
+        for label, run in checks.get(name, {}).get("byScale", {}).items()
     }
+    for discipline, run in checks.get("robustness", {}).get("byPrefillDiscipline", {}).items():
+        variants[f"prefill {discipline}"] = run["pointsLost"]
     if not variants:
         return None
     worst = max(variants.values())
@@ -183,11 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for name in args.files:
-        with open(name) as handle:
-            for seed in json.load(handle):
-                if "lateOracleCurve" not in seed:
-                    raise SystemExit(f"{name}: seed {seed['seed']} has no lateOracleCurve; run without --no-sweep")
-                groups[group_of(seed)].append(seed)
+        try:
+            with open(name) as handle:
+                report = json.load(handle)
+        except (OSError, ValueError) as error:
+            why = f"{name}: not the benchmark's JSON ({error}); write it with -o json and let it finish"
+            raise SystemExit(why) from None
+        for seed in report:
+            if "lateOracleCurve" not in seed:
+                raise SystemExit(f"{name}: seed {seed['seed']} has no lateOracleCurve; run without --no-sweep")
+            groups[group_of(seed)].append(seed)
     failed = 0
     for group, seeds in groups.items():
         print(group)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from m3fleet.autoscaling.policy import PolicyConfig
+from m3fleet.autoscaling.policy import PolicyConfig, PolicyState
 from m3fleet.autoscaling.signals import FleetState, Histogram, MetricsSnapshot, ReplicaSignals, one_two_five_buckets
 
 NOW = 1_800_000_000.0
 MILLION = 1_000_000
+
+# The state of a fleet the policy found a day ago: the found fleet's standing (policy/floors.py) has lapsed, so a
+# test of another rule starts from it. `PolicyState()` is the policy's very first tick, where the fleet as found stands.
+SETTLED = PolicyState(found=(NOW - 86_400.0, 1))
 
 # A replica of one million KV tokens that prefills 100k prompt tokens/s; fixed prefill target 0.5.
 ROUND = PolicyConfig(

@@ -127,6 +127,20 @@ def test_the_cold_start_goal_is_asked_only_where_the_envelope_reaches_it() -> No
     assert bench_check.cold_start_goal(_seed((0.94, 14.0), {"fixed": []})) is None  # not a long-context 90 s run
 
 
+def test_robust_counts_shared_prefill_with_the_other_variants() -> None:
+    def seed(shared_lost: float) -> dict[str, Any]:
+        robustness = {
+            "byScale": {"time x0.7": {"pointsLost": 0.5}, "time x1.4": {"pointsLost": 1.0}},
+            "byPrefillDiscipline": {"shared": {"pointsLost": shared_lost}},
+        }
+        return _seed((0.95, 14.0), {"fixed": []}, checks={"robustness": robustness})
+
+    held = bench_check.robust(seed(2.9))
+    assert held is not None and held.met and "prefill shared: +2.90 points lost" in held.figures
+    lost = bench_check.robust(seed(3.2))  # only the shared variant loses more than 3 points
+    assert lost is not None and not lost.met
+
+
 def test_the_checker_cli_prints_per_seed_verdicts_and_fails_on_any(tmp_path: Path) -> None:
     seeds = [_seed((0.95, 14.0), {"fixed": [_fixed(2, 0.97, 14.0)]}), _seed((0.95, 14.0), {"fixed": []}) | {"seed": 8}]
     path = tmp_path / "bench.json"
@@ -142,6 +156,13 @@ def test_the_checker_cli_prints_per_seed_verdicts_and_fails_on_any(tmp_path: Pat
     assert "seed   7 FAIL neverWorse: ours 95.0%/14.0 GPU-h; better: fixed replicas=2 97.0%/14.0" in out.stdout
     assert "seed   8 PASS neverWorse" in out.stdout
     assert "1 checks failed" in out.stdout
+    # A benchmark still running leaves an empty file: one line naming it, not a traceback.
+    path.write_text("")
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.bench.autoscaling.check", str(path)], cwd=REPO, capture_output=True, text=True
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"{path}: not the benchmark's JSON" in out.stderr and "let it finish" in out.stderr
 
 
 def test_every_run_of_the_sweep_is_made_and_the_front_rises() -> None:
@@ -188,3 +209,7 @@ def test_the_benchmark_cli_prints_the_contracted_json() -> None:
         )
         assert [p["gpuHours"] for p in curve] == sorted(p["gpuHours"] for p in curve)
         assert set(seed["checks"]["robustness"]["byScale"]) == {"time x0.7", "time x1.4"}
+        shared = seed["checks"]["robustness"]["byPrefillDiscipline"]["shared"]
+        assert shared["fcfs"]["sloAttainment"] == seed["policies"]["context-aware"]["sloAttainment"]
+        lost = (shared["fcfs"]["sloAttainment"] - shared["sloAttainment"]) * 100
+        assert abs(shared["pointsLost"] - lost) < 0.01

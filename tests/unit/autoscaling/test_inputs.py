@@ -20,7 +20,7 @@ from m3fleet.autoscaling.policy import Decision, PolicyConfig, PolicyState, deci
 from m3fleet.autoscaling.signals import DemandHistory, Histogram, MetricsSnapshot
 from m3fleet.autoscaling.time_to_ready import Record, record, starting
 from tests.support.autoscaling.plans import sample_plan
-from tests.support.autoscaling.snapshots import MILLION, NOW, ROUND, fleet, replica, replicas, snapshot
+from tests.support.autoscaling.snapshots import MILLION, NOW, ROUND, SETTLED, fleet, replica, replicas, snapshot
 
 # 2027-01-15 08:00 UTC is a Friday.
 FRIDAY_8AM = NOW
@@ -29,7 +29,7 @@ FRIDAY_8AM = NOW
 def test_capacity_far_from_the_plan_is_reported_and_not_trusted() -> None:
     # An adapter summing eight TP ranks' copies of one pool would report 8x the plan.
     load = snapshot(replica(running=4, kv_usage=0.5, capacity=8 * MILLION, prompt_tokens=4000, request_rate=1.0))
-    decision, _ = decide(ROUND, PolicyState(), load, fleet(2))
+    decision, _ = decide(ROUND, SETTLED, load, fleet(2))
     assert decision.capacity["mismatch"] is True and decision.capacity["reportedTokensPerReplica"] == 8 * MILLION
     assert decision.terms["kvTokensPerReplica"] == MILLION  # the smaller of plan and report
     ((reason, message),) = decision.warnings
@@ -39,7 +39,7 @@ def test_capacity_far_from_the_plan_is_reported_and_not_trusted() -> None:
 
 def test_capacity_within_the_margin_is_the_engines() -> None:
     load = snapshot(replica(running=4, kv_usage=0.5, capacity=0.95 * MILLION, prompt_tokens=4000, request_rate=1.0))
-    decision, _ = decide(ROUND, PolicyState(), load, fleet(2))
+    decision, _ = decide(ROUND, SETTLED, load, fleet(2))
     assert decision.capacity["mismatch"] is False and decision.warnings == ()
     assert decision.terms["kvTokensPerReplica"] == pytest.approx(0.95 * MILLION)
 
@@ -62,7 +62,7 @@ def long_prompts(
 
 
 def learn(snapshots: list[MetricsSnapshot], config: PolicyConfig = ROUND) -> list[Decision]:
-    state, out = PolicyState(), []
+    state, out = SETTLED, []
     for snap in snapshots:
         decision, state = decide(config, state, snap, fleet(1, now=snap.time))
         state = PolicyState.from_dict(state.to_dict())
@@ -124,7 +124,7 @@ def test_chat_prompts_and_unexplained_waits_teach_nothing() -> None:
     chat = learn([long_prompts(NOW + 15 * i, rate=4_000, ttft=0.5, prompt=3_000) for i in range(4)])
     assert chat[-1].prefill["samples"] == 0 and chat[-1].prefill["source"] == "prior"
     busy = long_prompts(NOW, rate=40_000, ttft=9.0, waiting=4).replicas[0]
-    _, state = decide(ROUND, PolicyState(), snapshot(replace(busy, queue_seconds=None)), fleet(1))
+    _, state = decide(ROUND, SETTLED, snapshot(replace(busy, queue_seconds=None)), fleet(1))
     assert state.prefill_samples == 0  # a queue now and no queue-time histogram: the TTFTs hold its waits
 
 
@@ -181,13 +181,11 @@ def test_forecast_floor_needs_the_same_demand_in_each_of_the_last_two_periods() 
 def test_forecast_floor_raises_the_decision_and_says_why() -> None:
     quiet = replica(running=1, kv_usage=0.05, prompt_tokens=3000, request_rate=0.2)
     history = DemandHistory(86400, 600, (6.0, 7.0))
-    decision, _ = decide(ROUND, PolicyState(), replace(snapshot(quiet), demand_history=history), fleet(2))
+    decision, _ = decide(ROUND, SETTLED, replace(snapshot(quiet), demand_history=history), fleet(2))
     assert decision.desired_replicas == 6 and "forecast floor 6" in decision.reason
     assert decision.to_status()["forecast"]["replicas"] == 6
     off = replace(ROUND, forecast=False)
-    assert (
-        decide(off, PolicyState(), replace(snapshot(quiet), demand_history=history), fleet(1))[0].desired_replicas == 1
-    )
+    assert decide(off, SETTLED, replace(snapshot(quiet), demand_history=history), fleet(1))[0].desired_replicas == 1
 
 
 @pytest.mark.parametrize(("ended", "expected"), [(True, 5), (False, 6)], ids=["burst-ended", "no-burst-end"])
@@ -195,7 +193,7 @@ def test_a_falling_forecast_floor_is_held_again_only_until_todays_burst_ended(en
     # The floor held 6 replicas for the earlier days' burst; a tick later it falls. Once today's burst has ended
     # (long prompts stopped arriving) the scale-down window does not hold the floor a second time; before that it
     # does, a margin for a measured need that may be wrong.
-    state = PolicyState(history=((NOW - 400, 1),), burst_ended=NOW - 120 if ended else None)
+    state = PolicyState(found=SETTLED.found, history=((NOW - 400, 1),), burst_ended=NOW - 120 if ended else None)
 
     def quiet(now: float, days: tuple[float, float]) -> MetricsSnapshot:
         load = replicas(6, running=1, kv_usage=0.05, prompt_tokens=3000, request_rate=0.2, sample_time=now)
@@ -218,7 +216,7 @@ def test_schedule_windows_set_the_bounds_while_active() -> None:
     assert bounds_at(FRIDAY_8AM - 3 * 3600, 1, 8, (peak, night)).max_replicas == 2  # 05:00, started the day before
     config = replace(ROUND, schedule=(peak,))
     quiet = snapshot(replica(running=1, kv_usage=0.05, prompt_tokens=3000, request_rate=0.2))
-    decision, _ = decide(config, PolicyState(), quiet, fleet(1))
+    decision, _ = decide(config, SETTLED, quiet, fleet(1))
     assert decision.desired_replicas == 4 and "schedule peak in force" in decision.reason
     assert decision.to_status()["bounds"] == {"minReplicas": 4, "maxReplicas": 16, "schedule": ["peak"]}
 
@@ -273,8 +271,8 @@ def test_backlog_replicas_are_not_held_for_a_whole_scale_down_window() -> None:
     # One replica with a deep queue: the backlog keeps it busy (need > demand); the stabilization window
     # remembers only what the arrivals need, so the extra replicas go once the backlog is gone.
     backlog = snapshot(*replicas(4, running=2, waiting=1500, kv_usage=0.5, prompt_tokens=50_000, request_rate=2.0))
-    decision, state = decide(ROUND, PolicyState(), backlog, fleet(4))
+    decision, state = decide(ROUND, SETTLED, backlog, fleet(4))
     assert decision.terms["needReplicas"] > decision.terms["demandReplicas"]
     assert state.history[-1][1] < decision.recommended_replicas
-    _, held = decide(replace(ROUND, transient_release=False), PolicyState(), backlog, fleet(4))
+    _, held = decide(replace(ROUND, transient_release=False), SETTLED, backlog, fleet(4))
     assert held.history[-1][1] == decision.recommended_replicas

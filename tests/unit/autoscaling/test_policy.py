@@ -30,6 +30,7 @@ from tests.support.autoscaling.snapshots import (
     MILLION,
     NOW,
     ROUND,
+    SETTLED,
     fleet,
     prompt_histogram,
     replica,
@@ -42,7 +43,7 @@ def test_kv_term_counts_resident_queued_and_decode_growth() -> None:
     # 800k resident, 4 waiting of 50k, 10 running with 200 output tokens to go half-way; nothing prefilled
     # recently, so the queue counts in full (no KV turnover observed within the horizon).
     r = replica(running=10, waiting=4, kv_usage=0.8, prompt_tokens=50_000, request_rate=0.0)
-    decision, _ = decide(ROUND, PolicyState(), snapshot(r), fleet(1))
+    decision, _ = decide(ROUND, SETTLED, snapshot(r), fleet(1))
     t = decision.terms
     assert t["residentTokens"] == pytest.approx(800_000)
     assert t["queuedPromptTokens"] == pytest.approx(4 * 80_000)  # no recent prefill: resident per running request
@@ -56,7 +57,7 @@ def test_kv_term_counts_resident_queued_and_decode_growth() -> None:
 def test_queued_tokens_count_by_kv_turnover_within_the_horizon() -> None:
     # 600k resident drained at 60k tokens/s: 10 s per turnover, 60 turnovers in the 600 s horizon.
     r = replica(running=6, waiting=100, kv_usage=0.6, prompt_tokens=100_000, request_rate=0.6)
-    t = decide(ROUND, PolicyState(), snapshot(r), fleet(1))[0].terms
+    t = decide(ROUND, SETTLED, snapshot(r), fleet(1))[0].terms
     assert t["queueWeight"] == pytest.approx(10 / 600)
     assert t["kvDemandTokens"] == pytest.approx(600_000 + 10 / 600 * 100 * 100_000 + 6 * 200 / 2)
 
@@ -64,7 +65,7 @@ def test_queued_tokens_count_by_kv_turnover_within_the_horizon() -> None:
 def test_prefill_term_from_arriving_prompt_tokens() -> None:
     # 2 requests/s of 50k tokens = 100k tokens/s = one replica's prefill throughput; target 0.5 -> 2.
     r = replica(running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=2.0)
-    decision = decide(ROUND, PolicyState(), snapshot(r), fleet(1))[0]
+    decision = decide(ROUND, SETTLED, snapshot(r), fleet(1))[0]
     t = decision.terms
     assert decision.decided_by == "prefill"
     assert t["arrivingPromptTokensPerSecond"] == pytest.approx(100_000)
@@ -84,11 +85,11 @@ def test_an_engine_queue_keeps_only_its_own_replica_busy() -> None:
     # 1000 requests of 100k wait in one engine: 100M tokens, more than the 60M one replica prefills in
     # the 600 s horizon. No router moves them, so they occupy that replica, and no other.
     r = replica(running=4, waiting=1000, kv_usage=0.4, prompt_tokens=100_000, request_rate=0.01)
-    t = decide(ROUND, PolicyState(), snapshot(r), fleet(1))[0].terms
+    t = decide(ROUND, SETTLED, snapshot(r), fleet(1))[0].terms
     assert t["prefillBacklogReplicas"] == pytest.approx(1)
     # The same backlog held at a gateway: any replica, a new one included, drains it.
     r = replica(running=4, kv_usage=0.4, prompt_tokens=100_000, request_rate=0.01)
-    t = decide(ROUND, PolicyState(), snapshot(r, queued=(100_000,) * 1000), fleet(1))[0].terms
+    t = decide(ROUND, SETTLED, snapshot(r, queued=(100_000,) * 1000), fleet(1))[0].terms
     assert t["prefillBacklogReplicas"] == pytest.approx(100e6 / 60e6)
 
 
@@ -98,16 +99,16 @@ def test_a_queue_of_long_prompts_longer_than_the_ttft_objective_takes_its_whole_
     # r-0 serves no new arrival in time, so it counts whole.
     chat = replica("r-1", running=4, kv_usage=0.1, prompt_tokens=2_000, request_rate=1.0)
     long_queue = replica(running=4, waiting=10, kv_usage=0.4, prompt_tokens=100_000, request_rate=0.01)
-    t = decide(ROUND, PolicyState(), snapshot(long_queue, chat), fleet(2))[0].terms
+    t = decide(ROUND, SETTLED, snapshot(long_queue, chat), fleet(2))[0].terms
     assert t["queuedPromptTokens"] == pytest.approx(10 * 100_000)
     assert t["prefillBacklogReplicas"] == pytest.approx(1)
     # One long prompt waiting (1 s of prefill) is within the objective: its share of the horizon, as before.
     short_wait = replace(long_queue, waiting=1)
-    t = decide(ROUND, PolicyState(), snapshot(short_wait, chat), fleet(2))[0].terms
+    t = decide(ROUND, SETTLED, snapshot(short_wait, chat), fleet(2))[0].terms
     assert t["prefillBacklogReplicas"] == pytest.approx(100_000 / 60e6)
     # A chat queue of the same 1M tokens turns over request by request: its share too.
     chat_queue = replica(running=4, waiting=500, kv_usage=0.4, prompt_tokens=2_000, request_rate=1.0)
-    t = decide(ROUND, PolicyState(), snapshot(chat_queue, chat), fleet(2))[0].terms
+    t = decide(ROUND, SETTLED, snapshot(chat_queue, chat), fleet(2))[0].terms
     assert t["queuedPromptTokens"] == pytest.approx(500 * 2_000)
     assert t["prefillBacklogReplicas"] == pytest.approx(1e6 / 60e6)
 
@@ -116,13 +117,13 @@ def test_arriving_prompt_length_comes_from_replicas_without_a_queue() -> None:
     # r-0 still works through a queue of long prompts; r-1, with no queue, gets what arrives now.
     queued = replica("r-0", running=2, waiting=10, kv_usage=0.6, prompt_tokens=300_000, request_rate=0.2)
     fresh = replica("r-1", running=4, kv_usage=0.02, prompt_tokens=5_000, request_rate=0.5)
-    t = decide(ROUND, PolicyState(), snapshot(queued, fresh), fleet(2))[0].terms
+    t = decide(ROUND, SETTLED, snapshot(queued, fresh), fleet(2))[0].terms
     assert t["promptTokensPerRequest"] == pytest.approx(5_000)
     # A queue is sized like what its engine prefills now (FCFS), not like the new arrivals.
     assert t["queuedPromptTokens"] == pytest.approx(10 * 300_000)
 
 
-LONG_BEFORE = PolicyState(last_time=NOW - 15, prompt_tokens=300_000, request_rate=0.5)
+LONG_BEFORE = PolicyState(found=SETTLED.found, last_time=NOW - 15, prompt_tokens=300_000, request_rate=0.5)
 
 
 @pytest.mark.parametrize(
@@ -180,7 +181,9 @@ def test_a_rise_just_after_a_burst_is_taken_at_once_only_on_enough_prefills(
 ) -> None:
     # 30 s into a burst the estimate says 200k; the only replica's prefills in the last minute average
     # 600k. On six prefills that is the new level; on three it may be one 1M-token prompt: smoothed.
-    state = PolicyState(last_time=NOW - 15, prompt_tokens=200_000, request_rate=0.1, bursts=((NOW - 30, 3, False),))
+    state = PolicyState(
+        found=SETTLED.found, last_time=NOW - 15, prompt_tokens=200_000, request_rate=0.1, bursts=((NOW - 30, 3, False),)
+    )
     r = replica(running=4, waiting=2, kv_usage=0.3, prompt_tokens=600_000, request_rate=first_tokens_per_second)
     t = decide(ROUND, state, snapshot(r), fleet(1))[0].terms
     assert t["promptTokensPerRequest"] == pytest.approx(expected)
@@ -199,6 +202,7 @@ def test_rate_rises_after_a_burst_are_taken_at_once_for_four_rate_windows_then_o
     # taken at once. Five windows in, the windows have seen only the new level: the rise is smoothed, unless
     # requests still queue (the fleet is behind the burst and what it reports lags).
     state = PolicyState(
+        found=SETTLED.found,
         last_time=NOW - 15,
         request_rate=1.0,
         prompt_tokens=50_000,
@@ -220,7 +224,7 @@ def test_resident_long_requests_signal_a_shift_only_with_evidence_and_novelty(
 ) -> None:
     # 900k resident tokens while recent prefills and the estimate say chat: long prompts started
     # arriving, unless that rests on fewer than three requests or such prompts finished recently.
-    state = PolicyState(last_time=NOW - 15, prompt_tokens=5_000, request_rate=0.5)
+    state = PolicyState(found=SETTLED.found, last_time=NOW - 15, prompt_tokens=5_000, request_rate=0.5)
     r = replica(running=running, kv_usage=0.9, prompt_tokens=5_000, request_rate=0.5)
     r = replace(r, prompt_tokens=prompt_histogram(recent, 30))
     decision, after = decide(ROUND, state, snapshot(r), fleet(1))
@@ -231,7 +235,7 @@ def test_resident_long_requests_signal_a_shift_only_with_evidence_and_novelty(
 def test_long_requests_cannot_share_a_replica() -> None:
     # Three 700k-token requests at a trickle: the KV sum says 2.1M / 0.8M ~ 3 bins, pairing says 3 alone.
     replicas = [replica(f"r-{i}", running=1, kv_usage=0.7, prompt_tokens=700_000, request_rate=0.002) for i in range(3)]
-    decision = decide(ROUND, PolicyState(), snapshot(*replicas), fleet(3))[0]
+    decision = decide(ROUND, SETTLED, snapshot(*replicas), fleet(3))[0]
     t = decision.terms
     assert t["longRequests"] == 3 and t["binReplicas"] == 3 and decision.decided_by == "bin"
 
@@ -239,11 +243,11 @@ def test_long_requests_cannot_share_a_replica() -> None:
 def test_gateway_queue_packs_exact_sizes_and_reports_unservable_requests() -> None:
     r = replica(running=1, kv_usage=0.05, prompt_tokens=2_000, request_rate=1.0)
     three_long = (700_000, 700_000, 700_000)
-    decision, _ = decide(ROUND, PolicyState(), snapshot(r, queued=three_long), fleet(1))
+    decision, _ = decide(ROUND, SETTLED, snapshot(r, queued=three_long), fleet(1))
     assert decision.terms["binReplicas"] == 3 and decision.desired_replicas == 3
 
     too_long = (2 * MILLION,)  # longer than any replica's KV: more replicas of this shape cannot serve it
-    decision, _ = decide(ROUND, PolicyState(), snapshot(r, queued=too_long), fleet(1))
+    decision, _ = decide(ROUND, SETTLED, snapshot(r, queued=too_long), fleet(1))
     assert decision.unservable_requests == 1
     assert decision.desired_replicas == 1 and decision.action == Action.HOLD
     assert "exceed any replica's KV and are not scaled on" in decision.reason
@@ -252,7 +256,7 @@ def test_gateway_queue_packs_exact_sizes_and_reports_unservable_requests() -> No
 
 def test_engine_reported_capacity_corrects_the_plan() -> None:
     r = replica(running=2, kv_usage=0.5, capacity=500_000, prompt_tokens=2000, request_rate=0.1)
-    t = decide(ROUND, PolicyState(), snapshot(r), fleet(1))[0].terms
+    t = decide(ROUND, SETTLED, snapshot(r), fleet(1))[0].terms
     assert t["kvTokensPerReplica"] == 500_000 and t["residentTokens"] == pytest.approx(250_000)
     assert t["binTokens"] == pytest.approx(0.8 * 500_000)
 
@@ -266,7 +270,7 @@ def test_tolerance_band() -> None:
 
 def test_no_scale_down_inside_the_window_then_one_replica_per_step() -> None:
     busy = snapshot(*replicas(8, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=1.0))  # need 8
-    decision, state = decide(ROUND, PolicyState(), busy, fleet(8))
+    decision, state = decide(ROUND, SETTLED, busy, fleet(8))
     assert decision.desired_replicas == 8 and decision.terms["needReplicas"] == pytest.approx(8)
     current = 8
     for step in range(1, 40):
@@ -289,7 +293,9 @@ def test_the_window_keeps_what_the_recorded_need_does_not_supersede() -> None:
     # recommendation of 10 would supersede it.
     busy = replicas(8, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=1.0)
     queued = tuple(replace(r, waiting=10.0) for r in busy[:2])
-    decision, state = decide(ROUND, PolicyState(history=((NOW - 15, 9),)), snapshot(*queued, *busy[2:]), fleet(8))
+    decision, state = decide(
+        ROUND, PolicyState(found=SETTLED.found, history=((NOW - 15, 9),)), snapshot(*queued, *busy[2:]), fleet(8)
+    )
     t = decision.terms
     assert (t["needReplicas"], t["demandReplicas"], decision.desired_replicas) == pytest.approx((10, 8, 10))
     assert state.history == ((NOW - 15, 9), (NOW, 8))
@@ -301,25 +307,27 @@ def test_a_scale_down_prices_each_replica_by_its_resident_kv() -> None:
     idle = snapshot(
         *(replica(n, running=1, kv_usage=u, prompt_tokens=2_000, request_rate=0.01) for n, u in loads.items())
     )
-    decision, _ = decide(ROUND, PolicyState(history=((NOW - 400, 3),)), idle, fleet(3))
+    decision, _ = decide(ROUND, PolicyState(found=SETTLED.found, history=((NOW - 400, 3),)), idle, fleet(3))
     assert decision.action == Action.SCALE_DOWN
     assert decision.removal_costs == {n: round(u * MILLION) for n, u in loads.items()}
     assert min(decision.removal_costs, key=decision.removal_costs.__getitem__) == "r-1"
     # A hold or a scale-up removes nothing, so it prices nothing.
-    held, _ = decide(ROUND, PolicyState(), idle, fleet(3))
+    held, _ = decide(ROUND, SETTLED, idle, fleet(3))
     assert held.action == Action.HOLD and held.removal_costs == {}
 
 
 def test_first_tick_without_history_never_scales_down() -> None:
     idle = snapshot(*replicas(4))
-    decision, _ = decide(ROUND, PolicyState(), idle, fleet(4))
+    decision, _ = decide(ROUND, SETTLED, idle, fleet(4))
     assert decision.desired_replicas == 4 and decision.recommended_replicas == 1
 
 
 def test_missing_metrics_hold_without_recording_the_current_count() -> None:
     # Eight replicas, one just ready and not scraped yet, the rest idle: no scale-down this tick, but
     # the held 8 is not a recommendation, so the next complete tick may remove one.
-    decision, state = decide(ROUND, PolicyState(history=((NOW - 400, 8),)), snapshot(*replicas(7)), fleet(8))
+    decision, state = decide(
+        ROUND, PolicyState(found=SETTLED.found, history=((NOW - 400, 8),)), snapshot(*replicas(7)), fleet(8)
+    )
     assert decision.desired_replicas == 8 and "held by missing metrics" in decision.reason
     assert max(n for _, n in state.history) == 1
     later = NOW + 15
@@ -332,7 +340,7 @@ def _ticks(
 ) -> list[tuple[int, int, str, PolicyState]]:
     """(seconds, replicas, reason, state) after each 15 s tick of a new fleet under a total request rate
     (50k-token prompts by default: need = rate), the state round-tripped through its status form."""
-    state, current, out = PolicyState(), 1, []
+    state, current, out = SETTLED, 1, []
     for i, rate in enumerate(rates):
         now = NOW + 15 * i
         load = replicas(current, running=4, kv_usage=0.1, prompt_tokens=prompt_tokens, request_rate=rate / current)
@@ -361,7 +369,13 @@ def test_a_rate_seen_after_a_long_gap_is_no_burst() -> None:
     """After more than a rate window without a tick (the operator down) the old estimate is of another time:
     a higher rate then is taken as it is, not as a burst; the same rise on the next tick is one."""
     then = NOW - 600
-    state = PolicyState(last_time=then, request_rate=0.5, prompt_tokens=50_000, in_flight=((then - 60, 4), (then, 4)))
+    state = PolicyState(
+        found=SETTLED.found,
+        last_time=then,
+        request_rate=0.5,
+        prompt_tokens=50_000,
+        in_flight=((then - 60, 4), (then, 4)),
+    )
     load = replicas(1, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=3.0)
     _, after = decide(ROUND, state, snapshot(*load), fleet(1))
     assert after.bursts == () and after.request_rate == pytest.approx(3.0)
@@ -429,6 +443,30 @@ def test_a_chat_burst_stands_until_the_slos_error_budget_covers_a_recurrence() -
     assert decide(strict, state, snapshot(*chat), fleet(3))[0].recommended_replicas == 3
 
 
+def test_the_fleet_as_found_stands_until_the_slos_error_budget_covers_its_need_returning() -> None:
+    """The replicas the autoscaler finds at its first tick are the one evidence of a need it has not seen: 3 found,
+    one needed, they stand as a chat burst's would (2/3 x 585 / 0.05 = 7800 s), then the usual windows apply. The
+    time found is kept across ticks and restarts; a fleet with nothing to serve is left to the idle rule."""
+    chat = replicas(3, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0 / 3)
+    first, state = decide(ROUND, PolicyState(), snapshot(*chat), fleet(3))
+    assert state.found == (NOW, 3)
+    assert first.recommended_replicas == 3 and first.to_status()["decidedBy"] == "standing"
+    assert "the fleet had 3 replicas when the autoscaler first saw it 0s ago" in first.reason
+    assert first.terms["standingReplicas"] == 3.0
+    for age, held in ((7700, 3), (7900, 1)):
+        later = replace(steady_state(request_rate=1.0, prompt_tokens=4_000, bursts=()), found=(NOW - age, 3))
+        decision, after = decide(ROUND, later, snapshot(*chat), fleet(3))
+        assert decision.recommended_replicas == held, (age, decision.reason)
+        assert after.found == (NOW - age, 3)  # found once, never again
+    # Found at what it needs: nothing stands.
+    one = replicas(1, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0)
+    assert decide(ROUND, PolicyState(), snapshot(*one), fleet(1))[0].terms["standingReplicas"] == 0.0
+    # Nothing to serve (a need of zero replicas, minReplicas 0): the idle rule decides, not the found fleet.
+    idle = replace(ROUND, min_replicas=0)
+    decision, _ = decide(idle, PolicyState(), snapshot(*replicas(3)), fleet(3))
+    assert decision.terms["standingReplicas"] == 0.0 and decision.recommended_replicas == 0
+
+
 def test_a_burst_recorded_before_the_chat_flag_reads_as_no_chat_burst() -> None:
     """Status written by an earlier operator has [start, replicas] bursts: read as bursts of long prompts, so an
     upgrade holds nothing it did not hold before."""
@@ -440,6 +478,7 @@ def test_a_burst_recorded_before_the_chat_flag_reads_as_no_chat_burst() -> None:
 def steady_state(request_rate: float, prompt_tokens: float, bursts: tuple[BurstRecord, ...]) -> PolicyState:
     """The state a tick after the last, with 24 requests in flight over the whole rate window and these bursts."""
     return PolicyState(
+        found=SETTLED.found,
         last_time=NOW - 15,
         request_rate=request_rate,
         prompt_tokens=prompt_tokens,
@@ -482,11 +521,11 @@ def test_panic_jumps_past_the_step_limit_and_holds_scale_down() -> None:
     # 1M prompt tokens/s on one ready replica: 20 at target 0.5, plus the ready one, which the backlog
     # piling up in its engine until new replicas start keeps busy.
     burst = snapshot(replica(running=4, kv_usage=0.5, prompt_tokens=100_000, request_rate=10.0))
-    decision, state = decide(ROUND, PolicyState(), burst, fleet(1))
+    decision, state = decide(ROUND, SETTLED, burst, fleet(1))
     assert decision.terms["needReplicas"] == pytest.approx(21)
     assert decision.panic and decision.desired_replicas == 16  # max; HPA's step limit would stop at 1 + 4
     quiet = replace(ROUND, scale_down_window_seconds=0)
-    decision, state = decide(quiet, PolicyState(), burst, fleet(1))
+    decision, state = decide(quiet, SETTLED, burst, fleet(1))
     idle = snapshot(*replicas(16, sample_time=NOW + 30), time=NOW + 30)
     decision, _ = decide(quiet, state, idle, fleet(16, now=NOW + 30))
     assert decision.panic and decision.desired_replicas == 16 and "held by panic" in decision.reason
@@ -514,7 +553,7 @@ def test_starting_replicas_the_need_has_not_wanted_for_a_minute_are_released_whi
         starting = fleet(16, ready=1, starting=(after,) * 15, now=at) if after else fleet(1)
         return decide(ROUND, state, snapshot(signals, time=at), starting)
 
-    first, state = tick(1e6 / prompt_tokens, 0, PolicyState())
+    first, state = tick(1e6 / prompt_tokens, 0, SETTLED)
     assert first.panic and first.desired_replicas == 16
     soon, state = tick(3e5 / prompt_tokens, 30, state)
     assert soon.panic and soon.recommended_replicas == 7 and soon.desired_replicas == 16, soon.reason
@@ -535,17 +574,17 @@ def test_starting_replicas_the_need_has_not_wanted_for_a_minute_are_released_whi
 def test_without_panic_scale_up_is_limited_per_step() -> None:
     calm = replace(ROUND, panic_threshold=100.0)
     burst = snapshot(replica(running=4, kv_usage=0.5, prompt_tokens=100_000, request_rate=10.0))
-    decision, _ = decide(calm, PolicyState(), burst, fleet(1))
+    decision, _ = decide(calm, SETTLED, burst, fleet(1))
     assert not decision.panic and decision.desired_replicas == 5 and decision.recommended_replicas == 16
 
 
 def test_starting_replicas_count_as_supply() -> None:
     config = replace(ROUND, prefill_target=0.25)
     load = replica(running=4, kv_usage=0.2, prompt_tokens=50_000, request_rate=2.0)  # 100k/s at 25%: need 4
-    first, _ = decide(config, PolicyState(), snapshot(load), fleet(1))
+    first, _ = decide(config, SETTLED, snapshot(load), fleet(1))
     assert first.desired_replicas == 4
     # One tick later the three ordered replicas are still starting: nothing more is ordered.
-    again, _ = decide(config, PolicyState(), snapshot(load), fleet(4, ready=1, starting=(15.0, 15.0, 15.0)))
+    again, _ = decide(config, SETTLED, snapshot(load), fleet(4, ready=1, starting=(15.0, 15.0, 15.0)))
     assert again.desired_replicas == 4 and again.action == Action.HOLD
 
 
@@ -556,27 +595,27 @@ def test_cold_start_horizon_looks_ahead_only_until_starting_replicas_arrive(gate
     # the ready engine, which it keeps busy: one. Once ordered replicas are about to be ready, neither.
     config = replace(ROUND, gateway_holds_requests=gateway)
     load = replica(running=4, kv_usage=0.2, prompt_tokens=100_000, request_rate=3.0)
-    fresh = decide(config, PolicyState(), snapshot(load), fleet(1))[0].terms
+    fresh = decide(config, SETTLED, snapshot(load), fleet(1))[0].terms
     assert fresh["prefillReplicas"] == pytest.approx(6 + pileup)
     assert fresh["prefillArrivalReplicas"] == pytest.approx(6)
     nearly_ready = fleet(8, ready=1, starting=(585.0,) * 7)
-    later = decide(config, PolicyState(), snapshot(load), nearly_ready)[0].terms["prefillReplicas"]
+    later = decide(config, SETTLED, snapshot(load), nearly_ready)[0].terms["prefillReplicas"]
     assert later == pytest.approx(6)
 
 
 def test_measured_time_to_ready_sets_the_horizon() -> None:
     load = snapshot(replica(running=4, kv_usage=0.2, prompt_tokens=100_000, request_rate=3.0))
-    assert decide(ROUND, PolicyState(), load, fleet(1))[0].terms["horizonSeconds"] == 600  # the spec's 585 + 15
-    assert decide(ROUND, PolicyState(), load, fleet(1))[0].to_status()["timeToReady"] == {
+    assert decide(ROUND, SETTLED, load, fleet(1))[0].terms["horizonSeconds"] == 600  # the spec's 585 + 15
+    assert decide(ROUND, SETTLED, load, fleet(1))[0].to_status()["timeToReady"] == {
         "seconds": 585,
         "source": "prior: spec.autoscaling.coldStartSeconds (no replica measured yet)",
     }
     measured = replace(fleet(1), time_to_ready_seconds=185.0)
-    decision = decide(ROUND, PolicyState(), load, measured)[0]
+    decision = decide(ROUND, SETTLED, load, measured)[0]
     assert decision.terms["horizonSeconds"] == 200
     assert decision.to_status()["timeToReady"]["source"].startswith("measured")
     # Measured at 0 (pods ready at once, as on kwok) is a measurement, not "unknown": the horizon is one tick.
-    instant = decide(ROUND, PolicyState(), load, replace(fleet(1), time_to_ready_seconds=0.0))[0]
+    instant = decide(ROUND, SETTLED, load, replace(fleet(1), time_to_ready_seconds=0.0))[0]
     assert instant.terms["horizonSeconds"] == ROUND.interval_seconds
 
 
@@ -590,9 +629,9 @@ def test_the_horizon_follows_the_replicas_the_operator_measured() -> None:
     assert fleet_now.time_to_ready_seconds == 180.0
     load = snapshot(replica(running=4, kv_usage=0.2, prompt_tokens=100_000, request_rate=3.0))
     assert (
-        decide(ROUND, PolicyState(), load, replace(fleet(1), time_to_ready_seconds=fleet_now.time_to_ready_seconds))[
-            0
-        ].terms["horizonSeconds"]
+        decide(ROUND, SETTLED, load, replace(fleet(1), time_to_ready_seconds=fleet_now.time_to_ready_seconds))[0].terms[
+            "horizonSeconds"
+        ]
         == 195
     )
     slow = [pods.pod(f"s{i}", created=1000, scheduled=1100, started=1400, ready=1900 + i) for i in range(3)]
@@ -602,10 +641,10 @@ def test_the_horizon_follows_the_replicas_the_operator_measured() -> None:
 
 def test_min_and_max_bounds() -> None:
     huge = snapshot(replica(running=4, kv_usage=0.9, prompt_tokens=500_000, request_rate=20.0))
-    assert decide(ROUND, PolicyState(), huge, fleet(2))[0].desired_replicas == ROUND.max_replicas
+    assert decide(ROUND, SETTLED, huge, fleet(2))[0].desired_replicas == ROUND.max_replicas
     floor = replace(ROUND, min_replicas=3, scale_down_window_seconds=0)
-    assert decide(floor, PolicyState(), snapshot(*replicas(6)), fleet(6))[0].desired_replicas == 5  # one per step
-    assert decide(floor, PolicyState(), snapshot(*replicas(1)), fleet(1))[0].desired_replicas == 3  # min at once
+    assert decide(floor, SETTLED, snapshot(*replicas(6)), fleet(6))[0].desired_replicas == 5  # one per step
+    assert decide(floor, SETTLED, snapshot(*replicas(1)), fleet(1))[0].desired_replicas == 3  # min at once
 
 
 @pytest.mark.parametrize(
@@ -620,7 +659,7 @@ def test_min_and_max_bounds() -> None:
     ids=["unreachable", "stale", "scrape-failing", "no-series", "old-snapshot"],
 )
 def test_missing_or_stale_metrics_hold_and_never_scale_down(snap: MetricsSnapshot, reason: str) -> None:
-    decision, state = decide(ROUND, PolicyState(), snap, fleet(5))
+    decision, state = decide(ROUND, SETTLED, snap, fleet(5))
     assert (decision.action, decision.desired_replicas) == (Action.HOLD, 5)
     assert reason in decision.reason and "hold" in decision.reason
     assert state.history == ()
@@ -628,17 +667,17 @@ def test_missing_or_stale_metrics_hold_and_never_scale_down(snap: MetricsSnapsho
 
 def test_partial_metrics_scale_up_but_never_down() -> None:
     idle = replica("r-0", running=0, kv_usage=0.0)
-    decision, _ = decide(replace(ROUND, scale_down_window_seconds=0), PolicyState(), snapshot(idle), fleet(3))
+    decision, _ = decide(replace(ROUND, scale_down_window_seconds=0), SETTLED, snapshot(idle), fleet(3))
     assert decision.desired_replicas == 3 and "no fresh metrics: no scale-down" in decision.reason
     busy = replica("r-0", running=4, kv_usage=0.5, prompt_tokens=50_000, request_rate=4.0)  # need 4
-    assert decide(ROUND, PolicyState(), snapshot(busy), fleet(3))[0].desired_replicas == 4
+    assert decide(ROUND, SETTLED, snapshot(busy), fleet(3))[0].desired_replicas == 4
 
 
 def test_advisory_mode_decides_and_reports_but_does_not_apply() -> None:
     advisory = replace(ROUND, mode="advisory")
     load = snapshot(replica(running=4, kv_usage=0.2, prompt_tokens=50_000, request_rate=2.0))  # need 2
-    decision, _ = decide(advisory, PolicyState(), load, fleet(1))
-    acting, _ = decide(ROUND, PolicyState(), load, fleet(1))
+    decision, _ = decide(advisory, SETTLED, load, fleet(1))
+    acting, _ = decide(ROUND, SETTLED, load, fleet(1))
     assert decision.desired_replicas == acting.desired_replicas == 2
     assert acting.applied and not decision.applied
     assert decision.reason.startswith("advisory (not applied): scale-up 1 -> 2")
@@ -647,7 +686,7 @@ def test_advisory_mode_decides_and_reports_but_does_not_apply() -> None:
 
 def test_to_status_is_the_camelcase_last_decision() -> None:
     load = snapshot(replica(running=4, kv_usage=0.2, prompt_tokens=50_000, request_rate=2.0))
-    status = decide(ROUND, PolicyState(), load, fleet(1))[0].to_status()
+    status = decide(ROUND, SETTLED, load, fleet(1))[0].to_status()
     assert set(status) == {
         "mode",
         "action",
@@ -676,7 +715,7 @@ def test_to_status_is_the_camelcase_last_decision() -> None:
 
 
 def test_state_round_trips_through_a_small_dict() -> None:
-    state = PolicyState()
+    state = SETTLED
     for step in range(30):
         now = NOW + 15 * step
         load = snapshot(
@@ -688,7 +727,9 @@ def test_state_round_trips_through_a_small_dict() -> None:
     data = json.loads(json.dumps(state.to_dict()))
     assert PolicyState.from_dict(data) == state
     assert len(json.dumps(data)) < 1000  # fits an annotation; history keeps only entries a window can use
+    assert state.found == SETTLED.found  # the fleet as found is kept, not found again
     assert PolicyState.from_dict({"history": "garbage"}) == PolicyState()
+    assert PolicyState.from_dict({"found": [NOW]}) == PolicyState()
     assert PolicyState.from_dict(None) == PolicyState()
 
 

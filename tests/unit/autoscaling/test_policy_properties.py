@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from m3fleet.autoscaling.policy import WINDOW_RELEASED, Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.signals import MetricsSnapshot
 from tests.support.autoscaling.plans import config
-from tests.support.autoscaling.snapshots import NOW, ROUND, fleet, replica, snapshot
+from tests.support.autoscaling.snapshots import NOW, ROUND, SETTLED, fleet, replica, snapshot
 
 CONFIGS = st.sampled_from([ROUND, config(), config(1_048_576)])
 
@@ -57,7 +57,7 @@ def _snapshot(
 
 
 def _decide(cfg: PolicyConfig, snap: MetricsSnapshot, replicas: int) -> Decision:
-    return decide(cfg, PolicyState(), snap, fleet(replicas))[0]
+    return decide(cfg, SETTLED, snap, fleet(replicas))[0]
 
 
 @settings(max_examples=150)
@@ -92,10 +92,8 @@ def test_starting_replicas_suppress_duplicate_scale_ups(
     cfg: PolicyConfig, ready: int, load: dict[str, float], starting: int, age: float
 ) -> None:
     snap = _snapshot(cfg, ready, load)
-    alone = decide(cfg, PolicyState(), snap, fleet(ready))[0]
-    with_starting = decide(cfg, PolicyState(), snap, fleet(ready + starting, ready=ready, starting=(age,) * starting))[
-        0
-    ]
+    alone = decide(cfg, SETTLED, snap, fleet(ready))[0]
+    with_starting = decide(cfg, SETTLED, snap, fleet(ready + starting, ready=ready, starting=(age,) * starting))[0]
     # Replicas already starting are supply: a tick orders at most what it would have wanted without them.
     assert with_starting.desired_replicas <= max(ready + starting, alone.recommended_replicas)
     assert with_starting.terms["needReplicas"] <= alone.terms["needReplicas"] + 1e-9
@@ -113,7 +111,7 @@ def test_no_scale_down_inside_the_window(
 ) -> None:
     # Without queues: replicas ordered for a backlog are, by design, not held for a whole window (a backlog
     # drains on the replicas it is queued on; `transient_release`, tested in test_inputs.py).
-    state, now = PolicyState(), NOW
+    state, now = SETTLED, NOW
     decision, state = decide(cfg, state, _snapshot(cfg, 1, first, waiting=0), fleet(1))
     current, start, released = decision.desired_replicas, now, False
     for load, gap in zip(later, gaps, strict=False):
@@ -157,9 +155,7 @@ def test_an_engine_queue_never_occupies_more_than_its_replica(
 ) -> None:
     # No gateway holds requests: whatever waits in (or piles up on) an engine is that engine's work.
     snap = _snapshot(cfg, replicas, load)
-    decision = decide(
-        cfg, PolicyState(), snap, fleet(replicas + starting, ready=replicas, starting=(60.0,) * starting)
-    )[0]
+    decision = decide(cfg, SETTLED, snap, fleet(replicas + starting, ready=replicas, starting=(60.0,) * starting))[0]
     assert decision.terms["prefillBacklogReplicas"] <= replicas + 1e-9
 
 
@@ -173,7 +169,9 @@ def test_an_engine_queue_never_occupies_more_than_its_replica(
 def test_the_burst_hold_only_raises_and_only_for_recurring_or_chat_bursts(
     cfg: PolicyConfig, replicas: int, load: dict[str, float], bursts: list[tuple[float, int, bool]]
 ) -> None:
-    state = PolicyState(bursts=tuple(sorted(((NOW - age, n, chat) for age, n, chat in bursts), key=lambda b: b[0])))
+    state = PolicyState(
+        found=SETTLED.found, bursts=tuple(sorted(((NOW - age, n, chat) for age, n, chat in bursts), key=lambda b: b[0]))
+    )
     snap = _snapshot(cfg, replicas, load)
     held = decide(cfg, state, snap, fleet(replicas))[0]
     plain = decide(replace(cfg, burst_hold=False), state, snap, fleet(replicas))[0]

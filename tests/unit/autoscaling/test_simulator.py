@@ -74,6 +74,38 @@ def test_prompts_are_prefilled_one_at_a_time_first_come_first_served() -> None:
     assert short.first_token - second.first_token == pytest.approx(model.unloaded_prefill_seconds(2_000), rel=0.05)
 
 
+def test_shared_prefill_lets_short_prompts_pass_a_long_one_at_the_same_total_work() -> None:
+    # A 100k prompt, then two 2k prompts just behind it, on one replica. FCFS: the short ones wait (not admitted)
+    # until the long one's prefill is done. Shared: all three are admitted at once and split each step's budget, so
+    # the short ones get their first token within a second or so while the long one finishes when it would have
+    # finished under FCFS after both short ones: the same prefill work, only its order changed.
+    requests = [Request(0, 10.0, 100_000, 50), Request(1, 10.001, 2_000, 50), Request(2, 10.002, 2_000, 50)]
+    fcfs_model = PerfModel.from_plan(sample_plan())
+    shared_model = replace(fcfs_model, prefill_discipline="shared")
+    fcfs, shared = (run(131072, model, requests, [1] * 100) for model in (fcfs_model, shared_model))
+    fcfs_long, fcfs_a, fcfs_b = sorted(fcfs.finished, key=lambda r: r.spec.rid)
+    long, short_a, short_b = sorted(shared.finished, key=lambda r: r.spec.rid)
+    first_tokens = [r.first_token for r in (fcfs_long, fcfs_a, fcfs_b, long, short_a, short_b)]
+    assert all(t is not None for t in first_tokens)
+    f_long, f_a, f_b, s_long, s_a, s_b = (t for t in first_tokens if t is not None)
+    alone = fcfs_model.unloaded_prefill_seconds(100_000)
+    # FCFS: the long prompt first, then the short ones, each admitted only when the one before it is prefilled
+    assert f_long - 10.0 == pytest.approx(alone, rel=0.01)
+    assert fcfs_a.admitted == pytest.approx(f_long) and f_a < f_b
+    assert f_a - 10.001 > alone  # a short prompt waited the whole long prefill
+    # Shared: every prompt admitted on arrival; the short ones done long before the long one
+    assert [r.admitted for r in (long, short_a, short_b)] == [10.0, 10.001, 10.002]
+    assert s_a < s_b < s_long
+    assert s_b - 10.002 < 2.0
+    # conserved: every engine prefilled the same tokens, and the last prefill ends at the same time
+    prompts = sum(r.prompt for r in requests)
+    for simulation in (fcfs, shared):
+        engines = [e for replica in simulation.replicas for e in replica.engines]
+        assert sum(e.P for e in engines) == pytest.approx(prompts, rel=1e-9)
+    assert s_long == pytest.approx(f_b, rel=1e-3)
+    assert fcfs_model.describe()["prefillOrder"] != shared_model.describe()["prefillOrder"]
+
+
 def test_full_kv_preempts_the_newest_request_and_everything_still_finishes() -> None:
     # A 40k-token pool, four 9k prompts that each grow by 4k while decoding: 52k does not fit at once.
     model = replace(PerfModel.from_plan(sample_plan()), capacity_tokens=40_960)

@@ -32,7 +32,8 @@ why):
   bytes per prompt token measured against what the engines prefilled: a burst of long prompts is sized
   from its first scrape, while the engines have prefilled none of it (they count a prompt at its first
   token).
-* **decode** — arriving output tokens (the request rate x the output per request) against what a
+* **decode** — arriving output tokens (the request rate x the output per request: tokens decoded over the larger of
+  the requests finishing and arriving, as a new fleet's first finishes are its shortest answers) against what a
   replica decodes: the batch a rank runs (MAX_DECODE_BATCH_PER_RANK, or fewer where a step would give
   each token more than the ITL objective; the catalog's step model) times the acceptance length with
   speculative decoding (each target step emits that many tokens a sequence, measured by the engines'

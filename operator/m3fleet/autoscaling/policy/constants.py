@@ -97,9 +97,10 @@ TERMS: Final[tuple[Term, ...]] = (
     ),
     Term(
         "standing",
-        "a chat burst's capacity, until the SLO's error budget since it began covers a recurrence's misses",
-        "releasing costs a cold start of misses on the next burst; keeping costs GPU-hours: the SLO's percentile "
-        "says how many misses may be spent",
+        "a chat burst's capacity, or the fleet as the autoscaler first found it, until the SLO's error budget since "
+        "then covers a recurrence's misses",
+        "releasing costs a cold start of misses on the next burst (the found fleet's size is the one evidence of a "
+        "need not seen yet); keeping costs GPU-hours: the SLO's percentile says how many misses may be spent",
     ),
 )
 
@@ -181,9 +182,10 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         "sequences per rank",
         B.PRIOR,
         "running sequences per DP rank (the engine's max_num_seqs; m3fleet sets none). Found in this audit: vLLM "
-        "0.33.0 defaults to 1024 on GPUs of 70 GiB or more and 256 below (engine/arg_utils.py); the simulator and "
-        "the disaggregation planner share 256, so the decode term errs towards more replicas. Kept for now: "
-        "changing it moves every benchmark figure",
+        "0.33.0 defaults to 1024 on GPUs of 70 GiB or more and 256 below (engine/arg_utils.py, get_batch_defaults); "
+        "the simulator and the disaggregation planner share 256, so the decode term errs towards more replicas. "
+        "Kept for now: changing it moves every benchmark figure. It binds only under an ITL bound above about 39 ms: "
+        f"at the default (1.5x the idle step) the bound sets the batch, 221-242 on long-answers ({RESULTS})",
     ),
     Constant(
         P,
@@ -197,8 +199,9 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         "default_output_tokens",
         "tokens",
         B.PRIOR,
-        "a chat answer's size, until the engines' generation and finish rates measure it; the benchmark's priors "
-        f"check (x0.5 and x2) bounds what a wrong one costs ({RESULTS})",
+        "a chat answer's size, until the engines' generation rate measures it (over the requests finishing or "
+        "arriving, whichever is more); the benchmark's priors check (x0.5 and x2) bounds what a wrong one costs "
+        f"({RESULTS})",
     ),
     Constant(
         capacity,

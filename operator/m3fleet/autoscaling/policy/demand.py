@@ -16,6 +16,7 @@ from m3fleet.autoscaling.policy.estimates import (
     SHIFT,
     Load,
     Shift,
+    output_per_request,
     positive_ratio,
     prompt_estimate,
     sum_known,
@@ -180,7 +181,6 @@ def compute_terms(
     isl, prompt_shift = _arriving_prompt_length(
         config, state, load, fresh, since_burst, window, elapsed, rising, arrivals
     )
-    output = positive_ratio(load.generation_rate, load.finished_rate) or config.default_output_tokens
 
     gateway = [float(t) for t in snapshot.queued_request_tokens]
     unservable = sum(1 for t in gateway if t > rank_capacity)
@@ -188,8 +188,6 @@ def compute_terms(
     local = _queued_prompt_tokens(fresh, isl)
     queued = sum(local) + sum(servable_gateway)
 
-    kv = kv_term(config, load, queued, output, capacity, horizon)
-    bin_replicas, large = bin_term(config, load, local, servable_gateway, kv.weight, bin_size)
     per_replica, learned, samples, prefill_status = learned_prefill(config, state, fresh, elapsed)
     prefill = prefill_term(
         config,
@@ -209,6 +207,14 @@ def compute_terms(
     )
     if arrivals.status is not None:
         prefill_status = {**prefill_status, "gateway": arrivals.status}
+
+    # Per request, over the arrivals as well as the finishes: a new fleet's first finishes are its shortest answers.
+    output = (
+        output_per_request(load.generation_rate, load.finished_rate, prefill.request_rate)
+        or config.default_output_tokens
+    )
+    kv = kv_term(config, load, queued, output, capacity, horizon)
+    bin_replicas, large = bin_term(config, load, local, servable_gateway, kv.weight, bin_size)
 
     decode = decode_term(config, prefill.request_rate, isl, output, tokens_per_step(checked))
 

@@ -45,6 +45,16 @@ def positive_ratio(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 and numerator > 0 else None
 
 
+def output_per_request(generation_rate: float, finished_rate: float, arrival_rate: float) -> float | None:
+    """Output tokens per request: the tokens decoded in the window over the requests they belong to. Those are the
+    requests finishing only while the population in flight is steady (arrivals = finishes, by conservation). While
+    it grows, most tokens go to requests still decoding: over the finishes alone (the few short answers that ended
+    first) the ratio is many times any answer; over the arrivals it is what each has decoded so far, rising to the
+    answer's length within a lifetime. While it shrinks, the finishes are the larger count. So: over the larger of
+    the two, exact when steady and never inflated by a transient's lag. None before anything is decoded."""
+    return positive_ratio(generation_rate, max(finished_rate, arrival_rate))
+
+
 @dataclass(frozen=True)
 class Load:
     """What the fresh replicas report, summed over them."""

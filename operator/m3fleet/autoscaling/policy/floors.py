@@ -9,6 +9,13 @@ of requests. So the capacity the burst needed stands until the error budget accr
 what a recurrence would lose: the share of its requests beyond the need without it, for one time-to-ready. The
 burst's request rate is taken as the average's (it is higher), which shortens the hold: the rule errs towards
 GPU-hours. At the default p95 and a 90 s cold start, a burst twice the steady need stands 15 minutes.
+
+**The fleet as found** stands by the same rule: the replicas the autoscaler finds at its first tick (the spec's,
+set by someone who knows the traffic, or what the fleet ran before the autoscaler was turned on) are the one
+evidence of a need it has not seen yet. Released at once, a first burst of that need is met a cold start short,
+and a constant fleet of that size, autoscaling left off, would have served it: so they stand until the error
+budget covers such a miss. The rule does not hold a fleet with nothing to serve: a need of zero is the idle rule's
+(`scaleToZeroAfterSeconds`, `minReplicas`).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ class Floors:
     burst_floor: int
     bounds: Bounds
     raised_by: str | None = None  # the floor that set the recommendation: forecast, burstHold, standing
+    found: tuple[float, int] | None = None  # (time, replicas) of the fleet at the policy's first tick
 
 
 def with_floors(
@@ -75,7 +83,10 @@ def with_floors(
     memory = max(2 * hold_window, standing_seconds(1.0, time_to_ready, budget))
     bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, memory, lasting, chat)
     floor, why = _burst_floor(bursts, now, hold_window) if config.burst_hold else (0, "")
-    standing, standing_why = _standing(bursts, now, needed, time_to_ready, budget) if config.burst_hold else (0, "")
+    found = state.found if state.found is not None else (now, current)
+    standing, standing_why = (
+        _standing(bursts, found, now, needed, time_to_ready, budget) if config.burst_hold else (0, "")
+    )
     terms.values["burstHoldReplicas"] = float(floor)
     terms.values["standingReplicas"] = float(standing)
     if floor > recommendation and floor >= standing:
@@ -84,7 +95,7 @@ def with_floors(
     elif standing > recommendation:
         recommendation, raised_by = clamp(standing), "standing"
         notes.append(f"standing capacity {recommendation}: {standing_why}")
-    return Floors(recommendation, forecast, bursts, max(floor, standing), bounds, raised_by)
+    return Floors(recommendation, forecast, bursts, max(floor, standing), bounds, raised_by, found)
 
 
 def standing_seconds(shortfall: float, time_to_ready: float, budget: float) -> float:
@@ -95,22 +106,37 @@ def standing_seconds(shortfall: float, time_to_ready: float, budget: float) -> f
 
 
 def _standing(
-    bursts: tuple[BurstRecord, ...], now: float, needed: int, time_to_ready: float, budget: float
+    bursts: tuple[BurstRecord, ...],
+    found: tuple[float, int],
+    now: float,
+    needed: int,
+    time_to_ready: float,
+    budget: float,
 ) -> tuple[int, str]:
-    """(replicas, why): what the last burst of chat needed, while `standing_seconds` since its start."""
-    if not bursts:
-        return 0, ""
-    start, most, chat = bursts[-1]
-    if not chat or most <= needed:
-        return 0, ""
-    stands = standing_seconds(1.0 - needed / most, time_to_ready, budget)
-    if now - start > stands:
-        return 0, ""
-    return most, (
-        f"a burst of chat needed {most} {now - start:.0f}s ago; released, a recurrence would miss "
-        f"{1.0 - needed / most:.0%} of its requests for a {time_to_ready:.0f}s cold start, which the SLO's "
-        f"{budget:.1%} error budget covers only after {stands:.0f}s"
-    )
+    """(replicas, why): the most that the last burst of chat needed or the fleet as found, while
+    `standing_seconds` since it began (the module docstring)."""
+    sources: list[tuple[float, int, str]] = [
+        (found[0], found[1], f"the fleet had {found[1]} replicas when the autoscaler first saw it")
+    ]
+    if bursts and bursts[-1][2]:
+        start, most, _ = bursts[-1]
+        sources.append((start, most, f"a burst of chat needed {most}"))
+    standing, why = 0, ""
+    for start, most, what in sources:
+        if needed == 0 or most <= max(needed, standing):
+            continue
+        stands = standing_seconds(1.0 - needed / most, time_to_ready, budget)
+        if now - start > stands:
+            continue
+        standing, why = (
+            most,
+            (
+                f"{what} {now - start:.0f}s ago; released, a recurrence would miss {1.0 - needed / most:.0%} of its "
+                f"requests for a {time_to_ready:.0f}s cold start, which the SLO's {budget:.1%} error budget covers "
+                f"only after {stands:.0f}s"
+            ),
+        )
+    return standing, why
 
 
 def _record_burst(

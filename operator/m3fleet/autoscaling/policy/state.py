@@ -28,6 +28,7 @@ class PolicyState:
     bytes_per_token: float | None = None  # measured gateway request bytes per prompt token (spec.autoscaling.gateway)
     gateway_jump: float | None = None  # when the gateway's arrivals last jumped (a burst's start)
     gateway_since: float | None = None  # since when the gateway's series have answered (None: they do not)
+    found: tuple[float, int] | None = None  # (time, replicas) of the fleet at the policy's first tick (`floors`)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +45,7 @@ class PolicyState:
             "bytesPerToken": self.bytes_per_token,
             "gatewayJump": self.gateway_jump,
             "gatewaySince": self.gateway_since,
+            "found": None if self.found is None else list(self.found),
         }
 
     @classmethod
@@ -68,6 +70,7 @@ class PolicyState:
                 bytes_per_token=_opt_float(data.get("bytesPerToken")),
                 gateway_jump=_opt_float(data.get("gatewayJump")),
                 gateway_since=_opt_float(data.get("gatewaySince")),
+                found=_found(data.get("found")),
             )
         except (TypeError, ValueError):
             return cls()
@@ -77,6 +80,13 @@ def _burst_record(data: Sequence[Any]) -> BurstRecord:
     """[start, replicas, chat]; a record from before the chat flag ([start, replicas]) is no chat burst."""
     start, replicas, *chat = data
     return float(start), int(replicas), bool(chat and chat[0] is True)
+
+
+def _found(data: Any) -> tuple[float, int] | None:
+    if data is None:
+        return None
+    when, replicas = data
+    return float(when), int(replicas)
 
 
 def _opt_float(value: Any) -> float | None:

@@ -147,5 +147,6 @@ def decide(
         bytes_per_token=terms.bytes_per_token,
         gateway_jump=terms.gateway_jump,
         gateway_since=terms.gateway_since,
+        found=floors.found,
     )
     return decision, new_state
