@@ -274,6 +274,14 @@ def test_an_autoscaler_decision_is_recorded_when_it_changes_or_on_the_heartbeat(
     assert worth_recording(decided, held, now + 15)
     assert not worth_recording(held, {**held, "reason": "hold: metrics unavailable (timeout)"}, now + 15)
     assert worth_recording(held, {**decided, "reason": "hold at 2"}, now + 15)
+    # The endpoint picker's held-request count becoming readable (or not) is recorded: at zero it is the way up.
+    # Unread, a decision has None, which the status merge patch drops: the recorded one has no count.
+    recorded_unread = {**previous, "scaleToZero": {"lastBusyTime": 0.0}}
+    unread = {**same, "scaleToZero": {"heldRequests": None, "lastBusyTime": 0.0, "rule": None}}
+    read = {**same, "scaleToZero": {**unread["scaleToZero"], "heldRequests": 0.0}}
+    assert not worth_recording(recorded_unread, unread, now + 15)
+    assert worth_recording(recorded_unread, read, now + 15) and worth_recording(read, unread, now + 15)
+    assert not worth_recording(read, {**read, "scaleToZero": {**read["scaleToZero"], "heldRequests": 0.5}}, now + 15)
     # A gateway's series coming into use, and its bytes per token first measured, are recorded; its numbers are not.
     waiting = {"gateway": {"source": "prior", "window": "not yet used: its series have answered for 15s of 60s"}}
     used = {"gateway": {"source": "prior", "window": "rate window", "arrivingPromptTokensPerSecond": 900}}

@@ -42,6 +42,20 @@ POD_CIDR = "10.244.0.0/16"
 LWS_NAMESPACE = "lws-system"
 POD_FAILURE_STAGES = Path(__file__).parent / "kwok" / "pod-failures.yaml"
 ENGINE_IMAGE_KEY = ".spec.containers[0].image"  # how the pod failure stages choose their pods
+# A pod annotated with this (seconds, via spec.podTemplate.annotations) becomes ready that long after it was created,
+# as an engine loading its weights would; a pod without it is ready at once, as before.
+COLD_START_ANNOTATION = "kwok.m3fleet.test/cold-start-seconds"
+# kwok's pod-ready stage waits until the time this jq expression gives (creation + the annotation): an absolute time,
+# so a patch meanwhile (the operator's pod-deletion-cost) does not restart the wait, as a relative delay would; no
+# annotation gives nothing, and kwok's default delay, none.
+COLD_START_DELAY = {
+    "durationFrom": {
+        "jq": {
+            "expression": f'(.metadata.annotations["{COLD_START_ANNOTATION}"] // empty | tonumber) as $seconds'
+            " | .metadata.creationTimestamp | fromdateiso8601 + $seconds | todateiso8601"
+        }
+    }
+}
 STARTUP_SECONDS = 120.0  # the apiserver alone takes 20-60 s on 2 busy cores
 
 
@@ -64,7 +78,8 @@ def built_by(script: Path, error: type[Exception]) -> Path:
 
 def with_pod_failures(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """kwok's stages plus ours that make engine pods fail by image (kwok/pod-failures.yaml); kwok's own
-    pod-ready stage is told to leave those images alone, or it would race ours to the same pods."""
+    pod-ready stage is told to leave those images alone, or it would race ours to the same pods, and to wait for a
+    pod's cold start (COLD_START_ANNOTATION)."""
     failures = [d for d in yaml.safe_load_all(POD_FAILURE_STAGES.read_text()) if d]
     images = [
         value
@@ -77,6 +92,7 @@ def with_pod_failures(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if stage["metadata"]["name"] == "pod-ready":
             expressions = stage["spec"]["selector"]["matchExpressions"]
             expressions.append({"key": ENGINE_IMAGE_KEY, "operator": "NotIn", "values": images})
+            stage["spec"]["delay"] = COLD_START_DELAY
     return [*stages, *failures]
 
 

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ from tests.support.autoscaling.prom import (
 )
 from tests.support.cluster.cluster import Cluster, ClusterError
 from tests.support.cluster.cluster import eventually as cluster_eventually
+from tests.support.cluster.controlplane import COLD_START_ANNOTATION
 from tests.support.cluster.fleet import renamed, sample
 
 NAMESPACE = "loop"
@@ -35,13 +37,21 @@ DYNAMO_ROLE = "m3fleet.dev/dynamo-role"
 ROLE_SERIES_LABEL = "m3fleet_dev_dynamo_role"
 ACT, ADVISORY = "loop-act", "loop-advisory"
 QUIET, BUSY = 0.5, 2.5  # fleet-wide demand, in replicas' worth of KV at the 0.8 target
+KV_TARGET = 0.8  # the autoscaling target the demand is counted at (the spec's default)
+FULL = 0.95  # a stand-in's KV usage at most: what a replica cannot hold waits in its queue, unseen by the gauge
+QUEUE_LIMIT = FULL / KV_TARGET  # the demand on one replica at which its KV is full and requests start to queue
 IN_FLIGHT = 12.0  # requests running in the fleet, whatever the demand
 PROMPT = 8000.0
 REQUEST_RATE = 0.05  # per pod: the counters grow steadily (no counter resets when the load changes)
 
 
-def fleet(name: str, mode: str, stem: str = "vllm-h200-tp8") -> dict[str, Any]:
+def fleet(name: str, mode: str, stem: str = "vllm-h200-tp8", cold_start: int = 0) -> dict[str, Any]:
+    """An autoscaled fleet of the sample `stem`; kwok holds each new pod `cold_start` seconds before it is ready
+    (tests/support/cluster/controlplane.py's COLD_START_ANNOTATION), 0: ready at once."""
     document = renamed(sample(stem), name, NAMESPACE)
+    if cold_start:
+        metadata = document["spec"].setdefault("podTemplate", {}).setdefault("metadata", {})
+        metadata.setdefault("annotations", {})[COLD_START_ANNOTATION] = str(cold_start)
     document["spec"]["autoscaling"] = {
         "enabled": True,
         "mode": mode,
@@ -79,15 +89,28 @@ class Load(Protocol):
     def reading(self, fleet: str, pod: str, elapsed: float) -> Reading: ...
 
 
+@dataclass(frozen=True)
+class Ramp:
+    """A demand rising steadily from `start`, `per_second`, from when it was made."""
+
+    start: float
+    per_second: float
+    since: float = field(default_factory=time.monotonic)
+
+    def level(self) -> float:
+        return self.start + self.per_second * (time.monotonic() - self.since)
+
+
 class SteppedDemand:
     """A fleet-wide demand, in replicas' worth of KV at the 0.8 target, shared by the pods up; the test steps it
-    (`demand[fleet] = ...`). Each pod started later holds a quarter more than the one before it, so the pod a
-    ReplicaSet deletes by default (the newest) is the busiest. Requests in flight and the arrival rate per pod stay
-    the same, so the KV term decides (and the counters grow steadily: no resets when the demand changes)."""
+    (`demand[fleet] = ...`) or ramps it (`demand[fleet] = Ramp(...)`). Each pod started later holds a quarter more
+    than the one before it, so the pod a ReplicaSet deletes by default (the newest) is the busiest. A pod's KV
+    gauge stops at FULL (the rest queues). Requests in flight and the arrival rate per pod stay the same, so the KV
+    term decides (and the counters grow steadily: no resets when the demand changes)."""
 
     def __init__(self, plans: dict[str, Plan]) -> None:
         self.plans = plans
-        self.demand: dict[str, float] = {}
+        self.demand: dict[str, float | Ramp] = {}
         self.order: dict[str, list[str]] = {}  # the fleet's pods up, oldest stand-in first
 
     def follow(self, fleet: str, pods: Collection[str]) -> None:
@@ -98,12 +121,16 @@ class SteppedDemand:
         weights = [1 + 0.25 * i for i in range(len(order))]
         return weights[order.index(pod)] / sum(weights) if pod in order else 1 / len(order)
 
+    def level(self, fleet: str) -> float:
+        demand = self.demand.get(fleet, QUIET)
+        return demand.level() if isinstance(demand, Ramp) else demand
+
     def reading(self, fleet: str, pod: str, elapsed: float) -> Reading:
         plan, up = self.plans[fleet], max(1, len(self.order.get(fleet) or ()))
         state = EngineState(
             running=IN_FLIGHT / up,
             waiting=0,
-            kv_usage=min(0.95, 0.8 * self.demand.get(fleet, QUIET) * self.share(fleet, pod)),
+            kv_usage=min(FULL, KV_TARGET * self.level(fleet) * self.share(fleet, pod)),
             capacity_tokens=float(plan.kv_cache_tokens_per_replica),
             prompt_tokens_rate=REQUEST_RATE * PROMPT,
             generation_tokens_rate=REQUEST_RATE * 256,
@@ -172,7 +199,7 @@ class StandIns:
         self._thread = threading.Thread(target=self._follow, daemon=True)
 
     @property
-    def demand(self) -> dict[str, float]:
+    def demand(self) -> dict[str, float | Ramp]:
         assert isinstance(self.load, SteppedDemand), "only a stepped demand is set by hand"
         return self.load.demand
 
@@ -281,11 +308,14 @@ def replicas(cluster: Cluster, name: str) -> int:
 
 
 def events(cluster: Cluster, name: str, reason: str) -> list[str]:
-    return [
-        str(e.get("message") or "")
+    """The messages of the resource's Events with this reason, oldest first."""
+    found = [
+        e
         for e in cluster.list("events", NAMESPACE)
         if e.get("reason") == reason and e["involvedObject"].get("name") == name
     ]
+    found.sort(key=lambda e: str(e.get("eventTime") or e.get("firstTimestamp") or e["metadata"]["creationTimestamp"]))
+    return [str(e.get("message") or "") for e in found]
 
 
 def spec_managers(cluster: Cluster, name: str) -> set[str]:

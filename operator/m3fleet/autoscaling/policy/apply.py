@@ -45,8 +45,8 @@ RECORD_HEARTBEAT_SECONDS = 300.0
 
 def worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], now: float) -> bool:
     """Record when what is decided changes (the reason's numbers drift every tick and do not count), or the
-    horizon's source (the first measured time-to-ready), and otherwise at most every RECORD_HEARTBEAT_SECONDS, so
-    the terms shown stay current without a write per tick."""
+    horizon's source (the first measured time-to-ready), or whether the metrics or the held-request count are read,
+    and otherwise at most every RECORD_HEARTBEAT_SECONDS, so the terms shown stay current without a write per tick."""
     if not previous:
         return True
     keys = ("desiredReplicas", "action", "mode", "panic", "applied")
@@ -60,6 +60,8 @@ def worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], no
         return True  # a gateway's series came into use, or its bytes per token were first measured
     if _held_without_metrics(previous) != _held_without_metrics(decision):
         return True  # the metrics went away (status must say so while it holds) or came back
+    if _held_requests_read(previous) != _held_requests_read(decision):
+        return True  # the endpoint picker's held-request count became readable or stopped being: at zero, the way up
     last = epoch(previous.get("time"))
     return last is None or now - last >= RECORD_HEARTBEAT_SECONDS
 
@@ -67,6 +69,13 @@ def worth_recording(previous: Mapping[str, Any], decision: Mapping[str, Any], no
 def _held_without_metrics(record: Mapping[str, Any]) -> bool:
     """Whether a recorded decision held for want of metrics (it has no need computed from them)."""
     return "needReplicas" not in (record.get("terms") or {})
+
+
+def _held_requests_read(record: Mapping[str, Any]) -> bool | None:
+    """Whether a recorded decision read the endpoint picker's held-request count (None: no zero rule applies). A
+    fleet at zero wakes only on that count, so status must say at once when it cannot be read, and when it can."""
+    zero = record.get("scaleToZero")
+    return None if not isinstance(zero, Mapping) else zero.get("heldRequests") is not None
 
 
 def _gateway_use(record: Mapping[str, Any]) -> tuple[Any, bool]:
