@@ -74,6 +74,7 @@ from tests.support.cluster.standins import (
     replicas,
     scrape_config,
     spec_managers,
+    timed_events,
 )
 from tests.support.ports import free_port
 
@@ -582,9 +583,10 @@ def test_a_long_context_burst_scenario_drives_the_loop(
     prompts, 30 s of the chat after it) served in real time by the simulator's engine model on the pods kwok
     runs, each ready a cold start after it was created (the burst's first prompts wait on the one replica
     meanwhile). The prompt load, not a scripted gauge, scales the fleet up; the added pods take their share of the
-    requests; the default scale-down window holds the burst's fleet while it lasts, and once its long prompts
-    stop arriving (and nothing waits) each tick goes straight to what its need says, back to one replica, not one
-    replica a tick."""
+    requests; nothing is released that is needed again (no scale-up follows a scale-down: a replica ordered for a
+    backlog alone may go once the panic hold ends, the window keeps only the steady need); once its long prompts
+    stop arriving the window forgets the burst, long before the default 300 s, and each tick goes straight to what
+    its need says, back to one replica, not one replica a tick."""
     name = "loop-scenario"
     document = fleet(name, "act", cold_start=COLD_START)
     document["spec"]["model"] = {"variant": "mxfp8", "source": {"pvc": {"claimName": "m3-weights-mxfp8"}}}
@@ -630,20 +632,25 @@ def test_a_long_context_burst_scenario_drives_the_loop(
                 what_now=lambda: autoscaling(chart, name),
             )
             added = standins.started[1:]
-            assert len(added) >= 2 and all(load.served(pod) > 0 for pod in added), (
+            assert sum(load.served(pod) > 0 for pod in added) >= 2, (
                 added,
                 [load.served(p) for p in added],
-            )  # the router gave the new replicas their share
-            # The default window held the burst's fleet while its long prompts arrived: every scale-down came once
-            # they stopped, when the window forgets the burst. Each then went straight to what its own need said
-            # (the first tick after the burst may still count its last prompts in the rate window), not one
-            # replica a tick as the default step limit would: at least one removed two or more.
-            down = [m for m in events(chart, name, "Scaled") if "scale-down" in m]
-            assert down and all("long prompts stopped arriving" in m for m in down), down
+            )  # the router gave the new replicas their share (one ordered late may go before it serves)
+            # Once the long prompts stopped arriving the window forgot the burst (on that tick, or on the first after
+            # the panic hold, whose message then lacks the note): the fleet went back to one replica well inside
+            # the default 300 s scale-down window after its last scale-up, which would otherwise have held the
+            # burst's recorded need that long. Each scale-down went straight to what its own need said (the first
+            # tick after the burst may still count its last prompts in the rate window), not one replica a tick as
+            # the default step limit would.
+            scaled = timed_events(chart, name, "Scaled")
+            down = [m for _, m in scaled if "scale-down" in m]
+            last_up = max(t for t, m in scaled if "scale-up" in m)
+            back_to_one = max(t for t, m in scaled if "scale-down" in m)
+            window = parse_resource(document).spec.autoscaling.behavior.scale_down.stabilization_window_seconds
+            assert back_to_one - last_up < window, (back_to_one - last_up, scaled)
             released = list(zip(_moves(down), map(_need, down), strict=True))
             least = document["spec"]["autoscaling"]["minReplicas"]
             assert all(after in _rounded_up(need, least) for (_, _, after), need in released), down
-            assert any(before - after >= 2 for (_, before, after), _ in released), down
             eventually("every request of the slice finished", lambda: load.result().unfinished == 0, 60)
             capacity = autoscaling(chart, name).get("capacity") or {}
             assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, capacity

@@ -291,13 +291,37 @@ def test_the_apiserver_dies_mid_reconcile_and_the_operator_converges(fleet: Clus
             assert fleet.get("service", f"{name}-api", NAMESPACE) is not None
         finally:
             delete(fleet, name, NAMESPACE)
-        # A booting apiserver answers 403 until its RBAC caches fill; once it is ready, never again.
-        late = [describe(e) for e in op.requests() if e.get("stageTimestamp", "") > ready_again and _forbidden(e)]
-        assert late == [], late
+        # A booting apiserver answers 403 until its RBAC caches fill, and under load that may outlast its /readyz by
+        # a moment (a CI run saw three PDB patches refused after it). A grant the chart lacks refuses every try; a
+        # cache still filling only the first ones: every request refused once ready succeeded on a later try.
+        requests = op.requests()
+        refused = [
+            (i, e) for i, e in enumerate(requests) if e.get("stageTimestamp", "") > ready_again and _forbidden(e)
+        ]
+        never_granted = [
+            f"{describe(e)}: {(e.get('responseStatus') or {}).get('message')}"
+            for i, e in refused
+            if not any(_same_request(e, later) and _succeeded(later) for later in requests[i + 1 :])
+        ]
+        assert never_granted == [], never_granted
 
 
 def _forbidden(event: dict[str, Any]) -> bool:
     return (event.get("responseStatus") or {}).get("code") == 403
+
+
+def _succeeded(event: dict[str, Any]) -> bool:
+    return 200 <= int((event.get("responseStatus") or {}).get("code") or 0) < 300
+
+
+def _same_request(event: dict[str, Any], other: dict[str, Any]) -> bool:
+    """The same verb on the same object (an audit event's verb and objectRef)."""
+
+    def target(e: dict[str, Any]) -> tuple[Any, ...]:
+        ref = e.get("objectRef") or {}
+        return e.get("verb"), ref.get("resource"), ref.get("subresource"), ref.get("namespace"), ref.get("name")
+
+    return target(event) == target(other)
 
 
 def test_two_peering_operators_the_paused_one_writes_nothing(fleet: Cluster) -> None:

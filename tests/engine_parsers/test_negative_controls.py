@@ -1,7 +1,8 @@
 """Negative controls for the engine-parser tier: the check can pass AND can fail.
 
-Every item goes through ONE `runner.check()` call (vLLM's import alone takes 7-30 s). Without the
-engine venvs these tests fail with the build command; `M3FLEET_SKIP_ENGINE_PARSERS=1` skips them.
+Every item goes through ONE `runner.check()` call per session, with the rendered commands (conftest.py; vLLM's
+import alone takes 7-30 s). Without the engine venvs these tests fail with the build command;
+`M3FLEET_SKIP_ENGINE_PARSERS=1` skips them.
 """
 
 from __future__ import annotations
@@ -90,12 +91,10 @@ ITEMS: dict[str, tuple[str, list[str]]] = {
 
 
 @pytest.fixture(scope="module")
-def verdicts() -> dict[str, dict[str, Any]]:
-    """id -> checker result for every item in ITEMS; {} when the venvs are missing."""
-    if runner.find_engine_pythons() is None:
-        return {}
-    items = [{"id": i, "engine": engine, "argv": argv} for i, (engine, argv) in ITEMS.items()]
-    return {result["id"]: result for result in runner.check(items)}
+def verdicts(engine_verdicts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """id -> checker result for every item in ITEMS (one checker run with the rendered commands, conftest.py); {}
+    when the venvs are missing."""
+    return engine_verdicts
 
 
 def verdict(verdicts: dict[str, dict[str, Any]], item_id: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -86,9 +87,16 @@ def value_for(engine: str, dest: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def tables() -> dict[str, Any]:
+def parsers() -> Iterator[option_table_write.Parsers]:
+    """Each engine's parser in its venv, imported once for the module's table and probes."""
     require_engines()
-    return option_table_write.dump()
+    with option_table_write.Parsers() as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def tables(parsers: option_table_write.Parsers) -> dict[str, Any]:
+    return parsers.dump()
 
 
 def test_checked_in_table_is_what_the_pinned_parsers_define(tables: dict[str, Any]) -> None:
@@ -121,7 +129,9 @@ def spellings(table: OptionTable, valueless: set[str], engine: str, dest: str) -
 
 
 @pytest.mark.parametrize("engine", runner.ENGINES)
-def test_every_spelling_of_an_owned_flag_is_refused_and_really_sets_it(engine: str, tables: dict[str, Any]) -> None:
+def test_every_spelling_of_an_owned_flag_is_refused_and_really_sets_it(
+    engine: str, tables: dict[str, Any], parsers: option_table_write.Parsers
+) -> None:
     table = flags.table_from_json(engine, tables[engine])
     valueless = set(tables[engine]["valueless"])
     owned = OWNED[engine]
@@ -135,7 +145,7 @@ def test_every_spelling_of_an_owned_flag_is_refused_and_really_sets_it(engine: s
             if dest not in CONSUMED_BEFORE_ARGPARSE:
                 items.append({"id": f"{dest}:{' '.join(argv)}", "argv": argv, "dests": [dest], "flag": flag.flag})
     assert len(items) > 3 * len(owned)  # aliases, = forms and prefixes, not just the canonical spelling
-    results = option_table_write.probe(engine, [{k: v for k, v in i.items() if k != "flag"} for i in items])
+    results = parsers.probe(engine, [{k: v for k, v in i.items() if k != "flag"} for i in items])
     wrong = [
         f"{item['argv']}: {results[item['id']]['error'] or 'did not set ' + item['dests'][0]}"
         for item in items
@@ -147,7 +157,9 @@ def test_every_spelling_of_an_owned_flag_is_refused_and_really_sets_it(engine: s
 
 
 @pytest.mark.parametrize("engine", runner.ENGINES)
-def test_what_the_guard_lets_through_sets_no_owned_option(engine: str, tables: dict[str, Any]) -> None:
+def test_what_the_guard_lets_through_sets_no_owned_option(
+    engine: str, tables: dict[str, Any], parsers: option_table_write.Parsers
+) -> None:
     table = flags.table_from_json(engine, tables[engine])
     owned = OWNED[engine]
     owned_dests = sorted({table.options[f.flag] for f in owned} - CONSUMED_BEFORE_ARGPARSE)
@@ -158,7 +170,7 @@ def test_what_the_guard_lets_through_sets_no_owned_option(engine: str, tables: d
         flags.check_extra_args([option], table, owned)  # let through
         items.append({"id": option, "argv": [option], "dests": owned_dests})
     assert len(items) > 50
-    results = option_table_write.probe(engine, items)
+    results = parsers.probe(engine, items)
     touched = {i: r["touched"] for i, r in results.items() if r["touched"]}
     errors = {i: r["error"] for i, r in results.items() if r["error"]}
     assert not touched, f"{engine} sets an owned option from a flag the guard let through: {touched}"

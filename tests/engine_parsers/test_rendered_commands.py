@@ -2,8 +2,9 @@
 
 Items: every sample in manifests/samples/ plus a fixed grid (engine x accelerator x variant x strategy x
 context x KV dtype x text-only, MXFP4 x MoE backend; single pods and multi-node leader + worker), see
-grid.py. All go through ONE `runner.check()` call: importing vLLM alone takes 7-30 s. Without the engine
-venvs these tests fail with the build command; `M3FLEET_SKIP_ENGINE_PARSERS=1` skips them.
+grid.py. All go through ONE `runner.check()` call per session (conftest.py): importing vLLM alone takes
+7-30 s. Without the engine venvs these tests fail with the build command; `M3FLEET_SKIP_ENGINE_PARSERS=1` skips
+them.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ COMMANDS = [command for rendered in RENDERED for command in grid.commands(render
 
 
 @pytest.fixture(scope="module")
-def verdicts() -> dict[str, dict[str, Any]]:
-    """id -> checker result for every command; fails (never skips) with the build hint without the venvs."""
+def verdicts(engine_verdicts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """id -> checker result for every command (one checker run with the negative controls, conftest.py); fails
+    (never skips) with the build hint without the venvs."""
     require_engines()
-    items = [{"id": c.id, "engine": c.engine, "argv": c.argv} for c in COMMANDS]
-    return {result["id"]: result for result in runner.check(items)}
+    return engine_verdicts
 
 
 @needs_engines

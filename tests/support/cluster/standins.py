@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from m3fleet.api.models import Plan
 from m3fleet.autoscaling.signals import one_two_five_buckets
+from m3fleet.autoscaling.time_to_ready import epoch
 from tests.support.autoscaling.prom import (
     EngineState,
     MetricsServer,
@@ -309,13 +310,19 @@ def replicas(cluster: Cluster, name: str) -> int:
 
 def events(cluster: Cluster, name: str, reason: str) -> list[str]:
     """The messages of the resource's Events with this reason, oldest first."""
-    found = [
-        e
-        for e in cluster.list("events", NAMESPACE)
-        if e.get("reason") == reason and e["involvedObject"].get("name") == name
-    ]
-    found.sort(key=lambda e: str(e.get("eventTime") or e.get("firstTimestamp") or e["metadata"]["creationTimestamp"]))
-    return [str(e.get("message") or "") for e in found]
+    return [message for _, message in timed_events(cluster, name, reason)]
+
+
+def timed_events(cluster: Cluster, name: str, reason: str) -> list[tuple[float, str]]:
+    """(when, in epoch seconds; message) of the resource's Events with this reason, oldest first."""
+    found = []
+    for event in cluster.list("events", NAMESPACE):
+        if event.get("reason") == reason and event["involvedObject"].get("name") == name:
+            stamp = event.get("eventTime") or event.get("firstTimestamp") or event["metadata"]["creationTimestamp"]
+            when = epoch(stamp)
+            assert when is not None, event
+            found.append((when, str(event.get("message") or "")))
+    return sorted(found, key=lambda timed: timed[0])
 
 
 def spec_managers(cluster: Cluster, name: str) -> set[str]:

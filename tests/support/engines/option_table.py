@@ -6,7 +6,7 @@ vLLM or SGLang, so the owned-flag guard (m3fleet.engines.flags) reads the checke
 operator/m3fleet/engines/engine-options.json; test_option_table.py fails when that file differs from what the
 pinned parsers say, and `python -m tests.support.engines.option_table_write` rewrites it.
 
-    argv:   vllm | sglang
+    argv:   vllm | sglang [serve]
     stdout: {"version": str, "allowAbbrev": bool, "rewritesUnderscores": bool, "dottedKeys": bool,
              "options": {option string: dest}}
 
@@ -89,12 +89,20 @@ def probe(parser: argparse.ArgumentParser, base: list[str], item: dict[str, Any]
 
 
 def main() -> int:
-    """`option_table.py ENGINE`: the table; `option_table.py ENGINE probe` < [{"id", "argv", "dests"}]: probes."""
+    """`option_table.py ENGINE`: the table. `option_table.py ENGINE serve`: one JSON request a line on stdin, one
+    JSON answer a line on stdout, until stdin closes: "table", or [{"id", "argv", "dests"}] to probe. The engine is
+    imported once for all of them (most of a run's time)."""
     engine, mode = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "table"
-    items = json.load(sys.stdin) if mode == "probe" else []
     out = checker.claim_stdout()
     parser, base = PARSERS[engine]()
-    checker.emit(out, table(parser, engine) if mode == "table" else [probe(parser, base, i) for i in items])
+    if mode == "table":
+        checker.emit(out, table(parser, engine))
+        return 0
+    for line in sys.stdin:
+        request = json.loads(line)
+        answer = table(parser, engine) if request == "table" else [probe(parser, base, i) for i in request]
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
     return 0
 
 
