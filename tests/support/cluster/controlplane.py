@@ -388,7 +388,8 @@ class ControlPlane:
     def restart_apiserver(self) -> str:
         """Kill -9 the apiserver (etcd keeps its data) and start it again on the same port. Returns when it
         was ready again (UTC, the audit log's format): until then it refuses requests as it boots (503, 429,
-        and 403 before its RBAC caches fill), which says nothing about the RBAC a client was granted."""
+        and 403 before its RBAC caches fill, which under load may outlast /readyz by a moment), which says nothing
+        about the RBAC a client was granted."""
         process = self.processes["kube-apiserver"]
         assert process.popen is not None
         os.kill(process.pid, signal.SIGKILL)
