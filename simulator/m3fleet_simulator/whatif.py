@@ -448,8 +448,8 @@ def config_summary(config: PolicyConfig) -> dict[str, Any]:
     return {
         "gatewayHoldsRequests": config.gateway_holds_requests,
         "burstHold": (
-            f"recurring bursts, and bursts of chat from the first, held for max(scale-down window, "
-            f"{config.burst_hold_cold_starts:g} x time-to-ready)"
+            f"recurring bursts held for max(scale-down window, {config.burst_hold_cold_starts:g} x time-to-ready), "
+            "a burst of chat and the fleet as found until the SLO's error budget covers a recurrence"
             if config.burst_hold
             else "off"
         ),

@@ -636,12 +636,12 @@ def test_a_long_context_burst_scenario_drives_the_loop(
                 added,
                 [load.served(p) for p in added],
             )  # the router gave the new replicas their share (one ordered late may go before it serves)
-            # Once the long prompts stopped arriving the window forgot the burst (on that tick, or on the first after
-            # the panic hold, whose message then lacks the note): the fleet went back to one replica well inside
-            # the default 300 s scale-down window after its last scale-up, which would otherwise have held the
-            # burst's recorded need that long. Each scale-down went straight to what its own need said (the first
-            # tick after the burst may still count its last prompts in the rate window), not one replica a tick as
-            # the default step limit would.
+            # Once the long prompts stopped arriving the window forgot the burst, and the scale-downs came on that
+            # tick or, while the panic hold lasted, on the first tick after it (whose message then lacks the note):
+            # the fleet went back to one replica well inside the default 300 s scale-down window after its last
+            # scale-up, which would otherwise have held the burst's recorded need that long. Each scale-down went
+            # straight to what its own need said (the first tick after the burst may still count its last prompts
+            # in the rate window), not one replica a tick as the default step limit would.
             scaled = timed_events(chart, name, "Scaled")
             down = [m for _, m in scaled if "scale-down" in m]
             last_up = max(t for t, m in scaled if "scale-up" in m)

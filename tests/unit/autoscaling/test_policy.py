@@ -404,23 +404,26 @@ def test_recurring_bursts_are_held_a_single_burst_is_not() -> None:
 
 
 @pytest.mark.parametrize(
-    ("burst", "held"),
+    ("burst", "held", "by"),
     [
-        ((NOW - 600, 3, True), 3),  # a chat burst ten minutes ago: its replicas stay for the next one
-        ((NOW - 600, 3, False), 1),  # a burst of long prompts: not held the first time (test above)
-        ((NOW - 9000, 3, True), 1),  # a chat burst older than its standing time (below)
+        ((NOW - 600, 3, True), 3, "standing"),  # a chat burst ten minutes ago: its replicas stay for the next one
+        ((NOW - 600, 3, False), 1, "scaleDownWindow"),  # a burst of long prompts: not held the first time (above)
+        ((NOW - 9000, 3, True), 1, "scaleDownWindow"),  # a chat burst older than its standing time (below)
     ],
 )
-def test_a_single_burst_of_chat_is_held_for_a_hold_window(burst: tuple[float, int, bool], held: int) -> None:
+def test_a_single_burst_of_chat_stands_one_of_long_prompts_does_not(
+    burst: tuple[float, int, bool], held: int, by: str
+) -> None:
     """A jump in chat requests lasts minutes, shorter than a cold start: the replicas it orders are ready after
-    it, and only replicas kept from it serve the next one. So even a first chat burst holds what it needed for a
-    hold window from its start."""
+    it, and only replicas kept from it serve the next one. So even a first chat burst's capacity stands (the
+    standing rule, not the burst floor: that holds only bursts that recurred)."""
     state = steady_state(request_rate=1.0, prompt_tokens=4_000, bursts=(burst,))
     chat = replicas(3, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0 / 3)
     decision, _ = decide(ROUND, state, snapshot(*chat), fleet(3))
     assert decision.terms["needReplicas"] < 1 and decision.recommended_replicas == held
-    assert ("a burst of chat came 600s ago" in decision.reason) is (held > 1), decision.reason
-    assert decision.decided_by == ("burstHold" if held > 1 else "scaleDownWindow")
+    assert ("a burst of chat needed 3 600s ago" in decision.reason) is (held > 1), decision.reason
+    assert decision.terms["burstHoldReplicas"] == 0.0
+    assert decision.decided_by == by
 
 
 def test_a_chat_burst_stands_until_the_slos_error_budget_covers_a_recurrence() -> None:

@@ -166,7 +166,7 @@ def test_an_engine_queue_never_occupies_more_than_its_replica(
     load=loads(),
     bursts=st.lists(st.tuples(st.floats(0, 4000), st.integers(1, 16), st.booleans()), max_size=2),
 )
-def test_the_burst_hold_only_raises_and_only_for_recurring_or_chat_bursts(
+def test_the_burst_hold_and_standing_rule_only_raise_and_only_for_recurring_or_chat_bursts(
     cfg: PolicyConfig, replicas: int, load: dict[str, float], bursts: list[tuple[float, int, bool]]
 ) -> None:
     state = PolicyState(

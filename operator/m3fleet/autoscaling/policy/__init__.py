@@ -50,8 +50,9 @@ the need has not wanted for a minute are released (the windows keep ready replic
 estimate's order).
 Missing, stale or unreachable metrics hold; partial metrics can scale up but never down. A
 cold-start-aware hold (`burst_hold`) keeps the capacity of bursts that recur within max(scale-down
-window, 3 x time-to-ready) of each other, from a rate window after each one's start, and of a burst of
-chat from the first: shorter than a cold start, such bursts are served only by replicas already there.
+window, 3 x time-to-ready) of each other, from a rate window after each one's start; a burst of chat,
+shorter than a cold start and so served only by replicas already there, stands from the first by the
+standing rule (until the SLO's error budget covers a recurrence).
 A scale-down prices each measured replica by its resident KV (`removal_costs`), so the operator can
 have the replicas holding the least work removed first.
 

@@ -91,7 +91,7 @@ TERMS: Final[tuple[Term, ...]] = (
     ),
     Term(
         "burstHold",
-        "what two bursts within a hold window both needed (a burst of chat: what it needed)",
+        "what two bursts within a hold window both needed",
         "a burst shorter than a cold start is served only by replicas already there",
     ),
     Term(
