@@ -128,6 +128,40 @@ def test_chat_prompts_and_unexplained_waits_teach_nothing() -> None:
     assert state.prefill_samples == 0  # a queue now and no queue-time histogram: the TTFTs hold its waits
 
 
+def chat(at: float, *, prefill: float, prompt: float = 6_000, rate: float = 10_000) -> MetricsSnapshot:
+    """One replica serving `prompt`-token chat requests that the engine prefilled in `prefill` s each by its own
+    clock (vLLM's request_prefill_time_seconds), with 0.3 s of API-server time in their TTFTs on top."""
+    base = long_prompts(at, rate=rate, ttft=prefill + 0.3, prompt=prompt).replicas[0]
+    n = 30.0
+    timed = Histogram(bounds=(float("inf"),), cumulative=(n,), total=n * prefill, count=n)
+    return snapshot(replace(base, prefill_seconds=timed), time=at)
+
+
+def test_chat_prefill_times_cap_an_optimistic_prior_from_the_third_tick() -> None:
+    # The prior says 100k tokens/s; the engine prefills 6k-token prompts in 0.12 s: 50k/s. A fleet serving only chat
+    # plans with 1.25 x that once LEARNED_AFTER ticks showed it, and learns no floor from it.
+    decisions = learn([chat(NOW + 15 * i, prefill=0.12) for i in range(4)])
+    planned = [d.terms["prefillTokensPerSecondPerReplica"] for d in decisions]
+    assert planned[:2] == [100_000, 100_000]
+    assert planned[2:] == [pytest.approx(62_500)] * 2
+    assert decisions[-1].prefill["cappedBy"] == "chat requests' prefill time"
+    assert decisions[-1].prefill["learnedTokensPerSecond"] is None
+    # A tick without finished chat requests starts the count again.
+    quiet = snapshot(replica(running=0, sample_time=NOW + 60), time=NOW + 60)
+    again = learn([*(chat(NOW + 15 * i, prefill=0.12) for i in range(3)), quiet, chat(NOW + 75, prefill=0.12)])
+    assert again[-1].terms["prefillTokensPerSecondPerReplica"] == 100_000
+
+
+def test_chat_prefill_times_leave_a_right_prior_and_short_prompts_alone() -> None:
+    # 6k tokens in 0.05 s: 120k/s, a ceiling of 150k over a prior of 100k: the prior stands.
+    right = learn([chat(NOW + 15 * i, prefill=0.05) for i in range(4)])[-1]
+    assert right.terms["prefillTokensPerSecondPerReplica"] == 100_000 and "cappedBy" not in right.prefill
+    # 1k-token prompts take a forward pass whatever their length (below prior x step = 2.5k tokens): 0.05 s says
+    # nothing of the throughput.
+    short = learn([chat(NOW + 15 * i, prefill=0.05, prompt=1_000) for i in range(4)])[-1]
+    assert short.terms["prefillTokensPerSecondPerReplica"] == 100_000
+
+
 def test_time_to_ready_from_the_pods_phases() -> None:
     def pod(name: str, created: int, scheduled: int | None, started: int | None, ready: int | None) -> dict:
         def ts(offset: int) -> str:
