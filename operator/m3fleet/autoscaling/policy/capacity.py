@@ -88,6 +88,16 @@ def checked_capacity(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> C
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """What the engines showed of the prefill throughput: a prior above `ceiling` is discredited and `measured`
+    planned with instead."""
+
+    ceiling: float
+    measured: float
+    shown_by: str
+
+
+@dataclass(frozen=True)
 class LearnedPrefill:
     per_replica: float  # prompt tokens/s one replica prefills, to plan with
     learned: float | None  # the learned floor to keep
@@ -165,16 +175,16 @@ def learned_prefill(
             samples += 1
     cap_ticks = state.prefill_cap_ticks + 1 if chat else 0
     learned_ready = learned is not None and samples >= LEARNED_AFTER
-    # (ceiling, the speed measured under it, what showed it): a prior above the ceiling is discredited and the policy
-    # plans with the measurement, as it does when the prior is below it (the learned floor lifts it).
-    evidence: tuple[float, float, str] | None = None
+    # A prior above the ceiling is discredited and the policy plans with the measurement, as it does when the prior
+    # is below it (the learned floor lifts it).
+    evidence: Evidence | None = None
     if learned_ready and learned is not None and cap is not None:
-        evidence = (cap, learned, "long prompts' TTFT")
+        evidence = Evidence(cap, learned, "long prompts' TTFT")
     elif chat and cap_ticks >= LEARNED_AFTER:
-        evidence = (clamp(max(c for _, c in chat)), clamp(max(f for f, _ in chat)), "chat requests' prefill time")
-    used = prior
-    if evidence is not None and prior > evidence[0]:
-        used = evidence[1]
+        ceiling, measured = clamp(max(c for _, c in chat)), clamp(max(f for f, _ in chat))
+        evidence = Evidence(ceiling, measured, "chat requests' prefill time")
+    discredited = evidence is not None and prior > evidence.ceiling
+    used = evidence.measured if evidence is not None and discredited else prior
     if learned_ready and learned is not None:
         used = max(used, learned)
     status: dict[str, Any] = {
@@ -183,8 +193,8 @@ def learned_prefill(
         "samples": samples,
         "source": "prior" if used == prior else "learned",
     }
-    if evidence is not None and prior > evidence[0]:
-        status.update(priorAboveTokensPerSecond=round(evidence[0]), discreditedBy=evidence[2])
+    if evidence is not None and discredited:
+        status.update(priorAboveTokensPerSecond=round(evidence.ceiling), discreditedBy=evidence.shown_by)
     return LearnedPrefill(used, learned, samples, cap_ticks, status)
 
 
