@@ -13,7 +13,7 @@ from m3fleet.api import parse_resource
 from m3fleet.autoscaling.signals import FleetState, GatewaySignals, MetricsSnapshot
 from m3fleet_simulator import whatif as sim
 from m3fleet_simulator.fleet import PerfModel, Simulation
-from m3fleet_simulator.scenarios import Mixture, Request
+from m3fleet_simulator.scenarios import SCENARIOS, Mixture, Request
 from tests.bench.autoscaling import learning as bench_learning
 from tests.bench.autoscaling import oracle as bench_oracle
 from tests.bench.autoscaling import report as bench_report
@@ -411,7 +411,7 @@ def test_repeated_long_bursts_come_back_within_minutes() -> None:
     # around the five-minute scale-down window, all under three 3-6 minute cold starts), at one drawn rate and mix.
     counts = set()
     for seed in range(1, 31):
-        phases = sim.prepare("repeated-long-bursts", seed=seed).scenario.phases(seed)
+        phases = SCENARIOS["repeated-long-bursts"].phases(seed)
         bursts = [p for p in phases if p.label == "long-context burst"]
         counts.add(len(bursts))
         assert 8 * 60 <= bursts[0].start <= 25 * 60 and phases[-1].end == 60 * 60
