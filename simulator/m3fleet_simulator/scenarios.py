@@ -241,6 +241,27 @@ def _long_context_burst(rng: random.Random, day: random.Random) -> list[Phase]:
     ]
 
 
+def _repeated_long_bursts(rng: random.Random, day: random.Random) -> list[Phase]:
+    """Chat at a seeded rate all hour; from a seeded minute, two or three long-context bursts of 2-5 minutes each
+    with 1-8 minutes of chat between them (count, lengths, gaps, rate and mix drawn from the seed): a team re-running
+    its long documents, demand that comes back within minutes. The gaps span what a fleet may bridge: shorter ones
+    than the five-minute scale-down window, and all shorter than three 3-6 minute cold starts (the burst floor's hold
+    window), so releasing the first burst's replicas and cold-starting them again may not pay."""
+    rate = rng.uniform(0.35, 0.6)
+    start = rng.uniform(8, 25) * MINUTE
+    burst_rate = rate * rng.uniform(0.8, 1.4)
+    mix = _long_mix(rng)
+    phases: list[Phase] = []
+    cursor = 0.0
+    for _ in range(rng.randint(2, 3)):
+        end = start + rng.uniform(2, 5) * MINUTE
+        phases.append(Phase(cursor, start, rate, CHAT_PROMPT, CHAT_OUTPUT, "chat"))
+        phases.append(Phase(start, end, burst_rate, mix, LONG_OUTPUT, "long-context burst"))
+        cursor, start = end, end + rng.uniform(1, 8) * MINUTE
+    phases.append(Phase(cursor, 60 * MINUTE, rate, CHAT_PROMPT, CHAT_OUTPUT, "chat"))
+    return phases
+
+
 def _sporadic_long_prompts(rng: random.Random, day: random.Random) -> list[Phase]:
     """Chat at a seeded rate all hour, with a long prompt from the long-context mix every few minutes on
     average (Poisson, a seeded mean gap): single long requests, never a burst. What a reactive policy pays
@@ -340,6 +361,17 @@ SCENARIOS: dict[str, Scenario] = {
             duration=60 * MINUTE,
             **LONG_CONTEXT_FLEET,
             build_phases=_long_context_burst,
+        ),
+        Scenario(
+            name="repeated-long-bursts",
+            description=(
+                "chat at 0.35-0.6 requests/s for an hour; from minute 8-25, two or three bursts of 100k-1M-token "
+                "prompts at 0.8-1.4x the rate, each 2-5 minutes long with 1-8 minutes of chat between them (count, "
+                "lengths, gaps, rate and mix drawn from the seed): long-context demand that comes back within minutes"
+            ),
+            duration=60 * MINUTE,
+            **LONG_CONTEXT_FLEET,
+            build_phases=_repeated_long_bursts,
         ),
         Scenario(
             name="sporadic-long-prompts",

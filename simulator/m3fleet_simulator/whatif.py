@@ -448,8 +448,7 @@ def config_summary(config: PolicyConfig) -> dict[str, Any]:
     return {
         "gatewayHoldsRequests": config.gateway_holds_requests,
         "burstHold": (
-            f"recurring bursts held for max(scale-down window, {config.burst_hold_cold_starts:g} x time-to-ready), "
-            "a burst of chat and the fleet as found until the SLO's error budget covers a recurrence"
+            "a burst of chat and the fleet as found held until the SLO's error budget covers a recurrence"
             if config.burst_hold
             else "off"
         ),

@@ -43,7 +43,7 @@ WORSE_SHARE: Final = 0.02  # ... for at most this share more GPU-hours beats the
 LEAD_SHARE: Final = 0.9  # long-context lead on this share of seeds
 GOAL_REACHED: Final = 0.96  # the cold-start goal is asked where the envelope reaches this ...
 GOAL_ORACLE_RATIO: Final = 1.25  # ... within this many times the oracle's GPU-hours
-COLD_START_GOALS: Final = {"long-context-burst": 0.95, "recurring-burst": 0.97}
+COLD_START_GOALS: Final = {"long-context-burst": 0.95, "repeated-long-bursts": 0.95, "recurring-burst": 0.97}
 ROBUST_POINTS: Final = 3.0
 POLICY: Final = "context-aware"
 

@@ -43,11 +43,11 @@ SWEEPS: Final[dict[str, tuple[str, tuple[float, ...]]]] = {
     "queue-length": ("waitingPerReplica", (0.5, 1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32)),
 }
 DEFAULTS: Final = {"request-count": 16.0, "kv-utilization": 0.8, "queue-length": 5.0}
-LONG_CONTEXT: Final = ("long-context-burst", "recurring-burst")
+LONG_CONTEXT: Final = ("long-context-burst", "repeated-long-bursts", "recurring-burst")
 DOMINANCE_POINTS, DOMINANCE_SHARE = 0.5, 0.02
 ORACLE_RATIO = 1.25
 LEAD_POINTS, LEAD_SAVED = 5.0, 0.20
-COLD_START_90: Final = {"long-context-burst": 0.95, "recurring-burst": 0.97}
+COLD_START_90: Final = {"long-context-burst": 0.95, "repeated-long-bursts": 0.95, "recurring-burst": 0.97}
 PRIOR_LOSS_POINTS = 3.0
 LATE_TICKS: Final = (1, 2)  # the late oracle knows the burst from its first, then its second tick
 

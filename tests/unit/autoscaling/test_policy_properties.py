@@ -166,7 +166,7 @@ def test_an_engine_queue_never_occupies_more_than_its_replica(
     load=loads(),
     bursts=st.lists(st.tuples(st.floats(0, 4000), st.integers(1, 16), st.booleans()), max_size=2),
 )
-def test_the_burst_hold_and_standing_rule_only_raise_and_only_for_recurring_or_chat_bursts(
+def test_the_standing_rule_only_raises_and_only_for_a_chat_burst(
     cfg: PolicyConfig, replicas: int, load: dict[str, float], bursts: list[tuple[float, int, bool]]
 ) -> None:
     state = PolicyState(
@@ -177,7 +177,7 @@ def test_the_burst_hold_and_standing_rule_only_raise_and_only_for_recurring_or_c
     plain = decide(replace(cfg, burst_hold=False), state, snap, fleet(replicas))[0]
     assert held.recommended_replicas >= plain.recommended_replicas
     assert held.desired_replicas >= plain.desired_replicas
-    if len(bursts) < 2 and not any(chat for *_, chat in bursts):  # one burst of long prompts is no pattern
+    if not (state.bursts and state.bursts[-1][2]):  # the last burst is kept; none of long prompts is held
         assert (held.recommended_replicas, held.desired_replicas) == (
             plain.recommended_replicas,
             plain.desired_replicas,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from dataclasses import replace
@@ -12,7 +13,7 @@ from m3fleet.api import parse_resource
 from m3fleet.autoscaling.signals import FleetState, GatewaySignals, MetricsSnapshot
 from m3fleet_simulator import whatif as sim
 from m3fleet_simulator.fleet import PerfModel, Simulation
-from m3fleet_simulator.scenarios import Mixture, Request
+from m3fleet_simulator.scenarios import SCENARIOS, Mixture, Request
 from tests.bench.autoscaling import learning as bench_learning
 from tests.bench.autoscaling import oracle as bench_oracle
 from tests.bench.autoscaling import report as bench_report
@@ -403,6 +404,22 @@ def test_seeds_draw_the_burst() -> None:
     days = [recurring.scenario.phases(2, d)[1].start for d in range(3)]
     assert len(set(days)) == 3 and max(days) - min(days) <= 8 * 60  # the same habit, a few minutes apart
     assert recurring.earlier_days[1].clock_offset == recurring.clock_offset - 86400
+
+
+def test_repeated_long_bursts_come_back_within_minutes() -> None:
+    # Two or three long-context bursts of 2-5 minutes with 1-8 minutes of chat between them, from minute 8-25 (gaps
+    # around the five-minute scale-down window, all under three 3-6 minute cold starts), at one drawn rate and mix.
+    counts = set()
+    for seed in range(1, 31):
+        phases = SCENARIOS["repeated-long-bursts"].phases(seed)
+        bursts = [p for p in phases if p.label == "long-context burst"]
+        counts.add(len(bursts))
+        assert 8 * 60 <= bursts[0].start <= 25 * 60 and phases[-1].end == 60 * 60
+        assert all(2 * 60 <= b.end - b.start <= 5 * 60 for b in bursts)
+        assert all(60 <= b.start - a.end <= 8 * 60 for a, b in itertools.pairwise(bursts))
+        assert len({(b.rate, b.prompt) for b in bursts}) == 1 and isinstance(bursts[0].prompt, Mixture)
+        assert all(a.end == b.start for a, b in itertools.pairwise(phases))  # chat fills the rest of the hour
+    assert counts == {2, 3}
 
 
 def test_sporadic_long_prompts_come_one_at_a_time_at_the_drawn_gap() -> None:

@@ -49,10 +49,9 @@ re-orders what is already on its way; while long prompts arrive, and once they s
 the need has not wanted for a minute are released (the windows keep ready replicas, not a first
 estimate's order).
 Missing, stale or unreachable metrics hold; partial metrics can scale up but never down. A
-cold-start-aware hold (`burst_hold`) keeps the capacity of bursts that recur within max(scale-down
-window, 3 x time-to-ready) of each other, from a rate window after each one's start; a burst of chat,
-shorter than a cold start and so served only by replicas already there, stands from the first by the
-standing rule (until the SLO's error budget covers a recurrence).
+burst of chat, shorter than a cold start and so served only by replicas already there, stands from the
+first by the standing rule (`burst_hold`: until the SLO's error budget covers a recurrence); a burst of
+long prompts is served by the replicas it orders and not held after it.
 A scale-down prices each measured replica by its resident KV (`removal_costs`), so the operator can
 have the replicas holding the least work removed first.
 

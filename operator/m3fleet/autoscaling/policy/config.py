@@ -74,13 +74,9 @@ class PolicyConfig:
     # arrival and wait in the engine they were sent to. spec.autoscaling.gateway says what a gateway
     # records, not that it holds requests (the Inference Extension's picker dispatches at arrival): off.
     gateway_holds_requests: bool = False
-    # Cold-start-aware hold: once demand has come back at once (a burst) within the hold window of an
-    # earlier one, keep the capacity the smaller of the two bursts needed until a hold window passes
-    # without another; a burst of chat (more requests, not longer ones) is held from the first. Window =
-    # max(scale-down window, burst_hold_cold_starts x time-to-ready): a replica removed and needed again
-    # within it costs a whole cold start of misses.
+    # The standing rule (floors.py): a burst of chat (more requests, not longer ones), shorter than a cold start,
+    # and the fleet as first found keep their capacity until the SLO's error budget covers a recurrence's misses.
     burst_hold: bool = True
-    burst_hold_cold_starts: float = 3.0
     # An engine-reported KV capacity further than this share from the plan's is reported (status and an
     # Event) and not trusted: the smaller of the two is used.
     capacity_margin: float = 0.2

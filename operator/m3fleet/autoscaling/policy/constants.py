@@ -92,11 +92,6 @@ TERMS: Final[tuple[Term, ...]] = (
         "demand that recurs daily is ordered a time-to-ready ahead; one period is no pattern",
     ),
     Term(
-        "burstHold",
-        "what two bursts within a hold window both needed",
-        "a burst shorter than a cold start is served only by replicas already there",
-    ),
-    Term(
         "standing",
         "a chat burst's capacity, or the fleet as the autoscaler first found it, until the SLO's error budget since "
         "then covers a recurrence's misses",
@@ -382,17 +377,6 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
     Constant(gateway, "GATEWAY_JUMP", "ratio", B.PHYSICAL, "a doubling, as LEVEL_JUMP"),
     # --- floors -------------------------------------------------------------------------------------------------
     Constant(
-        P,
-        "burst_hold_cold_starts",
-        "time-to-readies",
-        B.MEASURED,
-        "a replica removed and needed again within the window costs a whole cold start of misses; holding bursts "
-        "took bursty at 90 s from 75-90% to 92-95% for about the same GPU-hours (development seeds 1-4, "
-        "docs/design.md). The multiple, 1.5 to 6 on held-out seeds 31-32 (six scenarios, both cold starts), changes "
-        "nothing: at 90 s the 300 s scale-down window is the longer up to 3.3, and on chat the standing rule holds "
-        f"the fleet as found ({RESULTS}, sensitivity of the six constants)",
-    ),
-    Constant(
         floors,
         "MIN_ERROR_BUDGET",
         "share of requests",
@@ -547,16 +531,14 @@ FROM_SPEC: Final = frozenset(
     }
 )
 
-# Bare numbers in the policy's code that are no tunable constant: structure (halves and thirds of a rank, a pair of
-# bursts), unit conversions and float guards. Keyed (module, repr of the literal); the test finds every one and
-# no other.
+# Bare numbers in the policy's code that are no tunable constant: structure (halves and thirds of a rank), unit
+# conversions and float guards. Keyed (module, repr of the literal); the test finds every one and no other.
 INLINE: Final[dict[tuple[str, str], str]] = {
     ("terms", "2"): "halves: a request over half a rank's KV cannot share it; two medium ones pair in a bin",
     ("terms", "3"): "thirds: at most two requests between a third and a half of a rank share it",
     ("terms", "2.0"): "a running request is on average halfway through its output: half of it is still to decode",
     ("terms", "0.5"): "round to the nearest whole request",
-    ("floors", "2"): "the last two bursts pair; kept two hold windows so the second can pair with the first; "
-    "a burst's need is recorded from half the horizon when a rate window is longer",
+    ("floors", "2"): "a burst's need is recorded from half the horizon when a rate window is longer",
     ("floors", "100.0"): "percent",
     ("hpa", "2"): "HPA's +100% per step: twice the current replicas",
     ("hpa", "1e-09"): "float guard: a need of exactly N replicas is N, not N + 1",

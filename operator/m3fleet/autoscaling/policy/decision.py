@@ -49,7 +49,7 @@ class Decision:
     # On a scale-down: each measured replica's cost of removal (its resident KV tokens), so the replicas holding
     # the least work go first; the operator hands it to a Deployment's ReplicaSet as POD_DELETION_COST.
     removal_costs: dict[str, int] = field(default_factory=dict)
-    # Which term decided (`decided_by`): the need's largest (kv, bin, prefill, decode), a floor (forecast, burstHold,
+    # Which term decided (`decided_by`): the need's largest (kv, bin, prefill, decode), a floor (forecast,
     # standing), a bound (minReplicas, maxReplicas), or what held the move back (scaleDownWindow, scaleUpWindow,
     # panic, missingMetrics, metricsUnavailable, releasedStarting).
     decided_by: str = ""

@@ -1,5 +1,5 @@
-"""Floors under the recommendation: the forecast from the resource's own history, the cold-start hold for
-bursts that recur, and the standing capacity a burst of chat leaves behind.
+"""Floors under the recommendation: the forecast from the resource's own history and the standing capacity a
+burst of chat leaves behind.
 
 **Standing capacity** (`standing_seconds`): a burst of chat (more requests, not longer ones) lasts minutes, less
 than a cold start, so it is served only by replicas already there; released, they come back a time-to-ready after
@@ -16,6 +16,14 @@ evidence of a need it has not seen yet. Released at once, a first burst of that 
 and a constant fleet of that size, autoscaling left off, would have served it: so they stand until the error
 budget covers such a miss. The rule does not hold a fleet with nothing to serve: a need of zero is the idle rule's
 (`scaleToZeroAfterSeconds`, `minReplicas`).
+
+**Nothing holds a burst of long prompts** after its prompts stop: it lasts long enough to be served by the replicas
+it orders, and once its long prompts stop arriving the scale-down window forgets it. A hold for two such bursts
+within three cold starts of each other was measured on `repeated-long-bursts` (bursts that come back within
+minutes) and removed: a recurrence that soon arrives while the prompt estimate still remembers the last burst, so
+it is seldom a burst of its own to pair with; at 90 s the hold never acted, and at 3-6 minute cold starts it acted
+on 8 of 32 seeds and held replicas for a third burst that mostly did not come, 1-87% more GPU-hours for 0-7 points
+(RESULTS.md, "The burst floor's recurring half").
 """
 
 from __future__ import annotations
@@ -37,14 +45,14 @@ MIN_ERROR_BUDGET: Final = 1e-4
 @dataclass(frozen=True)
 class Floors:
     """The recommendation after the floors under it: the forecast from the resource's own history and the
-    cold-start hold for bursts that recur."""
+    standing capacity."""
 
     recommendation: int
     forecast: Forecast | None
     bursts: tuple[BurstRecord, ...]
-    burst_floor: int
+    standing: int
     bounds: Bounds
-    raised_by: str | None = None  # the floor that set the recommendation: forecast, burstHold, standing
+    raised_by: str | None = None  # the floor that set the recommendation: forecast, standing
     found: tuple[float, int] | None = None  # (time, replicas) of the fleet at the policy's first tick
 
 
@@ -67,7 +75,7 @@ def with_floors(
     recommendation = clamp(recommend(terms.need, current, config.tolerance))
     raised_by = None
     # A burst is recorded with what it needed, not with the forecast floor under it: a chat blip at a floor of 6
-    # paired with the burst that followed would hold 6 replicas a whole hold window after the floor fell.
+    # would stand at 6 long after the floor fell.
     needed = recommendation
     forecast = forecast_floor(snapshot.demand_history, config.tolerance) if config.forecast else None
     if forecast is not None:
@@ -75,27 +83,21 @@ def with_floors(
         if forecast.replicas > recommendation:
             recommendation, raised_by = clamp(forecast.replicas), "forecast"
             notes.append(f"forecast floor {recommendation}: {forecast.reason}")
-    hold_window = max(config.scale_down_window_seconds, config.burst_hold_cold_starts * time_to_ready)
     # A burst's need is recorded from a rate window after its start (within the horizon, which can be short).
     lasting = min(snapshot.window_seconds, horizon / 2)
     chat = terms.prompt_tokens < config.long_prompt_tokens
     budget = 1.0 - config.slo.percentile / 100.0
-    memory = max(2 * hold_window, standing_seconds(1.0, time_to_ready, budget))
+    # Kept while it can still stand, be the same burst (a horizon) or shape the rate window's estimates (demand's
+    # time since the last burst).
+    memory = max(standing_seconds(1.0, time_to_ready, budget), horizon, snapshot.window_seconds)
     bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, memory, lasting, chat)
-    floor, why = _burst_floor(bursts, now, hold_window) if config.burst_hold else (0, "")
     found = state.found if state.found is not None else (now, current)
-    standing, standing_why = (
-        _standing(bursts, found, now, needed, time_to_ready, budget) if config.burst_hold else (0, "")
-    )
-    terms.values["burstHoldReplicas"] = float(floor)
+    standing, why = _standing(bursts, found, now, needed, time_to_ready, budget) if config.burst_hold else (0, "")
     terms.values["standingReplicas"] = float(standing)
-    if floor > recommendation and floor >= standing:
-        recommendation, raised_by = clamp(floor), "burstHold"
-        notes.append(f"holding {recommendation} replicas: {why} (cold-start hold)")
-    elif standing > recommendation:
+    if standing > recommendation:
         recommendation, raised_by = clamp(standing), "standing"
-        notes.append(f"standing capacity {recommendation}: {standing_why}")
-    return Floors(recommendation, forecast, bursts, max(floor, standing), bounds, raised_by, found)
+        notes.append(f"standing capacity {recommendation}: {why}")
+    return Floors(recommendation, forecast, bursts, standing, bounds, raised_by, found)
 
 
 def standing_seconds(shortfall: float, time_to_ready: float, budget: float) -> float:
@@ -149,30 +151,15 @@ def _record_burst(
     lasting: float,
     chat: bool,
 ) -> tuple[BurstRecord, ...]:
-    """The last two bursts as (start, replicas the need recommended from `lasting` after it until one horizon
-    after it, whether the prompt estimate said chat throughout that horizon); a burst detected within the horizon
-    of the previous one is the same burst. What a burst needs in its first `lasting` seconds is not recorded: a
+    """The last burst as (start, replicas the need recommended from `lasting` after it until one horizon after it,
+    whether the prompt estimate said chat throughout that horizon); a burst detected within the horizon of the
+    previous one is the same burst. What a burst needs in its first `lasting` seconds is not recorded: a
     lone long prompt looks like a burst's start for a tick or two, is served within a rate window and leaves
-    nothing to hold, while a burst still needs its replicas then. Dropped once `memory` old (too old to pair with a
-    new one, or to stand)."""
+    nothing to hold, while a burst still needs its replicas then. Dropped once `memory` old."""
     kept = [b for b in bursts if now - b[0] <= memory]
     if kept and now - kept[-1][0] <= horizon:
         start, most, was_chat = kept[-1]
         kept[-1] = (start, max(most, needed) if now - start >= lasting else most, was_chat and chat)
     elif burst:
         kept.append((now, 0, chat))
-    return tuple(kept[-2:])
-
-
-def _burst_floor(bursts: tuple[BurstRecord, ...], now: float, window: float) -> tuple[int, str]:
-    """(replicas to hold, why) while the last burst is within `window` of now: of two bursts within `window` of
-    each other, what both needed — demand that recurs faster than it pays to release and cold-start again. A single
-    burst is no pattern: a long-context burst lasts long enough to be served by the replicas it orders, and once its
-    long prompts stop they leave. A burst of chat, shorter than a cold start, is held from the first by the standing
-    rule, for as long as the SLO's error budget says (this floor once held it too, always at the standing rule's
-    figure: RESULTS.md, "The burst floor itself")."""
-    if not bursts or now - bursts[-1][0] > window:
-        return 0, ""
-    n1 = bursts[-1][1]
-    recurring = min(bursts[0][1], n1) if len(bursts) == 2 and bursts[1][0] - bursts[0][0] <= window else 0
-    return recurring, f"bursts recurred within {window:.0f}s" if recurring else ""
+    return tuple(kept[-1:])

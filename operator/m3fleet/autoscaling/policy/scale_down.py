@@ -90,7 +90,7 @@ def stabilized(
         forecast = floors.forecast.replicas if floors.forecast is not None else 0
         if burst_ended is not None:
             forecast = 0
-        steady = max(steady, forecast, floors.burst_floor, floors.bounds.min_replicas)
+        steady = max(steady, forecast, floors.standing, floors.bounds.min_replicas)
         # Pruned with the value recorded, not the recommendation: a higher recommendation would supersede
         # (and drop) earlier entries that the lower value recorded does not.
         recorded = (now, min(recommendation, max(steady, 1)))

@@ -21,7 +21,7 @@ class PolicyState:
     in_flight: tuple[tuple[float, float], ...] = ()  # (time, running + waiting) over the last rate window
     request_rate: float | None = None  # arriving requests/s, smoothed
     prompt_tokens: float | None = None  # mean prompt length of arriving requests, smoothed
-    bursts: tuple[BurstRecord, ...] = ()  # the last two bursts (see `_record_burst`)
+    bursts: tuple[BurstRecord, ...] = ()  # the last burst (see `_record_burst`); a list in status
     prefill_rate: float | None = None  # learned prompt tokens/s one replica prefills (saturated)
     prefill_samples: int = 0  # saturated observations behind it
     prefill_cap_ticks: int = 0  # consecutive ticks whose chat requests' prefill time capped the prior (`capacity`)
