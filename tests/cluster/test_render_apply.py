@@ -5,8 +5,6 @@ ComputeDomain), by a real kubectl, exactly as a user types the pipeline in bash.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import shlex
 import subprocess
 from pathlib import Path
@@ -16,8 +14,7 @@ import yaml
 from tests.support.cluster import dra, epp
 from tests.support.cluster.cluster import BIN, REPO, SAMPLES, Cluster
 from tests.support.cluster.contract import install_crd
-
-from m3fleet.cli import main
+from tests.support.cluster.fleet import render_output
 
 RENDERED = [
     *sorted(SAMPLES.glob("*.yaml")),
@@ -45,13 +42,9 @@ def pipeline(cluster: Cluster, command: str) -> subprocess.CompletedProcess[str]
 
 
 def rendered_names(path: Path, *flags: str) -> list[str]:
-    """kind/name of every object `m3fleet render` makes of `path` (read back from its own YAML). The console
-    script's `main`, run in this process: the same program the pipelines start, without a second interpreter start
-    per sample (about a second each) for the expected list alone."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["render", "-f", str(path), *flags]) == 0
-    return [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in yaml.safe_load_all(out.getvalue())]
+    """kind/name of every object `m3fleet render` makes of `path` (read back from its own YAML; rendered in this
+    process, by the program the pipelines start)."""
+    return [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in yaml.safe_load_all(render_output(path, *flags))]
 
 
 def applied(result: subprocess.CompletedProcess[str]) -> list[str]:
