@@ -63,6 +63,7 @@ from m3fleet.autoscaling.signals import (
     one_two_five_buckets,
     quantile,
 )
+from m3fleet.catalog.engine_metrics import ENGINE_METRICS
 from m3fleet.engines.base import IN_FLIGHT_DEADLINE_SECONDS
 from m3fleet_simulator.scenarios import Request, Workload
 
@@ -261,6 +262,7 @@ class Counters:
     ttft_hist: list[int] = field(default_factory=list)
     ttft_sum: float = 0.0
     queue_sum: float = 0.0  # seconds waiting before admission, over requests that reached a first token
+    prefill_sum: float = 0.0  # seconds from first admission to first token, over finished requests (vLLM's, at finish)
 
 
 class Engine:
@@ -441,6 +443,8 @@ class Engine:
         self.c.finished += 1
         self.c.prompt_hist[bisect_left(self.sim.prompt_bounds, r.spec.prompt)] += 1
         self.c.prompt_sum += r.spec.prompt
+        if r.first_token is not None and r.admitted is not None:
+            self.c.prefill_sum += r.first_token - r.admitted
         self.sim.on_finish(r)
 
     def _preempt_newest(self) -> None:
@@ -483,6 +487,7 @@ class Scrape:
     ttft_cumulative: tuple[int, ...]
     ttft_sum: float
     queue_sum: float
+    prefill_sum: float
 
 
 class Replica:
@@ -657,6 +662,7 @@ class Simulation:
         self.measured = list(measured_cold_starts)
         self.clock_offset = clock_offset  # the wall-clock time (Unix s) of simulated t = 0, for the autoscaler
         self.prompt_bounds = one_two_five_buckets(plan.max_model_len)
+        self.prefill_time_exported = bool(ENGINE_METRICS[str(plan.engine)].prefill_time)
         self.limit = min(plan.max_model_len, model.capacity_tokens)
         self.ranks = max(1, plan.data_parallel_size)
         self.now = 0.0
@@ -916,6 +922,7 @@ class Simulation:
                     ttft_cumulative=tuple(itertools.accumulate(ct)),
                     ttft_sum=sum(e.c.ttft_sum for e in engines),
                     queue_sum=sum(e.c.queue_sum for e in engines),
+                    prefill_sum=sum(e.c.prefill_sum for e in engines),
                 )
             )
 
@@ -931,7 +938,9 @@ class Simulation:
                     acceptance_length=self._acceptance_length(s),
                 )
                 for s in (
-                    signals_from_scrapes(r.name, r.scrapes, self.settings, self.prompt_bounds)
+                    signals_from_scrapes(
+                        r.name, r.scrapes, self.settings, self.prompt_bounds, self.prefill_time_exported
+                    )
                     for r in self._serving()
                     if r.scrapes
                 )
@@ -1009,9 +1018,14 @@ def meets_slo(r: SimRequest, slo: SloSpec, model: PerfModel) -> bool:
 
 
 def signals_from_scrapes(
-    name: str, scrapes: Sequence[Scrape], settings: SimSettings, prompt_bounds: Sequence[float]
+    name: str,
+    scrapes: Sequence[Scrape],
+    settings: SimSettings,
+    prompt_bounds: Sequence[float],
+    prefill_time_exported: bool,
 ) -> ReplicaSignals:
-    """What a Prometheus adapter reads for one replica: gauges now, rates and histograms over windows."""
+    """What a Prometheus adapter reads for one replica: gauges now, rates and histograms over windows (the prefill
+    time's only where the plan's engine exports it)."""
     latest = scrapes[-1]
     rate_base = _base(scrapes, settings.scrape_seconds, settings.rate_window_seconds)
     hist_base = _base(scrapes, settings.scrape_seconds, settings.histogram_window_seconds)
@@ -1048,6 +1062,7 @@ def signals_from_scrapes(
         prompt_tokens=hist(prompt_bounds, lambda s: s.prompt_cumulative, lambda s: s.prompt_sum),
         ttft_seconds=hist(TTFT_BUCKETS, lambda s: s.ttft_cumulative, lambda s: s.ttft_sum),
         queue_seconds=hist((), lambda s: (s.first_tokens,), lambda s: s.queue_sum),
+        prefill_seconds=hist((), lambda s: (s.finished,), lambda s: s.prefill_sum) if prefill_time_exported else None,
     )
 
 

@@ -467,6 +467,7 @@ class PrometheusAdapter:
                     prompt_tokens=histograms.get("promptTokens", {}).get(name),
                     ttft_seconds=histograms.get("ttftSeconds", {}).get(name),
                     queue_seconds=histograms.get("queueSeconds", {}).get(name),
+                    prefill_seconds=histograms.get("prefillSeconds", {}).get(name),
                     itl_seconds=histograms.get("itlSeconds", {}).get(name),
                     acceptance_length=acceptance_length(
                         get("specAcceptedRate"), get("specDraftRate"), get("specAcceptanceLength")

@@ -128,6 +128,8 @@ def build_queries(
         histograms["promptTokens"] = histogram(metrics.prompt_histogram)
     if metrics.time_per_output_token:
         histograms["itlSeconds"] = histogram(metrics.time_per_output_token)
+    if metrics.prefill_time:
+        histograms["prefillSeconds"] = histogram(metrics.prefill_time)
 
     overridden = set()
     for name, template in (overrides or {}).items():

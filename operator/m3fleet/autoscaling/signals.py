@@ -138,6 +138,9 @@ class ReplicaSignals:
     prompt_tokens: Histogram | None = None  # prompt lengths of requests finished in the window
     ttft_seconds: Histogram | None = None
     queue_seconds: Histogram | None = None  # time requests waited before being scheduled (their TTFT's queue part)
+    # finished requests' engine time from first scheduling to first token (vLLM only): their prefill, with no queue
+    # wait and no API-server time, observed at finish like `prompt_tokens`
+    prefill_seconds: Histogram | None = None
     itl_seconds: Histogram | None = None  # each finished request's mean seconds per output token after the first
     acceptance_length: float | None = None  # speculative decoding: tokens emitted per target forward pass
 

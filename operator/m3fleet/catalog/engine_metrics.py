@@ -34,6 +34,9 @@ class EngineMetrics:
     # ((finished - first token) / (output tokens - 1)): the request's inter-token latency
     time_per_output_token: Names = ()
     prompt_histogram: Names = ()
+    # histogram, one observation per finished request: seconds from its first scheduling to its first token, the
+    # engine's own clock (no queue wait, no API-server time); observed at finish, as the prompt histogram is
+    prefill_time: Names = ()
     preemptions: Names = ()
     kv_used: Names = ()  # resident KV per rank, in tokens (or blocks, see block_size)
     capacity: Names = ()  # KV capacity per rank, in tokens (or blocks)
@@ -60,6 +63,8 @@ VLLM: Final = EngineMetrics(
     queue_time=("vllm:request_queue_time_seconds",),
     time_per_output_token=("vllm:request_time_per_output_token_seconds",),
     prompt_histogram=("vllm:request_prompt_tokens",),
+    # vllm/v1/metrics/stats.py: prefill_time = first_token_ts - scheduled_ts (engine-core timestamps, at finish)
+    prefill_time=("vllm:request_prefill_time_seconds",),
     preemptions=("vllm:num_preemptions_total",),
     capacity_info="vllm:cache_config_info",
     rank_label="engine",

@@ -32,6 +32,13 @@ ITL_BUCKETS: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
 
+# vLLM's request phase-timing buckets (vllm/v1/metrics/buckets.py REQUEST_LATENCY_BUCKETS), which its per-request
+# vllm:request_prefill_time_seconds uses.
+REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+    1920.0, 7680.0,
+)  # fmt: skip
+
 INSTALL_HINT = "apt-get install prometheus (the Debian package also ships promtool)"
 
 
@@ -146,6 +153,9 @@ class Reading:
     ttft_sum: float
     itl_buckets: tuple[float, ...] = ()  # per request (its mean time per output token) over ITL_BUCKETS; () = none
     itl_sum: float = 0.0
+    # per request, its prefill by the engine's clock (vLLM) over REQUEST_LATENCY_BUCKETS; () = none
+    prefill_buckets: tuple[float, ...] = ()
+    prefill_sum: float = 0.0
 
     @classmethod
     def idle(cls, capacity_tokens: float, prompt_bounds: tuple[float, ...]) -> Reading:
@@ -170,6 +180,7 @@ class EngineState:
     ttft_seconds: float = 0.5
     preemption_rate: float = 0.0
     itl_seconds: float = 0.03  # every request's mean time per output token
+    prefill_seconds: float = 0.1  # every request's prefill, first scheduling to first token (vLLM's own clock)
 
     def reading(self, elapsed: float, prompt_bounds: tuple[float, ...]) -> Reading:
         """What the replica exports after `elapsed` seconds at this load (counters grow at the rates)."""
@@ -190,6 +201,8 @@ class EngineState:
             ttft_sum=self.ttft_seconds * requests_,
             itl_buckets=_all_at(ITL_BUCKETS, self.itl_seconds, requests_),
             itl_sum=self.itl_seconds * requests_,
+            prefill_buckets=_all_at(REQUEST_LATENCY_BUCKETS, self.prefill_seconds, requests_),
+            prefill_sum=self.prefill_seconds * requests_,
         )
 
 
@@ -266,6 +279,15 @@ def vllm_exposition(reading: Reading, dp: int = 1) -> str:
                 ITL_BUCKETS,
                 reading.itl_buckets,
                 reading.itl_sum,
+                1 / dp,
+            )
+        if reading.prefill_buckets:
+            lines += _histogram(
+                "vllm:request_prefill_time_seconds",
+                labels,
+                REQUEST_LATENCY_BUCKETS,
+                reading.prefill_buckets,
+                reading.prefill_sum,
                 1 / dp,
             )
         lines += _histogram(

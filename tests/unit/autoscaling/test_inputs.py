@@ -73,18 +73,26 @@ def learn(snapshots: list[MetricsSnapshot], config: PolicyConfig = ROUND) -> lis
 @pytest.mark.parametrize(
     ("busy", "planned"),
     [
-        (20_000, 31_250),  # lightly loaded: 1.25 x the idle bound
+        (20_000, 25_000),  # lightly loaded: the idle bound
         (40_000, 40_000),  # loaded: the busy bound
     ],
 )
-def test_an_optimistic_prefill_prior_is_capped_by_what_the_engines_show(busy: float, planned: float) -> None:
+def test_an_optimistic_prefill_prior_is_replaced_by_what_the_engines_show(busy: float, planned: float) -> None:
     # The prior says 100k tokens/s; a request's prefill (TTFT less its queue wait) takes 2 s for 50k tokens:
-    # an idle bound of 25k/s. Plan with max(busy bound, 1.25 x idle bound), never below the learned 25k+.
+    # an idle bound of 25k/s. A prior over max(busy bound, 1.25 x idle bound) is discredited: plan with the
+    # measurement, the learned max(busy, idle), as a prior under it would be lifted to.
     decisions = learn([long_prompts(NOW + 15 * i, rate=busy, ttft=2.5, queued=0.5) for i in range(5)])
     assert [d.prefill["source"] for d in decisions[:2]] == ["prior", "prior"]  # not before 3 observations
     assert decisions[-1].prefill["source"] == "learned"
     assert decisions[-1].terms["prefillTokensPerSecondPerReplica"] == pytest.approx(planned)
     assert decisions[-1].prefill["learnedTokensPerSecond"] == max(busy, 25_000)
+    assert decisions[-1].prefill["discreditedBy"] == "long prompts' TTFT"
+
+
+def test_a_prior_within_the_slack_of_the_measurement_stands() -> None:
+    # 50k tokens in 0.55 s: an idle bound of ~91k/s, a ceiling of ~114k over the prior's 100k: the prior stands.
+    decision = learn([long_prompts(NOW + 15 * i, rate=20_000, ttft=0.55) for i in range(4)])[-1]
+    assert decision.terms["prefillTokensPerSecondPerReplica"] == 100_000 and "discreditedBy" not in decision.prefill
 
 
 def test_a_pessimistic_prefill_prior_is_lifted_to_the_bound() -> None:
@@ -126,6 +134,40 @@ def test_chat_prompts_and_unexplained_waits_teach_nothing() -> None:
     busy = long_prompts(NOW, rate=40_000, ttft=9.0, waiting=4).replicas[0]
     _, state = decide(ROUND, SETTLED, snapshot(replace(busy, queue_seconds=None)), fleet(1))
     assert state.prefill_samples == 0  # a queue now and no queue-time histogram: the TTFTs hold its waits
+
+
+def chat(at: float, *, prefill: float, prompt: float = 6_000, rate: float = 10_000) -> MetricsSnapshot:
+    """One replica serving `prompt`-token chat requests that the engine prefilled in `prefill` s each by its own
+    clock (vLLM's request_prefill_time_seconds), with 0.3 s of API-server time in their TTFTs on top."""
+    base = long_prompts(at, rate=rate, ttft=prefill + 0.3, prompt=prompt).replicas[0]
+    n = 30.0
+    timed = Histogram(bounds=(float("inf"),), cumulative=(n,), total=n * prefill, count=n)
+    return snapshot(replace(base, prefill_seconds=timed), time=at)
+
+
+def test_chat_prefill_times_cap_an_optimistic_prior_from_the_third_tick() -> None:
+    # The prior says 100k tokens/s; the engine prefills 6k-token prompts in 0.12 s: 50k/s, a ceiling of 62.5k. A
+    # fleet serving only chat plans with the 50k once LEARNED_AFTER ticks showed it, and keeps no floor from it.
+    decisions = learn([chat(NOW + 15 * i, prefill=0.12) for i in range(4)])
+    planned = [d.terms["prefillTokensPerSecondPerReplica"] for d in decisions]
+    assert planned[:2] == [100_000, 100_000]
+    assert planned[2:] == [pytest.approx(50_000)] * 2
+    assert decisions[-1].prefill["discreditedBy"] == "chat requests' prefill time"
+    assert decisions[-1].prefill["learnedTokensPerSecond"] is None
+    # A tick without finished chat requests starts the count again.
+    quiet = snapshot(replica(running=0, sample_time=NOW + 60), time=NOW + 60)
+    again = learn([*(chat(NOW + 15 * i, prefill=0.12) for i in range(3)), quiet, chat(NOW + 75, prefill=0.12)])
+    assert again[-1].terms["prefillTokensPerSecondPerReplica"] == 100_000
+
+
+def test_chat_prefill_times_leave_a_right_prior_and_short_prompts_alone() -> None:
+    # 6k tokens in 0.05 s: 120k/s, a ceiling of 150k over a prior of 100k: the prior stands.
+    right = learn([chat(NOW + 15 * i, prefill=0.05) for i in range(4)])[-1]
+    assert right.terms["prefillTokensPerSecondPerReplica"] == 100_000 and "discreditedBy" not in right.prefill
+    # 1k-token prompts take a forward pass whatever their length (below prior x step = 2.5k tokens): 0.05 s says
+    # nothing of the throughput.
+    short = learn([chat(NOW + 15 * i, prefill=0.05, prompt=1_000) for i in range(4)])[-1]
+    assert short.terms["prefillTokensPerSecondPerReplica"] == 100_000
 
 
 def test_time_to_ready_from_the_pods_phases() -> None:

@@ -87,13 +87,22 @@ def checked_capacity(config: PolicyConfig, fresh: Sequence[ReplicaSignals]) -> C
     )
 
 
+@dataclass(frozen=True)
+class LearnedPrefill:
+    per_replica: float  # prompt tokens/s one replica prefills, to plan with
+    learned: float | None  # the learned floor to keep
+    samples: int  # observations behind the floor
+    cap_ticks: int  # consecutive ticks whose chat requests' prefill time capped the prior
+    status: dict[str, Any]
+
+
 def learned_prefill(
     config: PolicyConfig, state: PolicyState, fresh: Sequence[ReplicaSignals], elapsed: float | None
-) -> tuple[float, float | None, int, dict[str, Any]]:
-    """(throughput to plan with, learned value to keep, samples, status).
+) -> LearnedPrefill:
+    """The prefill throughput to plan with: the prior, lifted or capped by what the engines' counters show.
 
-    Learned from the engines' own counters and histograms, on replicas serving long prompts (for chat, the first
-    decode step and scheduling dominate TTFT). Two lower bounds of a replica's prefill throughput: the prompt tokens
+    Learned on replicas serving long prompts (for chat, the API server's per-request time and scheduling are a
+    large part of TTFT). Two lower bounds of a replica's prefill throughput: the prompt tokens
     it prefilled per second (it cannot go faster; tight when it is busy), and mean prompt / mean (TTFT - queue time)
     (a request's prefill alone is at least its prompt over the throughput; the engines prefill one prompt at a time,
     after its queue time, so only decode steps sharing its iterations slow it; a replica whose finished requests are
@@ -101,9 +110,16 @@ def learned_prefill(
     and lifts a pessimistic prior. It is forgotten as time passes, whether or not long prompts arrive (a new image
     or shape may be slower): each tick keeps 1 - elapsed/LEARNING_SECONDS of it, so yesterday's bound, kept in
     status overnight, is gone at today's first tick and the prior stands again until LEARNED_AFTER new observations.
-    It also caps an optimistic prior: that is used at most up to the busy bound, or `learn_slack` x the idle bound
-    (a loaded replica's TTFT understates its speed). Clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP]; nothing
-    changes before LEARNED_AFTER observations."""
+    A prior above the busy bound and `learn_slack` x the idle bound (a loaded replica's TTFT understates its speed)
+    is discredited: the policy plans with the learned bound instead, as it does when the prior is below it (within
+    the slack the prior stands). Clamped to [prior / LEARN_CLAMP, prior x LEARN_CLAMP]; nothing changes before
+    LEARNED_AFTER observations.
+
+    Chat alone discredits an optimistic prior too, where the engine times each request's prefill itself (vLLM's
+    `request_prefill_time_seconds`: first scheduling to first token, no queue and no API-server time;
+    `_chat_bounds`), LEARNED_AFTER ticks in a row: a fleet serving only chat never shows a long prompt, and a prior
+    twice the truth would plan its bursts at half the replicas they need for as long as it runs. It lifts no
+    pessimistic prior (that would replan every chat fleet at a speed the chat targets were not measured at)."""
     prior = config.prefill_tokens_per_second
     learned, samples = state.prefill_rate, state.prefill_samples
     cap: float | None = None
@@ -115,14 +131,20 @@ def learned_prefill(
         learned *= 1.0 - min(1.0, elapsed / LEARNING_SECONDS)
         if learned <= 0.0:
             learned, samples = None, 0
+    chat: list[tuple[float, float]] = []  # (floor, cap) per replica serving chat past the roofline's knee
     if config.learn_prefill:
         floors, caps = [], []
         for r in fresh:
             p, t, q = r.prompt_tokens, r.ttft_seconds, r.queue_seconds
-            if p is None or t is None or p.count < LEARN_MIN_REQUESTS or t.count < LEARN_MIN_REQUESTS:
+            if p is None or p.count < LEARN_MIN_REQUESTS:
                 continue
             mean_prompt = p.total / p.count
             if mean_prompt < config.long_prompt_tokens:
+                bounds = _chat_bounds(config, r, mean_prompt)
+                if bounds is not None:
+                    chat.append(bounds)
+                continue
+            if t is None or t.count < LEARN_MIN_REQUESTS:
                 continue
             first_token_prompt = positive_ratio(r.prompt_tokens_rate or 0.0, r.first_token_rate or 0.0)
             if first_token_prompt is not None and mean_prompt > FINISHED_PROMPT_SKEW * first_token_prompt:
@@ -141,13 +163,42 @@ def learned_prefill(
             learned = observed if learned is None else max(observed, learned)
             cap = clamp(max(caps))
             samples += 1
+    cap_ticks = state.prefill_cap_ticks + 1 if chat else 0
+    learned_ready = learned is not None and samples >= LEARNED_AFTER
+    # (ceiling, the speed measured under it, what showed it): a prior above the ceiling is discredited and the policy
+    # plans with the measurement, as it does when the prior is below it (the learned floor lifts it).
+    evidence: tuple[float, float, str] | None = None
+    if learned_ready and learned is not None and cap is not None:
+        evidence = (cap, learned, "long prompts' TTFT")
+    elif chat and cap_ticks >= LEARNED_AFTER:
+        evidence = (clamp(max(c for _, c in chat)), clamp(max(f for f, _ in chat)), "chat requests' prefill time")
     used = prior
-    if learned is not None and samples >= LEARNED_AFTER:
-        used = max(min(prior, cap if cap is not None else prior), learned)
-    status = {
+    if evidence is not None and prior > evidence[0]:
+        used = evidence[1]
+    if learned_ready and learned is not None:
+        used = max(used, learned)
+    status: dict[str, Any] = {
         "priorTokensPerSecond": round(prior),
         "learnedTokensPerSecond": None if learned is None else round(learned),
         "samples": samples,
         "source": "prior" if used == prior else "learned",
     }
-    return used, learned, samples, status
+    if evidence is not None and prior > evidence[0]:
+        status.update(priorAboveTokensPerSecond=round(evidence[0]), discreditedBy=evidence[2])
+    return LearnedPrefill(used, learned, samples, cap_ticks, status)
+
+
+def _chat_bounds(config: PolicyConfig, replica: ReplicaSignals, mean_prompt: float) -> tuple[float, float] | None:
+    """(floor, ceiling) of the replica's prefill throughput from its finished chat requests: their mean prompt over
+    their mean prefill time (the engine's own, observed at finish as the prompt histogram is, so the two means are
+    of the same requests) or the busy bound, whichever is higher; the ceiling `learn_slack` x the first. Only for
+    prompts past the roofline's knee, prior x decode step tokens: a shorter prompt's forward pass takes a step
+    whatever its length (the weights are read once a pass), so its prefill time measures the step, not the
+    throughput. None without the engine's prefill-time histogram (SGLang, TensorRT-LLM) or enough requests."""
+    h = replica.prefill_seconds
+    if h is None or h.count < LEARN_MIN_REQUESTS or h.total <= 0:
+        return None
+    if mean_prompt < config.prefill_tokens_per_second * config.decode_step_seconds:
+        return None
+    idle, busy = mean_prompt / (h.total / h.count), replica.prompt_tokens_rate or 0.0
+    return max(idle, busy), max(config.learn_slack * idle, busy)

@@ -249,9 +249,10 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         "learn_slack",
         "ratio",
         B.MEASURED,
-        "an optimistic prior is capped at this multiple of the idle bound (which understates a loaded replica by "
-        f"about 1 - utilisation): at 2.0 a prior 2x too fast planned at ~1.7x the truth and lost up to 6 points; "
-        f"at 1.25 the priors check holds on every recurring-burst seed, 24 -> 30 ({RESULTS})",
+        "a prior above this multiple of the idle bound (which understates a loaded replica by about "
+        "1 - utilisation) is discredited and the measurement planned with; a right prior within it stands. As a "
+        "cap (planning at the slack) 2.0 planned a prior 2x too fast at ~1.7x the truth and lost up to 6 points, "
+        f"1.25 held the priors check on every recurring-burst seed, 24 -> 30 ({RESULTS})",
     ),
     Constant(
         P,

@@ -75,6 +75,7 @@ class Terms:
     capacity: Capacity
     prefill_rate: float | None  # the learned prefill throughput to keep
     prefill_samples: int
+    prefill_cap_ticks: int
     prefill: dict[str, Any]
     bytes_per_token: float | None  # the measured gateway ratio to keep
     gateway_jump: float | None
@@ -188,7 +189,8 @@ def compute_terms(
     local = _queued_prompt_tokens(fresh, isl)
     queued = sum(local) + sum(servable_gateway)
 
-    per_replica, learned, samples, prefill_status = learned_prefill(config, state, fresh, elapsed)
+    learning = learned_prefill(config, state, fresh, elapsed)
+    per_replica, prefill_status = learning.per_replica, learning.status
     prefill = prefill_term(
         config,
         state,
@@ -270,8 +272,9 @@ def compute_terms(
         burst=prefill.burst or prompt_shift == Shift.BURST,
         long_prompts_ended=prompt_shift == Shift.ENDED,
         capacity=checked,
-        prefill_rate=learned,
-        prefill_samples=samples,
+        prefill_rate=learning.learned,
+        prefill_samples=learning.samples,
+        prefill_cap_ticks=learning.cap_ticks,
         prefill=prefill_status,
         bytes_per_token=arrivals.bytes_per_token,
         gateway_jump=arrivals.jump_time,

@@ -24,6 +24,7 @@ class PolicyState:
     bursts: tuple[BurstRecord, ...] = ()  # the last two bursts (see `_record_burst`)
     prefill_rate: float | None = None  # learned prompt tokens/s one replica prefills (saturated)
     prefill_samples: int = 0  # saturated observations behind it
+    prefill_cap_ticks: int = 0  # consecutive ticks whose chat requests' prefill time capped the prior (`capacity`)
     burst_ended: float | None = None  # when long prompts last stopped arriving (None once a burst came since)
     bytes_per_token: float | None = None  # measured gateway request bytes per prompt token (spec.autoscaling.gateway)
     gateway_jump: float | None = None  # when the gateway's arrivals last jumped (a burst's start)
@@ -41,6 +42,7 @@ class PolicyState:
             "bursts": [[t, n, chat] for t, n, chat in self.bursts],
             "prefillRate": self.prefill_rate,
             "prefillSamples": self.prefill_samples,
+            "prefillCapTicks": self.prefill_cap_ticks,
             "burstEnded": self.burst_ended,
             "bytesPerToken": self.bytes_per_token,
             "gatewayJump": self.gateway_jump,
@@ -66,6 +68,7 @@ class PolicyState:
                 bursts=bursts,
                 prefill_rate=_opt_float(data.get("prefillRate")),
                 prefill_samples=int(data.get("prefillSamples") or 0),
+                prefill_cap_ticks=int(data.get("prefillCapTicks") or 0),
                 burst_ended=_opt_float(data.get("burstEnded")),
                 bytes_per_token=_opt_float(data.get("bytesPerToken")),
                 gateway_jump=_opt_float(data.get("gatewayJump")),

@@ -143,6 +143,7 @@ def decide(
         bursts=floors.bursts,
         prefill_rate=terms.prefill_rate,
         prefill_samples=terms.prefill_samples,
+        prefill_cap_ticks=terms.prefill_cap_ticks,
         burst_ended=burst_ended,
         bytes_per_token=terms.bytes_per_token,
         gateway_jump=terms.gateway_jump,
