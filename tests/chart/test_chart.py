@@ -331,6 +331,11 @@ def test_peering_objects_and_env() -> None:
     assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     standby_env = {e["name"] for e in container({"replicas": 2, "peering": {"enabled": True}})["env"]}
     assert "M3FLEET_PEERING_PRIORITY" not in standby_env  # a random priority per pod (controller/run.py)
+    assert "M3FLEET_PEERING_LIFETIME_SECONDS" not in standby_env  # kopf's 60 s
+    quick = {
+        e["name"]: e for e in container({"replicas": 2, "peering": {"enabled": True, "lifetimeSeconds": 20}})["env"]
+    }
+    assert quick["M3FLEET_PEERING_LIFETIME_SECONDS"]["value"] == "20"
 
 
 @pytest.mark.parametrize(

@@ -256,19 +256,6 @@ def test_a_cold_start_runs_the_horizon_the_burst_onset_and_the_hold_advisory_cha
             assert any("advisory (not applied)" in m for m in recommended)
             assert not events(chart, ADVISORY, "Scaled")
             assert replicas(chart, ADVISORY) == 1 and len(pods(chart, ADVISORY, NAMESPACE)) == 1
-            # The gateway's request sizes reached the policy through the operator's own adapter.
-            sizes = eventually(
-                "the advisory fleet measured its gateway's bytes per prompt token",
-                lambda: (
-                    ((autoscaling(chart, ADVISORY).get("prefillThroughput") or {}).get("gateway") or {}).get("source")
-                    == "measured"
-                    and autoscaling(chart, ADVISORY)["prefillThroughput"]["gateway"]
-                ),
-                90,
-                what_now=lambda: autoscaling(chart, ADVISORY),
-            )
-            assert sizes["bytesPerToken"] == pytest.approx(3.0, rel=0.15), sizes
-            assert "gateway" not in (autoscaling(chart, ACT).get("prefillThroughput") or {})  # none in its spec
 
             # Demand falls while Prometheus is down: the policy holds the 3 replicas and says why.
             standins.demand.update({ACT: QUIET, ADVISORY: QUIET})
@@ -300,6 +287,21 @@ def test_a_cold_start_runs_the_horizon_the_burst_onset_and_the_hold_advisory_cha
                 what_now=lambda: autoscaling(chart, ACT),
             )
             eventually("the stand-ins of the removed pods stopped", lambda: standins.up(ACT) == 1, 60)
+            # The gateway's request sizes reached the policy through the operator's own adapter. Its ratio needs a whole
+            # rate window of the gateway's series (a minute from the first scrape), so it is read here, after the
+            # scale-down window, not waited for on its own (the measurement, once made, stays in the policy's state).
+            sizes = eventually(
+                "the advisory fleet measured its gateway's bytes per prompt token",
+                lambda: (
+                    ((autoscaling(chart, ADVISORY).get("prefillThroughput") or {}).get("gateway") or {}).get("source")
+                    == "measured"
+                    and autoscaling(chart, ADVISORY)["prefillThroughput"]["gateway"]
+                ),
+                90,
+                what_now=lambda: autoscaling(chart, ADVISORY),
+            )
+            assert sizes["bytesPerToken"] == pytest.approx(3.0, rel=0.15), sizes
+            assert "gateway" not in (autoscaling(chart, ACT).get("prefillThroughput") or {})  # none in its spec
             # The operator priced each pod by its resident KV (pod-deletion-cost), so the ReplicaSet removed the least
             # loaded first and kept the busiest, not its own default choice (the newest ready pod).
             kept = pods(chart, ACT, NAMESPACE)

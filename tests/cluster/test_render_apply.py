@@ -14,6 +14,7 @@ import yaml
 from tests.support.cluster import dra, epp
 from tests.support.cluster.cluster import BIN, REPO, SAMPLES, Cluster
 from tests.support.cluster.contract import install_crd
+from tests.support.cluster.fleet import render_output
 
 RENDERED = [
     *sorted(SAMPLES.glob("*.yaml")),
@@ -41,11 +42,9 @@ def pipeline(cluster: Cluster, command: str) -> subprocess.CompletedProcess[str]
 
 
 def rendered_names(path: Path, *flags: str) -> list[str]:
-    """kind/name of every object `m3fleet render` makes of `path` (read back from its own YAML)."""
-    out = subprocess.run(
-        [str(BIN / "m3fleet"), "render", "-f", str(path), *flags], capture_output=True, text=True, check=True
-    ).stdout
-    return [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in yaml.safe_load_all(out)]
+    """kind/name of every object `m3fleet render` makes of `path` (read back from its own YAML; rendered in this
+    process, by the program the pipelines start)."""
+    return [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in yaml.safe_load_all(render_output(path, *flags))]
 
 
 def applied(result: subprocess.CompletedProcess[str]) -> list[str]:

@@ -201,6 +201,20 @@ def test_run_with_a_webhook_port_needs_its_certificate(capsys: pytest.CaptureFix
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("19", "too short for kopf to renew a record in time"), ("3601", "too long"), ("1m", "not an integer")],
+)
+def test_run_refuses_a_peering_lifetime_kopf_cannot_keep(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, value: str, why: str
+) -> None:
+    """One line naming the variable, the reason and the range, before any cluster is looked for."""
+    monkeypatch.setenv("M3FLEET_PEERING_LIFETIME_SECONDS", value)
+    code, out, err = run(capsys, "run")
+    assert (code, out) == (2, "") and "Traceback" not in err
+    assert f"M3FLEET_PEERING_LIFETIME_SECONDS={value!r} is {why}; set a whole number of seconds from 20 to 3600" in err
+
+
 CACHE_SAMPLE = SAMPLES_DIR.parent / "cache" / "h200-bf16.yaml"
 
 

@@ -24,7 +24,7 @@ from m3fleet.render.labels import MANAGED_BY, MANAGER
 PEERING_NAME = "m3fleet"
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, peering_lifetime: int = 60) -> None:
     """Every setting the operator depends on, in one place."""
     settings.posting.level = 20  # logging.INFO: Applied / Pruned / InvalidSpec events reach `kubectl describe`
     settings.watching.server_timeout = 300
@@ -34,6 +34,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.networking.request_timeout = 60
     settings.peering.name = PEERING_NAME
     settings.peering.mandatory = False  # without the peering CRDs a single replica still runs
+    settings.peering.lifetime = peering_lifetime  # written into our record: how long peers trust it unrenewed
     # watch only our own children, the cache's Jobs/DaemonSets and pods, filtered by the API server
     for kind in (*kubeapi.CHILD_KINDS, kubeapi.JOB, kubeapi.DAEMON_SET, kubeapi.POD):
         settings.watching.label_selectors[kind.group, version_of(kind), kind.plural] = f"{MANAGED_BY}={MANAGER}"
@@ -43,10 +44,12 @@ def version_of(kind: kubeapi.Kind) -> str:
     return kind.api_version.rpartition("/")[2]
 
 
-def register(registry: kopf.OperatorRegistry, manager: Manager, caches: CacheManager | None = None) -> None:
+def register(
+    registry: kopf.OperatorRegistry, manager: Manager, caches: CacheManager | None = None, peering_lifetime: int = 60
+) -> None:
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure(settings)
+        configure(settings, peering_lifetime)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:

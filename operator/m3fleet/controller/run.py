@@ -44,6 +44,12 @@ from m3fleet.kubeapi import KubeApi
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 PRIORITY_VARIABLE = "M3FLEET_PEERING_PRIORITY"
+LIFETIME_VARIABLE = "M3FLEET_PEERING_LIFETIME_SECONDS"
+DEFAULT_PEERING_LIFETIME = 60  # kopf's own default
+# kopf renews its record 5-10 s before the record expires (kopf/_core/engines/peering.py, keepalive): below 20 s a
+# renewal would have under 10 s to land, and a busy apiserver would let a live peer's record lapse.
+SHORTEST_PEERING_LIFETIME = 20
+LONGEST_PEERING_LIFETIME = 3600
 
 
 class RunError(Exception):
@@ -84,6 +90,23 @@ def peering_priority() -> int:
         return int(value)
     except ValueError:
         raise RunError(f"{PRIORITY_VARIABLE}={value!r} is not an integer; set a whole number, or unset it") from None
+
+
+def peering_lifetime() -> int:
+    """Seconds a peer's record stands unrenewed: how long a standby waits to take over from a peer that went
+    silent (docs/high-availability.md). kopf's 60 s unless the chart's peering.lifetimeSeconds sets it."""
+    value = os.environ.get(LIFETIME_VARIABLE, "")
+    if not value:
+        return DEFAULT_PEERING_LIFETIME
+    fix = f"set a whole number of seconds from {SHORTEST_PEERING_LIFETIME} to {LONGEST_PEERING_LIFETIME}, or unset it"
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise RunError(f"{LIFETIME_VARIABLE}={value!r} is not an integer; {fix}") from None
+    if not SHORTEST_PEERING_LIFETIME <= seconds <= LONGEST_PEERING_LIFETIME:
+        why = "too short for kopf to renew a record in time" if seconds < SHORTEST_PEERING_LIFETIME else "too long"
+        raise RunError(f"{LIFETIME_VARIABLE}={value!r} is {why}; {fix}")
+    return seconds
 
 
 def peering_identity() -> str:
@@ -129,7 +152,7 @@ def run(
     # A kubeconfig with insecure-skip-tls-verify: say so once, not on every request.
     warnings.filterwarnings("once", category=urllib3.exceptions.InsecureRequestWarning)
     scope = None if all_namespaces else (namespace or current_namespace())
-    priority, identity = peering_priority(), peering_identity()
+    priority, lifetime, identity = peering_priority(), peering_lifetime(), peering_identity()
     api = KubeApi(api_client())
     reconciler = Reconciler(api)
     manager = Manager(reconciler, Autoscaler(api, reconciler.events), TimeToReadyRecorder(api))
@@ -166,7 +189,7 @@ def run(
     # kopf's default registry is its SmartOperatorRegistry, the one that carries kopf's default login handlers
     # (a plain OperatorRegistry has none and ends in "LoginError: Ran out of valid credentials").
     registry = kopf.get_default_registry()
-    register(registry, manager, caches)
+    register(registry, manager, caches, peering_lifetime=lifetime)
     if webhook is not None:
         register_webhook(registry, webhook)
     if metrics_port:

@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import yaml
 
 from m3fleet.autoscaling.signals import one_two_five_buckets
 from m3fleet.catalog.gateway import EPP_IMAGE
 from tests.support.autoscaling.prom import Reading, sglang_exposition, vllm_exposition
 from tests.support.cluster.cluster import REPO, Cluster, eventually
-from tests.support.cluster.controlplane import ControlPlaneError, Process, built_by
+from tests.support.cluster.controlplane import ControlPlaneError, Process, built_by, load_yaml
 from tests.support.cluster.image import SERVICE_ACCOUNT_DIR, Image, ImageError
 from tests.support.cluster.pki import Authority
 from tests.support.ports import free_port
@@ -69,7 +68,7 @@ def install_crds(cluster: Cluster, epp: Build) -> None:
     Gateway API's (Gateway, HTTPRoute)."""
     cluster.apply(epp.directory / "crds")  # one kubectl for all: each call costs a second on a busy machine
     for crd in epp.crds:
-        cluster.control_plane.wait_established(yaml.safe_load(crd.read_text())["metadata"]["name"])
+        cluster.control_plane.wait_established(load_yaml(crd.read_text())["metadata"]["name"])
 
 
 @dataclass
