@@ -102,14 +102,14 @@ class LearnedPrefill:
     per_replica: float  # prompt tokens/s one replica prefills, to plan with
     learned: float | None  # the learned floor to keep
     samples: int  # observations behind the floor
-    cap_ticks: int  # consecutive ticks whose chat requests' prefill time capped the prior
+    cap_ticks: int  # consecutive ticks with a chat bound from the engines' prefill time (`_chat_bounds`)
     status: dict[str, Any]
 
 
 def learned_prefill(
     config: PolicyConfig, state: PolicyState, fresh: Sequence[ReplicaSignals], elapsed: float | None
 ) -> LearnedPrefill:
-    """The prefill throughput to plan with: the prior, lifted or capped by what the engines' counters show.
+    """The prefill throughput to plan with: the prior, lifted or replaced by what the engines' counters show.
 
     Learned on replicas serving long prompts (for chat, the API server's per-request time and scheduling are a
     large part of TTFT). Two lower bounds of a replica's prefill throughput: the prompt tokens

@@ -24,7 +24,7 @@ class PolicyState:
     bursts: tuple[BurstRecord, ...] = ()  # the last burst (see `_record_burst`); a list in status
     prefill_rate: float | None = None  # learned prompt tokens/s one replica prefills (saturated)
     prefill_samples: int = 0  # saturated observations behind it
-    prefill_cap_ticks: int = 0  # consecutive ticks whose chat requests' prefill time capped the prior (`capacity`)
+    prefill_cap_ticks: int = 0  # consecutive ticks with a chat bound from the engines' prefill time (`capacity`)
     burst_ended: float | None = None  # when long prompts last stopped arriving (None once a burst came since)
     bytes_per_token: float | None = None  # measured gateway request bytes per prompt token (spec.autoscaling.gateway)
     gateway_jump: float | None = None  # when the gateway's arrivals last jumped (a burst's start)
