@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from m3fleet.api import parse_resource
-from m3fleet.autoscaling.signals import FleetState, GatewaySignals, MetricsSnapshot
+from m3fleet.autoscaling.signals import FleetState, GatewaySignals, MetricsSnapshot, ReplicaSignals
 from m3fleet_simulator import whatif as sim
 from m3fleet_simulator.fleet import PerfModel, Simulation
 from m3fleet_simulator.scenarios import SCENARIOS, Mixture, Request
@@ -188,6 +188,27 @@ def test_rates_are_over_the_resources_rate_window() -> None:
     assert len(short) == len(long) > 50
     assert statistics.pstdev(long) < 0.7 * statistics.pstdev(short)
     assert statistics.mean(long) == pytest.approx(statistics.mean(short), rel=0.15)  # the same traffic
+
+
+def test_the_engines_prefill_time_is_exported_where_the_engine_exports_it() -> None:
+    """vLLM's request_prefill_time_seconds (first scheduling to first token, observed at finish): within a request's
+    TTFT and no shorter than its prompt's compute; SGLang exports no such histogram, so the simulator does not."""
+
+    def replicas(sample: str) -> tuple[PerfModel, list[ReplicaSignals]]:
+        setup = sim.prepare("steady-chat", resource=parse_resource(load_sample(SAMPLES_DIR / sample)), minutes=10)
+        late = [r for s in snapshots_seen(setup) if s.time - setup.clock_offset > 300 for r in s.replicas]
+        assert late
+        return setup.model, late
+
+    model, vllm = replicas("vllm-h200-tp8.yaml")
+    for r in vllm:
+        prefill, ttft, prompt = r.prefill_seconds, r.ttft_seconds, r.prompt_tokens
+        assert prefill is not None and ttft is not None and prompt is not None and prefill.count == prompt.count > 0
+        mean_prefill, mean_ttft, mean_prompt = prefill.mean(), ttft.mean(), prompt.mean()
+        assert mean_prefill is not None and mean_ttft is not None and mean_prompt is not None
+        assert mean_prompt * model.prefill_linear <= mean_prefill <= mean_ttft * 1.05  # windows of other requests
+    _, sglang = replicas("sglang-h200-bf16-tp8.yaml")
+    assert all(r.prefill_seconds is None for r in sglang)
 
 
 def test_a_gateway_is_modelled_only_when_the_resource_names_one() -> None:
