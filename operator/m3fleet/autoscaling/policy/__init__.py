@@ -57,7 +57,7 @@ have the replicas holding the least work removed first.
 
 The modules, in the order a tick reads them: `config` and `state` (what it is given and what it keeps), `estimates`,
 `gateway` and `capacity` (arrivals and supply from the metrics), `terms` and `demand` (the four needs), `floors`
-(forecast and cold-start hold), `hpa` and `scale_down` (how far a tick moves), `decision` (the record and its
+(the forecast and the standing capacity), `hpa` and `scale_down` (how far a tick moves), `decision` (the record and its
 reason), `tick` (`decide`) and `apply` (what the operator writes from a decision); `constants` lists every term and
 constant with its unit and why (docs/autoscaling.md is generated from it).
 """
