@@ -245,8 +245,8 @@ def _repeated_long_bursts(rng: random.Random, day: random.Random) -> list[Phase]
     """Chat at a seeded rate all hour; from a seeded minute, two or three long-context bursts of 2-5 minutes each
     with 1-8 minutes of chat between them (count, lengths, gaps, rate and mix drawn from the seed): a team re-running
     its long documents, demand that comes back within minutes. The gaps span what a fleet may bridge: shorter ones
-    than the five-minute scale-down window, and all shorter than three 3-6 minute cold starts (the burst floor's hold
-    window), so releasing the first burst's replicas and cold-starting them again may not pay."""
+    than the five-minute scale-down window, and all shorter than three 3-6 minute cold starts, so releasing the first
+    burst's replicas and cold-starting them again may not pay (the hold once measured on it: RESULTS.md)."""
     rate = rng.uniform(0.35, 0.6)
     start = rng.uniform(8, 25) * MINUTE
     burst_rate = rate * rng.uniform(0.8, 1.4)

@@ -24,7 +24,7 @@ from m3fleet.render.labels import MANAGED_BY, MANAGER
 PEERING_NAME = "m3fleet"
 
 
-def configure(settings: kopf.OperatorSettings, peering_lifetime: int = 60) -> None:
+def configure(settings: kopf.OperatorSettings, peering_lifetime: int) -> None:
     """Every setting the operator depends on, in one place."""
     settings.posting.level = 20  # logging.INFO: Applied / Pruned / InvalidSpec events reach `kubectl describe`
     settings.watching.server_timeout = 300
@@ -45,7 +45,7 @@ def version_of(kind: kubeapi.Kind) -> str:
 
 
 def register(
-    registry: kopf.OperatorRegistry, manager: Manager, caches: CacheManager | None = None, peering_lifetime: int = 60
+    registry: kopf.OperatorRegistry, manager: Manager, caches: CacheManager | None, peering_lifetime: int
 ) -> None:
     @kopf.on.startup(registry=registry)
     def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
