@@ -67,6 +67,9 @@ from m3fleet.catalog.engine_metrics import ENGINE_METRICS
 from m3fleet.engines.base import IN_FLIGHT_DEADLINE_SECONDS
 from m3fleet_simulator.scenarios import Request, Workload
 
+# When an engine observes each request's prefill time: at its finish (vLLM), or when its first token comes (SGLang).
+PrefillTime = Literal["finish", "first_token"]
+
 # Relative speed per accelerator vs H200 (UNVERIFIED assumptions, not calibrated on hardware):
 # prefill scales with dense FLOPs, the decode step with HBM bandwidth.
 # The newer pools as m3fleet.catalog.throughput scales them (dense BF16 rate, HBM bandwidth vs H200).
@@ -263,6 +266,7 @@ class Counters:
     ttft_sum: float = 0.0
     queue_sum: float = 0.0  # seconds waiting before admission, over requests that reached a first token
     prefill_sum: float = 0.0  # seconds from first admission to first token, over finished requests (vLLM's, at finish)
+    prefill_ended_sum: float = 0.0  # the same seconds, summed when the first token comes (SGLang's, at prefill end)
 
 
 class Engine:
@@ -420,6 +424,8 @@ class Engine:
             self.c.generation_tokens += 1
             self.c.ttft_hist[bisect_left(TTFT_BUCKETS, ttft)] += 1
             self.c.ttft_sum += ttft
+            if r.admitted is not None:
+                self.c.prefill_ended_sum += now - r.admitted
             self.c.queue_sum += (r.admitted if r.admitted is not None else now) - r.spec.arrival
         remaining = r.spec.output - r.produced
         if remaining <= 0:
@@ -488,6 +494,7 @@ class Scrape:
     ttft_sum: float
     queue_sum: float
     prefill_sum: float
+    prefill_ended_sum: float
 
 
 class Replica:
@@ -662,7 +669,11 @@ class Simulation:
         self.measured = list(measured_cold_starts)
         self.clock_offset = clock_offset  # the wall-clock time (Unix s) of simulated t = 0, for the autoscaler
         self.prompt_bounds = one_two_five_buckets(plan.max_model_len)
-        self.prefill_time_exported = bool(ENGINE_METRICS[str(plan.engine)].prefill_time)
+        metrics = ENGINE_METRICS[str(plan.engine)]
+        # Whether the plan's engine times each prefill, and when it observes it (PrefillTime).
+        self.prefill_time: PrefillTime | None = None
+        if metrics.prefill_time:
+            self.prefill_time = "first_token" if metrics.prefill_time_at_first_token else "finish"
         self.limit = min(plan.max_model_len, model.capacity_tokens)
         self.ranks = max(1, plan.data_parallel_size)
         self.now = 0.0
@@ -923,6 +934,7 @@ class Simulation:
                     ttft_sum=sum(e.c.ttft_sum for e in engines),
                     queue_sum=sum(e.c.queue_sum for e in engines),
                     prefill_sum=sum(e.c.prefill_sum for e in engines),
+                    prefill_ended_sum=sum(e.c.prefill_ended_sum for e in engines),
                 )
             )
 
@@ -938,9 +950,7 @@ class Simulation:
                     acceptance_length=self._acceptance_length(s),
                 )
                 for s in (
-                    signals_from_scrapes(
-                        r.name, r.scrapes, self.settings, self.prompt_bounds, self.prefill_time_exported
-                    )
+                    signals_from_scrapes(r.name, r.scrapes, self.settings, self.prompt_bounds, self.prefill_time)
                     for r in self._serving()
                     if r.scrapes
                 )
@@ -1022,10 +1032,10 @@ def signals_from_scrapes(
     scrapes: Sequence[Scrape],
     settings: SimSettings,
     prompt_bounds: Sequence[float],
-    prefill_time_exported: bool,
+    prefill_time: PrefillTime | None,
 ) -> ReplicaSignals:
     """What a Prometheus adapter reads for one replica: gauges now, rates and histograms over windows (the prefill
-    time's only where the plan's engine exports it)."""
+    time's only where the plan's engine exports it, observed when it does)."""
     latest = scrapes[-1]
     rate_base = _base(scrapes, settings.scrape_seconds, settings.rate_window_seconds)
     hist_base = _base(scrapes, settings.scrape_seconds, settings.histogram_window_seconds)
@@ -1062,7 +1072,13 @@ def signals_from_scrapes(
         prompt_tokens=hist(prompt_bounds, lambda s: s.prompt_cumulative, lambda s: s.prompt_sum),
         ttft_seconds=hist(TTFT_BUCKETS, lambda s: s.ttft_cumulative, lambda s: s.ttft_sum),
         queue_seconds=hist((), lambda s: (s.first_tokens,), lambda s: s.queue_sum),
-        prefill_seconds=hist((), lambda s: (s.finished,), lambda s: s.prefill_sum) if prefill_time_exported else None,
+        prefill_seconds=(
+            hist((), lambda s: (s.finished,), lambda s: s.prefill_sum)
+            if prefill_time == "finish"
+            else hist((), lambda s: (s.first_tokens,), lambda s: s.prefill_ended_sum)
+            if prefill_time == "first_token"
+            else None
+        ),
     )
 
 

@@ -231,17 +231,20 @@ def test_slo_attainment_is_read_from_the_engines_per_request_histograms(prom: st
     assert not isinstance(itl, str) and (itl.bucket_seconds, itl.attainment) == (0.05, pytest.approx(1.0))
 
 
-def test_vllm_prefill_time_is_read_per_replica_and_absent_from_sglang(prom: str) -> None:
-    # vllm:request_prefill_time_seconds: each steady request's 0.1 s from first scheduling to first token, summed over
-    # the DP engines' series like the other histograms; the chat cap of the prefill throughput reads its mean.
-    for scenario in ("steady", "vllm-dp8"):
-        for r in adapter(prom, "vllm", scenario).read().replicas:
+def test_the_engines_prefill_time_is_read_per_replica(prom: str) -> None:
+    # vllm:request_prefill_time_seconds and SGLang's sglang:per_stage_req_latency_seconds{stage="prefill_forward"}:
+    # each steady request's 0.1 s from first scheduling to first token, summed over the DP engines' series like the
+    # other histograms (SGLang's TP ranks repeat their pool's, and its decode stage's 2 s must not count); the chat
+    # cap of the prefill throughput reads its mean.
+    cases = [("vllm", "steady"), ("vllm", "vllm-dp8"), ("sglang", "sglang-tp8"), ("sglang", "sglang-dp8")]
+    for engine, scenario in cases:
+        for r in adapter(prom, engine, scenario).read().replicas:
             assert r.prefill_seconds is not None and r.prefill_seconds.count > 0, (scenario, r.replica)
             assert r.prefill_seconds.mean() == pytest.approx(0.1), (scenario, r.replica)
             assert r.prompt_tokens is not None
-            assert r.prefill_seconds.count == pytest.approx(r.prompt_tokens.count)  # both observed at finish
-    # SGLang exports no per-request prefill time: the signal is absent, not zero.
-    assert [r.prefill_seconds for r in adapter(prom, "sglang", "sglang-tp8").read().replicas] == [None]
+            assert r.prefill_seconds.count == pytest.approx(r.prompt_tokens.count), scenario  # the same requests
+    # TensorRT-LLM exports no per-request prefill time: the signal is absent, not zero.
+    assert {r.prefill_seconds for r in adapter(prom, "trtllm", "trtllm").read().replicas} == {None}
 
 
 def test_metrics_outage_holds_and_never_scales_down(prom: str) -> None:

@@ -53,7 +53,11 @@ def _catalog_facts() -> dict[str, str]:
             if item.name in ("engine", "rank_label"):  # what the engine is called, a label name: not metric names
                 continue
             value = getattr(metrics, item.name)
+            if isinstance(value, bool):  # how a metric is observed, not a name
+                continue
             names = (value,) if isinstance(value, str) else value or ()
+            # Label matchers (name, value) are facts as their value ("prefill_forward"); a label name is not.
+            names = tuple(n[1] if isinstance(n, tuple) else n for n in names)
             facts.update({name: f"ENGINE_METRICS[{engine}].{item.name}" for name in names})
     for name, engine in ENGINES.items():
         for image in engine.images.values():

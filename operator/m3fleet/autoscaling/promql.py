@@ -65,10 +65,10 @@ def build_queries(
     rw, hw = f"{int(rate_window)}s", f"{int(histogram_window)}s"
     rank_by = f"{by}, {metrics.rank_label}" if metrics.rank_label else by
 
-    def either(names: Names, wrap: Callable[[str], str] = lambda s: s) -> str:
+    def either(names: Names, wrap: Callable[[str], str] = lambda s: s, series: str = sel) -> str:
         # Each pod's series first (the wrap: a rate, a timestamp), then renamed to their replica: a function of a
         # renamed vector would no longer see the samples' own timestamps.
-        return replica_of(" or ".join(wrap(f"{n}{sel}") for n in names))
+        return replica_of(" or ".join(wrap(f"{n}{series}") for n in names))
 
     def replica_of(vector: str) -> str:
         if workers_of is None:
@@ -116,9 +116,11 @@ def build_queries(
     if metrics.spec_acceptance_length:
         scalars["specAcceptanceLength"] = f"avg by ({by}) ({either(metrics.spec_acceptance_length)})"
 
-    def histogram(names: Names) -> tuple[str, str, str]:
+    def histogram(names: Names, labels: tuple[tuple[str, str], ...] = ()) -> tuple[str, str, str]:
+        series = selector_string({**selector, **dict(labels)})  # `labels`: one histogram among several (a stage)
+
         def part(suffix: str, extra: str = "") -> str:
-            inner = either(tuple(f"{n}_{suffix}" for n in names), lambda s: f"increase({s}[{hw}])")
+            inner = either(tuple(f"{n}_{suffix}" for n in names), lambda s: f"increase({s}[{hw}])", series)
             return f"sum by ({by}{extra}) (max by ({rank_by}{extra}) ({inner}))"  # as `rate`: one copy per scrape
 
         return part("bucket", ", le"), part("sum"), part("count")
@@ -129,7 +131,7 @@ def build_queries(
     if metrics.time_per_output_token:
         histograms["itlSeconds"] = histogram(metrics.time_per_output_token)
     if metrics.prefill_time:
-        histograms["prefillSeconds"] = histogram(metrics.prefill_time)
+        histograms["prefillSeconds"] = histogram(metrics.prefill_time, metrics.prefill_time_labels)
 
     overridden = set()
     for name, template in (overrides or {}).items():

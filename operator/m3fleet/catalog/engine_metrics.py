@@ -34,9 +34,12 @@ class EngineMetrics:
     # ((finished - first token) / (output tokens - 1)): the request's inter-token latency
     time_per_output_token: Names = ()
     prompt_histogram: Names = ()
-    # histogram, one observation per finished request: seconds from its first scheduling to its first token, the
-    # engine's own clock (no queue wait, no API-server time); observed at finish, as the prompt histogram is
+    # histogram, one observation per request: seconds from its first scheduling to its first token, the engine's own
+    # clock (no queue wait, no API-server time); observed at finish as the prompt histogram is (vLLM), or when the
+    # prefill ends (SGLang's per-stage histogram, whose series `prefill_time_labels` select)
     prefill_time: Names = ()
+    prefill_time_labels: tuple[tuple[str, str], ...] = ()
+    prefill_time_at_first_token: bool = False  # observed when the prefill ends (SGLang), not at finish (vLLM)
     preemptions: Names = ()
     kv_used: Names = ()  # resident KV per rank, in tokens (or blocks, see block_size)
     capacity: Names = ()  # KV capacity per rank, in tokens (or blocks)
@@ -86,6 +89,11 @@ SGLANG: Final = EngineMetrics(
     queue_time=("sglang:queue_time_seconds",),
     time_per_output_token=("sglang:request_time_per_output_token_seconds",),
     prompt_histogram=("sglang:prompt_tokens_histogram",),
+    # srt/observability/req_time_stats.py: stage "prefill_forward" = prefill finished - first forward entry (kept
+    # across chunks: the whole prefill), observed once per request when its prefill ends
+    prefill_time=("sglang:per_stage_req_latency_seconds",),
+    prefill_time_labels=(("stage", "prefill_forward"),),
+    prefill_time_at_first_token=True,
     preemptions=("sglang:num_retracted_requests_total",),
     kv_used=("sglang:num_used_tokens",),
     capacity=("sglang:max_total_num_tokens",),

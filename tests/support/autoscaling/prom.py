@@ -39,6 +39,10 @@ REQUEST_LATENCY_BUCKETS: tuple[float, ...] = (
     1920.0, 7680.0,
 )  # fmt: skip
 
+# SGLang's per-stage latency buckets (srt/observability/metrics_collector.py: exponential_buckets(start=0.001,
+# width=1.62, length=30)), which sglang:per_stage_req_latency_seconds uses.
+STAGE_LATENCY_BUCKETS: tuple[float, ...] = tuple(0.001 * 1.62**i for i in range(30))
+
 INSTALL_HINT = "apt-get install prometheus (the Debian package also ships promtool)"
 
 
@@ -153,7 +157,7 @@ class Reading:
     ttft_sum: float
     itl_buckets: tuple[float, ...] = ()  # per request (its mean time per output token) over ITL_BUCKETS; () = none
     itl_sum: float = 0.0
-    # per request, its prefill by the engine's clock (vLLM) over REQUEST_LATENCY_BUCKETS; () = none
+    # per request, its prefill by the engine's clock (vLLM's and SGLang's) over REQUEST_LATENCY_BUCKETS; () = none
     prefill_buckets: tuple[float, ...] = ()
     prefill_sum: float = 0.0
 
@@ -180,7 +184,7 @@ class EngineState:
     ttft_seconds: float = 0.5
     preemption_rate: float = 0.0
     itl_seconds: float = 0.03  # every request's mean time per output token
-    prefill_seconds: float = 0.1  # every request's prefill, first scheduling to first token (vLLM's own clock)
+    prefill_seconds: float = 0.1  # every request's prefill, first scheduling to first token (the engine's own clock)
 
     def reading(self, elapsed: float, prompt_bounds: tuple[float, ...]) -> Reading:
         """What the replica exports after `elapsed` seconds at this load (counters grow at the rates)."""
@@ -349,6 +353,22 @@ def sglang_exposition(
         *_family("sglang:page_size", "gauge", gauge(1)),
         *_family("sglang:num_retracted_requests_total", "counter", gauge(reading.preemptions * share)),
     ]
+    if reading.prefill_buckets:
+        # Each scheduler times its pool's requests by stage (srt/observability/req_time_stats.py); the adapter reads
+        # stage "prefill_forward" only. Another stage's series (a decode of 2 s per request) must not count.
+        count, prefill = reading.prefill_buckets[-1], reading.prefill_sum
+        stages = (("prefill_forward", prefill / count if count else 0.0), ("decode_forward", 2.0))
+        for labels, _ in ranks:
+            for stage, seconds in stages:
+                stage_buckets = _all_at(STAGE_LATENCY_BUCKETS, seconds, count)
+                lines += _histogram(
+                    "sglang:per_stage_req_latency_seconds",
+                    f'{labels},stage="{stage}"',
+                    STAGE_LATENCY_BUCKETS,
+                    stage_buckets,
+                    seconds * count,
+                    share,
+                )
     if node_rank == 0:
         lines += _sglang_tokenizer(reading, model)
     return "\n".join(lines) + "\n"

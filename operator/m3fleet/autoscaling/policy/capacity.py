@@ -126,7 +126,8 @@ def learned_prefill(
     LEARNED_AFTER observations.
 
     Chat alone discredits an optimistic prior too, where the engine times each request's prefill itself (vLLM's
-    `request_prefill_time_seconds`: first scheduling to first token, no queue and no API-server time;
+    `request_prefill_time_seconds`, SGLang's `per_stage_req_latency_seconds{stage="prefill_forward"}`: first
+    scheduling to first token, no queue and no API-server time;
     `_chat_bounds`), LEARNED_AFTER ticks in a row: a fleet serving only chat never shows a long prompt, and a prior
     twice the truth would plan its bursts at half the replicas they need for as long as it runs. It lifts no
     pessimistic prior (that would replan every chat fleet at a speed the chat targets were not measured at)."""
@@ -200,11 +201,13 @@ def learned_prefill(
 
 def _chat_bounds(config: PolicyConfig, replica: ReplicaSignals, mean_prompt: float) -> tuple[float, float] | None:
     """(floor, ceiling) of the replica's prefill throughput from its finished chat requests: their mean prompt over
-    their mean prefill time (the engine's own, observed at finish as the prompt histogram is, so the two means are
-    of the same requests) or the busy bound, whichever is higher; the ceiling `learn_slack` x the first. Only for
-    prompts past the roofline's knee, prior x decode step tokens: a shorter prompt's forward pass takes a step
-    whatever its length (the weights are read once a pass), so its prefill time measures the step, not the
-    throughput. None without the engine's prefill-time histogram (SGLang, TensorRT-LLM) or enough requests."""
+    their mean prefill time (the engine's own: vLLM's observed at finish as the prompt histogram is, so the two means
+    are of the same requests; SGLang's when the prefill ends, a chat request's few seconds before it finishes, so
+    over the histogram window nearly the same requests) or the busy bound, whichever is higher; the ceiling
+    `learn_slack` x the first. Only for prompts past the roofline's knee, prior x decode step tokens: a shorter
+    prompt's forward pass takes a step whatever its length (the weights are read once a pass), so its prefill time
+    measures the step, not the throughput. None without the engine's prefill-time histogram (TensorRT-LLM has
+    none) or enough requests."""
     h = replica.prefill_seconds
     if h is None or h.count < LEARN_MIN_REQUESTS or h.total <= 0:
         return None

@@ -134,8 +134,8 @@ CONSTANTS: Final[tuple[Constant, ...]] = (
         "prompt tokens/s per GPU",
         B.PRIOR,
         "long-context prefill per accelerator, a stand-in for a measured profile (UNVERIFIED on hardware); "
-        "learned from the engines' counters once replicas serve long prompts, and on vLLM discredited when too fast "
-        "by chat requests' own prefill times (capacity.learned_prefill)",
+        "learned from the engines' counters once replicas serve long prompts, and on vLLM and SGLang discredited when "
+        "too fast by chat requests' own prefill times (capacity.learned_prefill)",
     ),
     Constant(
         throughput,
