@@ -12,7 +12,7 @@ from m3fleet.autoscaling.policy import (
     WINDOW_RELEASED,
     Action,
     Behavior,
-    BurstRecord,
+    Burst,
     Decision,
     PolicyConfig,
     PolicyState,
@@ -136,7 +136,7 @@ LONG_BEFORE = PolicyState(found=SETTLED.found, last_time=NOW - 15, prompt_tokens
         # Long requests still resident (150k each): not over yet.
         ({"kv_usage": 0.9}, LONG_BEFORE, 300_000 + 15 / 120 * (5_000 - 300_000)),
         # Within a rate window of a burst the prefill ratio still mixes in the old regime.
-        ({}, replace(LONG_BEFORE, bursts=((NOW - 30, 3, False),)), 300_000 + 15 / 120 * (5_000 - 300_000)),
+        ({}, replace(LONG_BEFORE, burst=Burst(NOW - 30, 3, False)), 300_000 + 15 / 120 * (5_000 - 300_000)),
     ],
     ids=["at-once", "queued", "long-resident", "just-after-a-burst"],
 )
@@ -182,7 +182,11 @@ def test_a_rise_just_after_a_burst_is_taken_at_once_only_on_enough_prefills(
     # 30 s into a burst the estimate says 200k; the only replica's prefills in the last minute average
     # 600k. On six prefills that is the new level; on three it may be one 1M-token prompt: smoothed.
     state = PolicyState(
-        found=SETTLED.found, last_time=NOW - 15, prompt_tokens=200_000, request_rate=0.1, bursts=((NOW - 30, 3, False),)
+        found=SETTLED.found,
+        last_time=NOW - 15,
+        prompt_tokens=200_000,
+        request_rate=0.1,
+        burst=Burst(NOW - 30, 3, False),
     )
     r = replica(running=4, waiting=2, kv_usage=0.3, prompt_tokens=600_000, request_rate=first_tokens_per_second)
     t = decide(ROUND, state, snapshot(r), fleet(1))[0].terms
@@ -207,7 +211,7 @@ def test_rate_rises_after_a_burst_are_taken_at_once_for_four_rate_windows_then_o
         request_rate=1.0,
         prompt_tokens=50_000,
         in_flight=((NOW - 75, 4 + waiting), (NOW - 15, 4 + waiting)),
-        bursts=((NOW - since_burst, 3, False),),
+        burst=Burst(NOW - since_burst, 3, False),
     )
     load = replicas(1, running=4, waiting=waiting, kv_usage=0.1, prompt_tokens=50_000, request_rate=1.5)
     _, after = decide(ROUND, state, snapshot(*load), fleet(1))
@@ -229,7 +233,7 @@ def test_resident_long_requests_signal_a_shift_only_with_evidence_and_novelty(
     r = replace(r, prompt_tokens=prompt_histogram(recent, 30))
     decision, after = decide(ROUND, state, snapshot(r), fleet(1))
     assert (decision.terms["promptTokensPerRequest"] == pytest.approx(900_000 / running)) is shifted
-    assert bool(after.bursts) is shifted
+    assert (after.burst is not None) is shifted
 
 
 def test_long_requests_cannot_share_a_replica() -> None:
@@ -361,8 +365,9 @@ def test_a_new_fleet_warming_up_is_no_burst() -> None:
     """In a new fleet's first rate window finishes lag arrivals, so the rate seen climbs from near zero: no
     burst (it would pair with the first real one and misplace it). A jump after a full window is one."""
     ticks = _ticks(ROUND, [0.1, 0.3, 0.8, 0.8, 0.8, 0.8, 0.8, 0.8, 3.0])
-    assert all(state.bursts == () for *_, state in ticks[:-1])
-    assert [b[0] for b in ticks[-1][3].bursts] == [NOW + 15 * 8]
+    assert all(state.burst is None for *_, state in ticks[:-1])
+    last = ticks[-1][3].burst
+    assert last is not None and last.start == NOW + 15 * 8
 
 
 def test_a_rate_seen_after_a_long_gap_is_no_burst() -> None:
@@ -378,11 +383,11 @@ def test_a_rate_seen_after_a_long_gap_is_no_burst() -> None:
     )
     load = replicas(1, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=3.0)
     _, after = decide(ROUND, state, snapshot(*load), fleet(1))
-    assert after.bursts == () and after.request_rate == pytest.approx(3.0)
+    assert after.burst is None and after.request_rate == pytest.approx(3.0)
     _, ticked = decide(
         ROUND, replace(state, last_time=NOW - 15, in_flight=((NOW - 75, 4), (NOW - 15, 4))), snapshot(*load), fleet(1)
     )
-    assert [b[0] for b in ticked.bursts] == [NOW]
+    assert ticked.burst is not None and ticked.burst.start == NOW
 
 
 # Two 2-minute bursts to 3 requests/s, 15 minutes apart, over 0.8/s: shorter than a cold start.
@@ -402,17 +407,15 @@ def test_a_burst_of_long_prompts_is_not_held_after_it_even_when_it_recurs() -> N
 @pytest.mark.parametrize(
     ("burst", "held", "by"),
     [
-        ((NOW - 600, 3, True), 3, "standing"),  # a chat burst ten minutes ago: its replicas stay for the next one
-        ((NOW - 600, 3, False), 1, "scaleDownWindow"),  # a burst of long prompts: not held the first time (above)
-        ((NOW - 9000, 3, True), 1, "scaleDownWindow"),  # a chat burst older than its standing time (below)
+        (Burst(NOW - 600, 3, True), 3, "standing"),  # a chat burst ten minutes ago: its replicas stay for the next one
+        (Burst(NOW - 600, 3, False), 1, "scaleDownWindow"),  # a burst of long prompts: not held the first time (above)
+        (Burst(NOW - 9000, 3, True), 1, "scaleDownWindow"),  # a chat burst older than its standing time (below)
     ],
 )
-def test_a_single_burst_of_chat_stands_one_of_long_prompts_does_not(
-    burst: tuple[float, int, bool], held: int, by: str
-) -> None:
+def test_a_single_burst_of_chat_stands_one_of_long_prompts_does_not(burst: Burst, held: int, by: str) -> None:
     """A jump in chat requests lasts minutes, shorter than a cold start: the replicas it orders are ready after
     it, and only replicas kept from it serve the next one. So even a first chat burst's capacity stands."""
-    state = steady_state(request_rate=1.0, prompt_tokens=4_000, bursts=(burst,))
+    state = steady_state(request_rate=1.0, prompt_tokens=4_000, burst=burst)
     chat = replicas(3, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0 / 3)
     decision, _ = decide(ROUND, state, snapshot(*chat), fleet(3))
     assert decision.terms["needReplicas"] < 1 and decision.recommended_replicas == held
@@ -428,7 +431,7 @@ def test_a_chat_burst_stands_until_the_slos_error_budget_covers_a_recurrence() -
     assert standing_seconds(2 / 3, 585.0, 0.05) == pytest.approx(7800.0)
     chat = replicas(3, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0 / 3)
     for age, held in ((1800, 3), (7700, 3), (7900, 1)):
-        state = steady_state(request_rate=1.0, prompt_tokens=4_000, bursts=((NOW - age, 3, True),))
+        state = steady_state(request_rate=1.0, prompt_tokens=4_000, burst=Burst(NOW - age, 3, True))
         decision, _ = decide(ROUND, state, snapshot(*chat), fleet(3))
         assert decision.recommended_replicas == held, (age, decision.reason)
         assert decision.terms["standingReplicas"] == (3.0 if held == 3 else 0.0)
@@ -437,7 +440,7 @@ def test_a_chat_burst_stands_until_the_slos_error_budget_covers_a_recurrence() -
         assert decision.to_status()["decidedBy"] == ("standing" if held == 3 else "scaleDownWindow")
     # A tighter SLO (p99) leaves less budget: the same burst stands five times as long.
     strict = replace(ROUND, slo=ROUND.slo.model_copy(update={"percentile": 99.0}))
-    state = steady_state(request_rate=1.0, prompt_tokens=4_000, bursts=((NOW - 7900, 3, True),))
+    state = steady_state(request_rate=1.0, prompt_tokens=4_000, burst=Burst(NOW - 7900, 3, True))
     assert decide(strict, state, snapshot(*chat), fleet(3))[0].recommended_replicas == 3
 
 
@@ -452,7 +455,7 @@ def test_the_fleet_as_found_stands_until_the_slos_error_budget_covers_its_need_r
     assert "the fleet had 3 replicas when the autoscaler first saw it 0s ago" in first.reason
     assert first.terms["standingReplicas"] == 3.0
     for age, held in ((7700, 3), (7900, 1)):
-        later = replace(steady_state(request_rate=1.0, prompt_tokens=4_000, bursts=()), found=(NOW - age, 3))
+        later = replace(steady_state(request_rate=1.0, prompt_tokens=4_000, burst=None), found=(NOW - age, 3))
         decision, after = decide(ROUND, later, snapshot(*chat), fleet(3))
         assert decision.recommended_replicas == held, (age, decision.reason)
         assert after.found == (NOW - age, 3)  # found once, never again
@@ -466,22 +469,23 @@ def test_the_fleet_as_found_stands_until_the_slos_error_budget_covers_its_need_r
 
 
 def test_a_burst_recorded_before_the_chat_flag_reads_as_no_chat_burst() -> None:
-    """Status written by an earlier operator has [start, replicas] bursts: read as bursts of long prompts, so an
-    upgrade holds nothing it did not hold before."""
+    """Status written by an earlier operator has a list of bursts whose last was the one used, and before that
+    [start, replicas] bursts, read as bursts of long prompts: an upgrade holds nothing it did not hold before."""
     state = PolicyState.from_dict({"bursts": [[NOW - 600, 3], [NOW - 60, 2, True]]})
-    assert state.bursts == ((NOW - 600, 3, False), (NOW - 60, 2, True))
+    assert state.burst == Burst(NOW - 60, 2, True)
+    assert PolicyState.from_dict({"bursts": [[NOW - 600, 3]]}).burst == Burst(NOW - 600, 3, False)
     assert PolicyState.from_dict(state.to_dict()) == state
 
 
-def steady_state(request_rate: float, prompt_tokens: float, bursts: tuple[BurstRecord, ...]) -> PolicyState:
-    """The state a tick after the last, with 24 requests in flight over the whole rate window and these bursts."""
+def steady_state(request_rate: float, prompt_tokens: float, burst: Burst | None) -> PolicyState:
+    """The state a tick after the last, with 24 requests in flight over the whole rate window and this burst."""
     return PolicyState(
         found=SETTLED.found,
         last_time=NOW - 15,
         request_rate=request_rate,
         prompt_tokens=prompt_tokens,
         in_flight=((NOW - 75, 24), (NOW - 15, 24)),
-        bursts=bursts,
+        burst=burst,
     )
 
 
@@ -489,25 +493,24 @@ def test_a_burst_is_recorded_at_what_it_needed_not_at_the_forecast_floor_under_i
     """A chat blip (the request rate doubles) while the forecast floor holds 6 replicas, 15 minutes after a burst
     that needed 7: the blip replaces that burst and is recorded at what it needed, so it would stand at that, not at
     the floor's 6 long after the floor has fallen."""
-    state = steady_state(request_rate=1.5, prompt_tokens=4_000, bursts=((NOW - 900, 7, False),))
+    state = steady_state(request_rate=1.5, prompt_tokens=4_000, burst=Burst(NOW - 900, 7, False))
     chat = replicas(6, running=4, kv_usage=0.05, prompt_tokens=4_000, request_rate=1.0)
     earlier_days = DemandHistory(period_seconds=86_400, look_ahead_seconds=600, windows=(6.5, 6.5))
     decision, after = decide(ROUND, state, replace(snapshot(*chat), demand_history=earlier_days), fleet(6))
     assert decision.forecast is not None and decision.forecast[0] == 6  # the floor itself still holds
-    ((blip_at, blip, _),) = after.bursts
-    assert blip_at == NOW and blip <= 2, after.bursts
+    assert after.burst is not None and after.burst.start == NOW and after.burst.replicas <= 2, after.burst
 
 
 @pytest.mark.parametrize(("seen", "recorded"), [(15, 0), (75, 6)], ids=["a-tick-in", "a-minute-in"])
 def test_a_burst_is_recorded_at_what_it_still_needs_a_rate_window_after_its_start(seen: float, recorded: int) -> None:
     """Six replicas' worth of need, `seen` seconds after a burst was seen. A tick in, a lone long prompt looks like
     a burst's start and is served within a rate window: nothing is recorded. A rate window in, the need is the
-    burst's: recorded. Only the last burst is kept (an earlier operator's status had two)."""
-    state = steady_state(request_rate=6.0, prompt_tokens=50_000, bursts=((NOW - 900, 4, False), (NOW - seen, 0, False)))
+    burst's: recorded."""
+    state = steady_state(request_rate=6.0, prompt_tokens=50_000, burst=Burst(NOW - seen, 0, False))
     busy = replicas(6, running=4, kv_usage=0.1, prompt_tokens=50_000, request_rate=1.0)
     decision, after = decide(ROUND, state, snapshot(*busy), fleet(6))
     assert decision.terms["needReplicas"] == pytest.approx(6)
-    assert after.bursts == ((NOW - seen, recorded, False),)
+    assert after.burst == Burst(NOW - seen, recorded, False)
 
 
 def test_panic_jumps_past_the_step_limit_and_holds_scale_down() -> None:
@@ -716,7 +719,7 @@ def test_state_round_trips_through_a_small_dict() -> None:
             time=now,
         )
         _, state = decide(ROUND, state, load, fleet(4, now=now))
-    state = replace(state, bursts=((NOW - 900, 3, False), (NOW - 60, 4, False)), burst_ended=NOW - 30)
+    state = replace(state, burst=Burst(NOW - 60, 4, False), burst_ended=NOW - 30)
     data = json.loads(json.dumps(state.to_dict()))
     assert PolicyState.from_dict(data) == state
     assert len(json.dumps(data)) < 1000  # fits an annotation; history keeps only entries a window can use

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from m3fleet.autoscaling.policy import WINDOW_RELEASED, Decision, PolicyConfig, PolicyState, decide
+from m3fleet.autoscaling.policy import WINDOW_RELEASED, Burst, Decision, PolicyConfig, PolicyState, decide
 from m3fleet.autoscaling.signals import MetricsSnapshot
 from tests.support.autoscaling.plans import config
 from tests.support.autoscaling.snapshots import NOW, ROUND, SETTLED, fleet, replica, snapshot
@@ -164,20 +164,19 @@ def test_an_engine_queue_never_occupies_more_than_its_replica(
     cfg=CONFIGS,
     replicas=st.integers(1, 6),
     load=loads(),
-    bursts=st.lists(st.tuples(st.floats(0, 4000), st.integers(1, 16), st.booleans()), max_size=2),
+    burst=st.none() | st.tuples(st.floats(0, 4000), st.integers(1, 16), st.booleans()),
 )
 def test_the_standing_rule_only_raises_and_only_for_a_chat_burst(
-    cfg: PolicyConfig, replicas: int, load: dict[str, float], bursts: list[tuple[float, int, bool]]
+    cfg: PolicyConfig, replicas: int, load: dict[str, float], burst: tuple[float, int, bool] | None
 ) -> None:
-    state = PolicyState(
-        found=SETTLED.found, bursts=tuple(sorted(((NOW - age, n, chat) for age, n, chat in bursts), key=lambda b: b[0]))
-    )
+    last = None if burst is None else Burst(NOW - burst[0], burst[1], burst[2])
+    state = PolicyState(found=SETTLED.found, burst=last)
     snap = _snapshot(cfg, replicas, load)
     held = decide(cfg, state, snap, fleet(replicas))[0]
     plain = decide(replace(cfg, burst_hold=False), state, snap, fleet(replicas))[0]
     assert held.recommended_replicas >= plain.recommended_replicas
     assert held.desired_replicas >= plain.desired_replicas
-    if not (state.bursts and state.bursts[-1][2]):  # the last burst is kept; none of long prompts is held
+    if not (state.burst is not None and state.burst.chat):  # a burst of long prompts is not held
         assert (held.recommended_replicas, held.desired_replicas) == (
             plain.recommended_replicas,
             plain.desired_replicas,

@@ -100,7 +100,7 @@ from m3fleet.autoscaling.policy.scale_down import (
     RELEASE_STARTING_AFTER_SECONDS,
     WINDOW_RELEASED,
 )
-from m3fleet.autoscaling.policy.state import BurstRecord, PolicyState
+from m3fleet.autoscaling.policy.state import Burst, PolicyState
 from m3fleet.autoscaling.policy.tick import decide
 
 __all__ = [
@@ -133,7 +133,7 @@ __all__ = [
     "WINDOW_RELEASED",
     "Action",
     "Behavior",
-    "BurstRecord",
+    "Burst",
     "Decision",
     "PolicyConfig",
     "PolicyState",

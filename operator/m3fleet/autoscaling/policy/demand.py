@@ -168,7 +168,7 @@ def compute_terms(
     load = Load.of(fresh, config.kv_tokens_per_replica)
 
     elapsed = now - state.last_time if state.last_time is not None and now > state.last_time else None
-    since_burst = now - state.bursts[-1][0] if state.bursts else None
+    since_burst = now - state.burst.start if state.burst is not None else None
     # Within one horizon of a burst's start the new level is still being measured: rises are taken at
     # once (the replicas ordered now arrive one time-to-ready later, too late for a slow estimate). After
     # RISE_WINDOWS rate windows, only while requests queue: the fleet is still behind the burst and what

@@ -35,7 +35,7 @@ from m3fleet.autoscaling.forecast import Bounds, Forecast, forecast_floor
 from m3fleet.autoscaling.policy.config import PolicyConfig
 from m3fleet.autoscaling.policy.demand import Terms
 from m3fleet.autoscaling.policy.hpa import recommend
-from m3fleet.autoscaling.policy.state import BurstRecord, PolicyState
+from m3fleet.autoscaling.policy.state import Burst, PolicyState
 from m3fleet.autoscaling.signals import MetricsSnapshot
 
 # The smallest error budget the standing rule divides by: the CRD's largest slo.percentile, 99.99, leaves 0.01%.
@@ -49,7 +49,7 @@ class Floors:
 
     recommendation: int
     forecast: Forecast | None
-    bursts: tuple[BurstRecord, ...]
+    burst: Burst | None  # the last burst, to keep
     standing: int
     bounds: Bounds
     raised_by: str | None = None  # the floor that set the recommendation: forecast, standing
@@ -90,14 +90,14 @@ def with_floors(
     # Kept while it can still stand, be the same burst (a horizon) or shape the rate window's estimates (demand's
     # time since the last burst).
     memory = max(standing_seconds(1.0, time_to_ready, budget), horizon, snapshot.window_seconds)
-    bursts = _record_burst(state.bursts, now, terms.burst, needed, horizon, memory, lasting, chat)
+    burst = _record_burst(state.burst, now, terms.burst, needed, horizon, memory, lasting, chat)
     found = state.found if state.found is not None else (now, current)
-    standing, why = _standing(bursts, found, now, needed, time_to_ready, budget) if config.burst_hold else (0, "")
+    standing, why = _standing(burst, found, now, needed, time_to_ready, budget) if config.burst_hold else (0, "")
     terms.values["standingReplicas"] = float(standing)
     if standing > recommendation:
         recommendation, raised_by = clamp(standing), "standing"
         notes.append(f"standing capacity {recommendation}: {why}")
-    return Floors(recommendation, forecast, bursts, standing, bounds, raised_by, found)
+    return Floors(recommendation, forecast, burst, standing, bounds, raised_by, found)
 
 
 def standing_seconds(shortfall: float, time_to_ready: float, budget: float) -> float:
@@ -108,7 +108,7 @@ def standing_seconds(shortfall: float, time_to_ready: float, budget: float) -> f
 
 
 def _standing(
-    bursts: tuple[BurstRecord, ...],
+    burst: Burst | None,
     found: tuple[float, int],
     now: float,
     needed: int,
@@ -120,9 +120,8 @@ def _standing(
     sources: list[tuple[float, int, str]] = [
         (found[0], found[1], f"the fleet had {found[1]} replicas when the autoscaler first saw it")
     ]
-    if bursts and bursts[-1][2]:
-        start, most, _ = bursts[-1]
-        sources.append((start, most, f"a burst of chat needed {most}"))
+    if burst is not None and burst.chat:
+        sources.append((burst.start, burst.replicas, f"a burst of chat needed {burst.replicas}"))
     standing, why = 0, ""
     for start, most, what in sources:
         if needed == 0 or most <= max(needed, standing):
@@ -142,7 +141,7 @@ def _standing(
 
 
 def _record_burst(
-    bursts: tuple[BurstRecord, ...],
+    last: Burst | None,
     now: float,
     burst: bool,
     needed: int,
@@ -150,16 +149,16 @@ def _record_burst(
     memory: float,
     lasting: float,
     chat: bool,
-) -> tuple[BurstRecord, ...]:
-    """The last burst as (start, replicas the need recommended from `lasting` after it until one horizon after it,
-    whether the prompt estimate said chat throughout that horizon); a burst detected within the horizon of the
+) -> Burst | None:
+    """The last burst, with the replicas the need recommended from `lasting` after its start until one horizon after
+    it and whether the prompt estimate said chat throughout that horizon; a burst detected within the horizon of the
     previous one is the same burst. What a burst needs in its first `lasting` seconds is not recorded: a
     lone long prompt looks like a burst's start for a tick or two, is served within a rate window and leaves
     nothing to hold, while a burst still needs its replicas then. Dropped once `memory` old."""
-    kept = [b for b in bursts if now - b[0] <= memory]
-    if kept and now - kept[-1][0] <= horizon:
-        start, most, was_chat = kept[-1]
-        kept[-1] = (start, max(most, needed) if now - start >= lasting else most, was_chat and chat)
-    elif burst:
-        kept.append((now, 0, chat))
-    return tuple(kept[-1:])
+    kept = last if last is not None and now - last.start <= memory else None
+    if kept is not None and now - kept.start <= horizon:
+        most = max(kept.replicas, needed) if now - kept.start >= lasting else kept.replicas
+        return Burst(kept.start, most, kept.chat and chat)
+    if burst:
+        return Burst(now, 0, chat)
+    return kept

@@ -5,15 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-# A recorded burst: (start, replicas the need recommended for it, whether its prompts stayed chat-sized).
-BurstRecord = tuple[float, int, bool]
+
+class Burst(NamedTuple):
+    """The last burst the policy saw (`floors._record_burst`)."""
+
+    start: float
+    replicas: int  # what the need recommended for it
+    chat: bool  # whether its prompts stayed chat-sized
 
 
 @dataclass(frozen=True)
 class PolicyState:
-    """Stabilization history, panic deadline, the arrival estimates, recent bursts; small and JSON-serializable."""
+    """Stabilization history, panic deadline, the arrival estimates, the last burst; small and JSON-serializable."""
 
     history: tuple[tuple[float, int], ...] = ()  # (time, recommendation), only entries a window can use
     panic_until: float | None = None
@@ -21,7 +26,7 @@ class PolicyState:
     in_flight: tuple[tuple[float, float], ...] = ()  # (time, running + waiting) over the last rate window
     request_rate: float | None = None  # arriving requests/s, smoothed
     prompt_tokens: float | None = None  # mean prompt length of arriving requests, smoothed
-    bursts: tuple[BurstRecord, ...] = ()  # the last burst (see `_record_burst`); a list in status
+    burst: Burst | None = None  # the last burst while it is remembered (see `floors._record_burst`)
     prefill_rate: float | None = None  # learned prompt tokens/s one replica prefills (saturated)
     prefill_samples: int = 0  # saturated observations behind it
     prefill_cap_ticks: int = 0  # consecutive ticks with a chat bound from the engines' prefill time (`capacity`)
@@ -39,7 +44,7 @@ class PolicyState:
             "inFlight": [[t, n] for t, n in self.in_flight],
             "requestRate": self.request_rate,
             "promptTokens": self.prompt_tokens,
-            "bursts": [[t, n, chat] for t, n, chat in self.bursts],
+            "burst": None if self.burst is None else list(self.burst),
             "prefillRate": self.prefill_rate,
             "prefillSamples": self.prefill_samples,
             "prefillCapTicks": self.prefill_cap_ticks,
@@ -57,7 +62,8 @@ class PolicyState:
             return cls()
         try:
             history = tuple((float(t), int(n)) for t, n in data.get("history") or ())
-            bursts = tuple(_burst_record(b) for b in data.get("bursts") or ())
+            # "bursts", a list whose last entry was the one used, until the state kept only that one
+            saved = data.get("burst") or (data.get("bursts") or [None])[-1]
             return cls(
                 history=history,
                 panic_until=_opt_float(data.get("panicUntil")),
@@ -65,7 +71,7 @@ class PolicyState:
                 in_flight=tuple((float(t), float(n)) for t, n in data.get("inFlight") or ()),
                 request_rate=_opt_float(data.get("requestRate")),
                 prompt_tokens=_opt_float(data.get("promptTokens")),
-                bursts=bursts,
+                burst=None if saved is None else _burst(saved),
                 prefill_rate=_opt_float(data.get("prefillRate")),
                 prefill_samples=int(data.get("prefillSamples") or 0),
                 prefill_cap_ticks=int(data.get("prefillCapTicks") or 0),
@@ -79,10 +85,10 @@ class PolicyState:
             return cls()
 
 
-def _burst_record(data: Sequence[Any]) -> BurstRecord:
+def _burst(data: Sequence[Any]) -> Burst:
     """[start, replicas, chat]; a record from before the chat flag ([start, replicas]) is no chat burst."""
     start, replicas, *chat = data
-    return float(start), int(replicas), bool(chat and chat[0] is True)
+    return Burst(float(start), int(replicas), bool(chat and chat[0] is True))
 
 
 def _found(data: Any) -> tuple[float, int] | None:

@@ -140,7 +140,7 @@ def decide(
         in_flight=terms.in_flight,
         request_rate=terms.request_rate,
         prompt_tokens=terms.prompt_tokens,
-        bursts=floors.bursts,
+        burst=floors.burst,
         prefill_rate=terms.prefill_rate,
         prefill_samples=terms.prefill_samples,
         prefill_cap_ticks=terms.prefill_cap_ticks,
