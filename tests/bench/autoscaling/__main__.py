@@ -1,5 +1,5 @@
 """`python -m tests.bench.autoscaling --scenario NAME [--seeds A-B] [--cold-start S] [--gateway] [--slo-ttft S]
-[--robustness] [-o json|text]`.
+[--robustness] [-f FILE] [-o json|text]`.
 
 Runs the policy, the swept baselines and the oracle on each seed and prints the per-seed table and the
 summary of per-seed minimums (text), or the JSON list of per-seed objects (`-o json`: the
@@ -20,7 +20,10 @@ matches that engine, and on engines that share each step's prefill budget among 
 them first come, first served (`checks.robustness`: `byScale`, `byPrefillDiscipline`). `--scale-to-zero SECONDS`
 (implies `--gateway`) instead runs, per seed,
 the policy at minReplicas 1 against minReplicas 0 with the zero rule and that idle window (zero.py): GPU-hours saved
-and attainment lost, with the gateway holding requests (bounded) while no replica is ready.
+and attainment lost, with the gateway holding requests (bounded) while no replica is ready. `-f FILE` runs a
+MiniMaxM3Deployment of your own instead of the built-in vLLM resource (another engine, accelerator or variant; its
+own autoscaling settings), as `m3fleet simulate -f` does; `--gateway` and `--speculative` shape the built-in
+resource only (with `-f`, set spec.autoscaling.gateway and spec.speculativeDecoding in the file).
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from m3fleet.api.models import SpeculativeMethod
+from m3fleet.api.models import MiniMaxM3Deployment, SpeculativeMethod
 from m3fleet.api.parse import parse_resource
-from m3fleet.documents import InputError
+from m3fleet.documents import InputError, ResourceError, one_deployment, parse_one
 from m3fleet.errors import SpecError, SpecErrors
 from m3fleet_simulator.scenarios import SCENARIOS
 from m3fleet_simulator.whatif import Setup, prepare
@@ -84,9 +87,17 @@ def main(argv: list[str] | None = None) -> int:
         choices=[m.value for m in SpeculativeMethod],
         help="draft with this method (speculativeDecoding)",
     )
+    parser.add_argument(
+        "-f", "--filename", help="a file with one MiniMaxM3Deployment to run instead of the built-in vLLM resource"
+    )
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text")
     parser.add_argument("--summary-json", help="also write the summary (per-seed min/mean/max, checks) here")
     args = parser.parse_args(argv)
+    if args.filename and (args.gateway or args.speculative or args.scale_to_zero is not None):
+        parser.error(
+            "--gateway, --speculative and --scale-to-zero shape the built-in resource; with -f, set "
+            "spec.autoscaling.gateway and spec.speculativeDecoding in the file"
+        )
     if args.compare_cold_start_models:
         models = args.compare_cold_start_models.split(",")
         unknown = [m for m in models if m not in MODELS]
@@ -122,6 +133,7 @@ def seed_setup(args: argparse.Namespace, seed: int, gateway: bool) -> Setup:
     """One seed's run as the options describe it."""
     setup = prepare(
         args.scenario,
+        resource=own_resource(args.filename) if args.filename else None,
         seed=seed,
         minutes=args.minutes,
         cold_start=args.cold_start,
@@ -132,6 +144,15 @@ def seed_setup(args: argparse.Namespace, seed: int, gateway: bool) -> Setup:
     if args.slo_ttft is None and args.slo_itl is None:
         return setup
     return with_slo(setup, args.slo_ttft, args.slo_itl)
+
+
+def own_resource(filename: str) -> MiniMaxM3Deployment:
+    """The one MiniMaxM3Deployment in `filename`, validated as `m3fleet simulate -f` validates it."""
+    try:
+        resource: MiniMaxM3Deployment = parse_one(one_deployment(filename, "bench"), parse_resource)
+    except (InputError, ResourceError) as error:
+        raise SystemExit(f"-f {filename}: {error}") from None
+    return resource
 
 
 def with_slo(setup: Setup, ttft: float | None, itl: float | None) -> Setup:
