@@ -357,16 +357,18 @@ def sglang_exposition(
         # Each scheduler times its pool's requests by stage (srt/observability/req_time_stats.py); the adapter reads
         # stage "prefill_forward" only. Another stage's series (a decode of 2 s per request) must not count.
         count, prefill = reading.prefill_buckets[-1], reading.prefill_sum
-        stages = (("prefill_forward", prefill / count if count else 0.0), ("decode_forward", 2.0))
+        stages = [
+            (stage, _all_at(STAGE_LATENCY_BUCKETS, seconds, count), seconds * count)
+            for stage, seconds in (("prefill_forward", prefill / count if count else 0.0), ("decode_forward", 2.0))
+        ]
         for labels, _ in ranks:
-            for stage, seconds in stages:
-                stage_buckets = _all_at(STAGE_LATENCY_BUCKETS, seconds, count)
+            for stage, buckets, total in stages:
                 lines += _histogram(
                     "sglang:per_stage_req_latency_seconds",
                     f'{labels},stage="{stage}"',
                     STAGE_LATENCY_BUCKETS,
-                    stage_buckets,
-                    seconds * count,
+                    buckets,
+                    total,
                     share,
                 )
     if node_rank == 0:
