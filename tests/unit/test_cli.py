@@ -215,6 +215,15 @@ def test_run_refuses_a_peering_lifetime_kopf_cannot_keep(
     assert f"M3FLEET_PEERING_LIFETIME_SECONDS={value!r} is {why}; set a whole number of seconds from 20 to 3600" in err
 
 
+def test_run_refuses_a_peering_priority_that_is_not_a_number(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("M3FLEET_PEERING_PRIORITY", "high")
+    code, out, err = run(capsys, "run")
+    assert (code, out) == (2, "") and "Traceback" not in err
+    assert "M3FLEET_PEERING_PRIORITY='high' is not an integer; set a whole number, or unset it" in err
+
+
 CACHE_SAMPLE = SAMPLES_DIR.parent / "cache" / "h200-bf16.yaml"
 
 

@@ -83,30 +83,32 @@ def current_namespace() -> str:
 def peering_priority() -> int:
     """Peers with equal priority freeze each other (kopf's rule); a random one lets exactly one replica be
     active unless the chart pins it."""
-    value = os.environ.get(PRIORITY_VARIABLE, "")
-    if not value:
-        return random.randint(1, 10_000)
-    try:
-        return int(value)
-    except ValueError:
-        raise RunError(f"{PRIORITY_VARIABLE}={value!r} is not an integer; set a whole number, or unset it") from None
+    value = _whole_number(PRIORITY_VARIABLE, "set a whole number, or unset it")
+    return random.randint(1, 10_000) if value is None else value
 
 
 def peering_lifetime() -> int:
     """Seconds a peer's record stands unrenewed: how long a standby waits to take over from a peer that went
     silent (docs/high-availability.md). kopf's 60 s unless the chart's peering.lifetimeSeconds sets it."""
-    value = os.environ.get(LIFETIME_VARIABLE, "")
-    if not value:
-        return DEFAULT_PEERING_LIFETIME
     fix = f"set a whole number of seconds from {SHORTEST_PEERING_LIFETIME} to {LONGEST_PEERING_LIFETIME}, or unset it"
-    try:
-        seconds = int(value)
-    except ValueError:
-        raise RunError(f"{LIFETIME_VARIABLE}={value!r} is not an integer; {fix}") from None
+    seconds = _whole_number(LIFETIME_VARIABLE, fix)
+    if seconds is None:
+        return DEFAULT_PEERING_LIFETIME
     if not SHORTEST_PEERING_LIFETIME <= seconds <= LONGEST_PEERING_LIFETIME:
         why = "too short for kopf to renew a record in time" if seconds < SHORTEST_PEERING_LIFETIME else "too long"
-        raise RunError(f"{LIFETIME_VARIABLE}={value!r} is {why}; {fix}")
+        raise RunError(f"{LIFETIME_VARIABLE}={os.environ[LIFETIME_VARIABLE]!r} is {why}; {fix}")
     return seconds
+
+
+def _whole_number(variable: str, fix: str) -> int | None:
+    """The integer an environment variable sets; None when unset or empty. Anything else names it and `fix`."""
+    value = os.environ.get(variable, "")
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise RunError(f"{variable}={value!r} is not an integer; {fix}") from None
 
 
 def peering_identity() -> str:
