@@ -130,20 +130,20 @@ def _interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> float | 
     return ys[0] if len(xs) == 1 and x == xs[0] else None
 
 
-def lead(ours: PolicyResult, points: Sequence[Point]) -> dict[str, Any]:
-    """Our default against one family's frontier (see the module docstring)."""
+def lead(attainment: float, gpu_hours: float, points: Sequence[Point]) -> dict[str, Any]:
+    """A run (ours at default settings, or a reference's) against one family's frontier (the module docstring)."""
     front = frontier(points)
     gpu = [p.gpu_hours for p in front]
     att = [p.attainment for p in front]
-    at_our_cost = _interpolate(gpu, att, ours.gpu_hours)
-    if at_our_cost is None and ours.gpu_hours > gpu[-1]:
+    at_our_cost = _interpolate(gpu, att, gpu_hours)
+    if at_our_cost is None and gpu_hours > gpu[-1]:
         at_our_cost = att[-1]
-    unreachable = ours.slo_attainment > att[-1]
-    cost_of_ours = None if unreachable else _interpolate(att, gpu, ours.slo_attainment)
-    if cost_of_ours is None and not unreachable and ours.slo_attainment <= att[0]:
+    unreachable = attainment > att[-1]
+    cost_of_ours = None if unreachable else _interpolate(att, gpu, attainment)
+    if cost_of_ours is None and not unreachable and attainment <= att[0]:
         cost_of_ours = gpu[0]
-    points_ahead = None if at_our_cost is None else (ours.slo_attainment - at_our_cost) * 100
-    saved = None if cost_of_ours is None else 1 - ours.gpu_hours / cost_of_ours
+    points_ahead = None if at_our_cost is None else (attainment - at_our_cost) * 100
+    saved = None if cost_of_ours is None else 1 - gpu_hours / cost_of_ours
     met = (
         (points_ahead is not None and points_ahead >= LEAD_POINTS)
         or (saved is not None and saved >= LEAD_SAVED)
@@ -173,7 +173,7 @@ def frontier_checks(setup: Setup, result: PolicyResult, swept: dict[str, list[Po
     ]
     checks: dict[str, Any] = {"notDominated": {"met": not dominating, "atLeastAsGoodOnBoth": dominating}}
     if setup.scenario.name in LONG_CONTEXT:
-        leads = {family: lead(result, pts) for family, pts in swept.items()}
+        leads = {family: lead(result.slo_attainment, result.gpu_hours, pts) for family, pts in swept.items()}
         checks["longContextLead"] = {"met": all(v["met"] for v in leads.values()), "byFamily": leads}
     return checks
 

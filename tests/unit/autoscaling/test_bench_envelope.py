@@ -127,6 +127,41 @@ def test_the_cold_start_goal_is_asked_only_where_the_envelope_reaches_it() -> No
     assert bench_check.cold_start_goal(_seed((0.94, 14.0), {"fixed": []})) is None  # not a long-context 90 s run
 
 
+def test_a_missed_lead_says_whether_the_envelope_itself_leads_at_the_policys_point() -> None:
+    """The envelope's runs at 10 / 14 / 20 GPU-h (90 / 95 / 99%); the policy 95% for 14 GPU-h, KEDA-like baseline
+    points around it. The lead is within reach where the envelope's run at our point beats the family by 5 points
+    or 20% of GPU-hours, and beyond it where it does not."""
+
+    def seed(queue_points: list[tuple[float, float]]) -> dict[str, Any]:
+        points = [
+            {"waitingPerReplica": 1.0, "sloAttainment": a, "gpuHours": g, "pareto": True} for a, g in queue_points
+        ]
+        lead = {
+            "met": False,
+            "byFamily": {
+                "queue-length": {
+                    "unreachable": False,
+                    "pointsAheadAtOurGpuHours": 1.0,
+                    "gpuHoursSavedAtOurAttainment": 0.05,
+                }
+            },
+        }
+        return _seed((0.95, 14.0), {"queue-length": points}, checks={"longContextLead": lead})
+
+    # The family reaches 95% at 18.5 GPU-h: the envelope's 14 GPU-h run saves 24%, so the lead is within reach.
+    within = seed([(0.80, 12.0), (0.95, 18.5)])
+    reach, figures = bench_check.envelope_lead(within)
+    assert reach and "its run at our GPU-hours (95.0%/14 GPU-h) leads every family" in figures
+    # The family reaches 95% at 15 GPU-h and 92% at 14: no run of the envelope at our point leads by 5 points or 20%.
+    beyond = seed([(0.92, 14.0), (0.95, 15.0)])
+    reach, figures = bench_check.envelope_lead(beyond)
+    assert not reach and figures.startswith("beyond the envelope")
+    verdict = next(v for v in bench_check.seed_verdicts(beyond) if v.check == "longContextLead")
+    assert not verdict.met and "beyond the envelope" in verdict.figures
+    share = next(v for v in bench_check.over_seeds([within, beyond]) if v.check == "longContextLeadShare")
+    assert not share.met and share.figures == "0 of 2 seeds; 0 of the 1 within reach (the envelope or ours leads)"
+
+
 def test_robust_counts_shared_prefill_with_the_other_variants() -> None:
     def seed(shared_lost: float) -> dict[str, Any]:
         robustness = {
