@@ -74,7 +74,8 @@ def envelope_checks(seed: dict[str, Any]) -> list[Verdict]:
             Verdict(
                 "envelopeGap",
                 gap <= ENVELOPE_POINTS + 1e-9,
-                f"envelope {_pct(best)} vs ours {_pct(attainment)} at {gpu} GPU-h: {gap:+.2f} points",
+                f"envelope {_pct(best)} vs ours {_pct(attainment)} at {gpu} GPU-h: {gap:+.2f} points"
+                + _run_of([p for p in curve if p["gpuHours"] <= gpu][-1]),
             )
         )
     cheapest = gpu_hours_at(curve, attainment)
@@ -87,10 +88,19 @@ def envelope_checks(seed: dict[str, Any]) -> list[Verdict]:
             Verdict(
                 "envelopeCost",
                 ratio <= ENVELOPE_COST + 1e-9,
-                f"ours {gpu} GPU-h vs the envelope's {cheapest} at {_pct(attainment)}: {ratio:.2f}x",
+                f"ours {gpu} GPU-h vs the envelope's {cheapest} at {_pct(attainment)}: {ratio:.2f}x"
+                + _run_of(next(p for p in curve if p["sloAttainment"] >= attainment)),
             )
         )
     return out
+
+
+def _run_of(point: dict[str, Any]) -> str:
+    """The reference run behind an envelope point: what it chose without knowing the future (`envelope.py`)."""
+    return (
+        f" (its run: {point['standingReplicas']} standing, headroom {point['headroom']:g}, "
+        f"hold {point['holdSeconds']:g} s)"
+    )
 
 
 def never_worse(seed: dict[str, Any]) -> Verdict:

@@ -104,6 +104,9 @@ def test_the_checker_judges_the_envelope_at_both_axes() -> None:
     assert within["envelopeGap"] and within["envelopeCost"]
     behind = _verdicts(_seed((0.935, 14.0), {"fixed": []}))  # 1.5 points under the envelope at 14 GPU-h
     assert not behind["envelopeGap"]
+    # A miss names the reference run behind it: what it chose (standing replicas, headroom, hold).
+    [gap, _] = bench_check.envelope_checks(_seed((0.935, 14.0), {"fixed": []}))
+    assert gap.figures.endswith("+1.50 points (its run: 1 standing, headroom 1, hold 0 s)")
     dear = _verdicts(_seed((0.95, 16.5), {"fixed": []}))  # 16.5 / 14 = 1.18x the envelope's GPU-hours
     assert dear["envelopeGap"] and not dear["envelopeCost"]
     ahead = _verdicts(_seed((0.995, 9.0), {"fixed": []}))  # cheaper than every run, above its best
