@@ -165,6 +165,22 @@ def test_a_missed_lead_says_whether_the_envelope_itself_leads_at_the_policys_poi
     assert not share.met and share.figures == "0 of 2 seeds; 0 of the 1 within reach (the envelope or ours leads)"
 
 
+def test_the_note_names_the_one_baseline_setting_better_on_the_most_seeds() -> None:
+    """neverWorse takes each seed's best setting after the fact; a user picks one in advance."""
+    seeds = [
+        _seed((0.95, 14.0), {"fixed": [_fixed(2, 0.97, 14.0), _fixed(3, 0.99, 14.1)]}),
+        _seed((0.95, 14.0), {"fixed": [_fixed(2, 0.90, 14.0), _fixed(3, 0.96, 14.2)]}) | {"seed": 8},
+    ]
+    note = bench_check.one_setting_in_advance(seeds)
+    assert note.startswith("the baseline setting better on the most seeds, fixed replicas=3: on 2 of 2;"), note
+    assert "+2.5 points at 1.01x our GPU-hours on average" in note
+    ours_ahead = [_seed((0.99, 14.0), {"fixed": [_fixed(2, 0.97, 14.0)]})]
+    assert (
+        bench_check.one_setting_in_advance(ours_ahead)
+        == "no baseline setting is better than ours on any of the 1 seeds"
+    )
+
+
 def test_robust_counts_shared_prefill_with_the_other_variants() -> None:
     def seed(shared_lost: float) -> dict[str, Any]:
         robustness = {
