@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.autoscaling.prom import GatewayLoad, MetricsServer, prometheus
+from tests.support.autoscaling.prom import GatewayLoad, MetricsServer, instant_value, prometheus
 from tests.support.cluster.cluster import Cluster, OperatorProcess
 from tests.support.cluster.epp import HELD_METRIC
 from tests.support.cluster.fleet import delete, operated_namespace, pods, wait_ready
@@ -660,6 +660,10 @@ def test_a_long_context_burst_scenario_drives_the_loop(
             eventually("every request of the slice finished", lambda: load.result().unfinished == 0, 60)
             capacity = autoscaling(chart, name).get("capacity") or {}
             assert capacity.get("source") == "engines" and capacity.get("mismatch") is False, capacity
+            # The engine's own per-request prefill time (what discredits a wrong prefill prior on chat) was exported
+            # and scraped for the requests that finished, as a vLLM fleet's would be.
+            prefilled = instant_value(url, f'sum(vllm:request_prefill_time_seconds_count{{m3fleet_dev_name="{name}"}})')
+            assert prefilled is not None and prefilled > 0, prefilled
             said = timed_events(chart, name, "Scaled")
             moves = _moves([m for _, m in said])
             directions = [direction for direction, _, _ in moves]

@@ -115,6 +115,15 @@ def prometheus(
         log.close()
 
 
+def instant_value(url: str, expression: str) -> float | None:
+    """The value of a PromQL expression now (a sum, one series), None when it has no series: to assert what a
+    test's Prometheus scraped, beside what the operator made of it."""
+    answer = requests.get(f"{url}/api/v1/query", params={"query": expression}, timeout=5)
+    answer.raise_for_status()
+    result = answer.json()["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
 def web_config(workdir: Path, tls: tuple[Path, Path, Path] | None) -> list[str]:
     if tls is None:
         return []

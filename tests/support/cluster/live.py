@@ -4,8 +4,9 @@ real time on exactly the replicas the cluster runs, and each stand-in exports it
 `ScenarioLoad` runs a `Simulation` with no autoscaler of its own: its clock is the wall clock since `start()`,
 its fleet follows the running pods (a pod that comes up is a replica ready now; a pod that goes drains), the
 router shares the requests among them, and a scrape every second gives each pod's reading (running, waiting, KV,
-token and request counters, TTFT and prompt-length histograms) in its engine's format. What the operator sees
-is then what a fleet under that scenario would export, and what it decides changes which replicas serve.
+token and request counters, TTFT, prompt-length and prefill-time histograms) in its engine's format. What the
+operator sees is then what a fleet under that scenario would export, and what it decides changes which replicas
+serve.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import threading
 import time
 from collections.abc import Collection
 from dataclasses import replace
+from typing import Any
 
 from m3fleet.api.models import Plan
 from m3fleet_simulator.fleet import PerfModel, PolicyResult, Scrape, SimSettings, Simulation
 from m3fleet_simulator.scenarios import SCENARIOS, Request
-from tests.support.autoscaling.prom import Reading
+from tests.support.autoscaling.prom import REQUEST_LATENCY_BUCKETS, Reading
 
 BURST = "long-context burst"  # the label of a scenario's long-prompt phase
 
@@ -122,4 +124,18 @@ class ScenarioLoad:
             prompt_sum=scrape.prompt_sum,
             ttft_buckets=scrape.ttft_cumulative,
             ttft_sum=scrape.ttft_sum,
+            **self._prefill_time(scrape),
         )
+
+    def _prefill_time(self, scrape: Scrape) -> dict[str, Any]:
+        """The engine's per-request prefill-time histogram, observed when its engine observes it (vLLM at a
+        request's finish, SGLang at its first token; TensorRT-LLM has none). The simulator keeps the sum and count
+        only, which is what the policy reads (their mean), so every observation is exported in the +Inf bucket."""
+        if self.sim.prefill_time is None:
+            return {}
+        count, total = (
+            (scrape.first_tokens, scrape.prefill_ended_sum)
+            if self.sim.prefill_time == "first_token"
+            else (scrape.finished, scrape.prefill_sum)
+        )
+        return {"prefill_buckets": (0.0,) * len(REQUEST_LATENCY_BUCKETS) + (float(count),), "prefill_sum": total}
