@@ -109,14 +109,21 @@ def _run_of(point: dict[str, Any]) -> str:
     )
 
 
+def _better(point: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """A baseline point `WORSE_POINTS` better than ours for at most `WORSE_SHARE` more GPU-hours (neverWorse's rule)."""
+    return (
+        point["sloAttainment"] >= ours["sloAttainment"] + WORSE_POINTS / 100 - 1e-9
+        and point["gpuHours"] <= ours["gpuHours"] * (1 + WORSE_SHARE) + 1e-9
+    )
+
+
 def never_worse(seed: dict[str, Any]) -> Verdict:
     ours = seed["policies"][POLICY]
     better = [
         f"{family} {_setting(p)} {_pct(p['sloAttainment'])}/{p['gpuHours']}"
         for family, points in seed["frontier"].items()
         for p in points
-        if p["sloAttainment"] >= ours["sloAttainment"] + WORSE_POINTS / 100 - 1e-9
-        and p["gpuHours"] <= ours["gpuHours"] * (1 + WORSE_SHARE) + 1e-9
+        if _better(p, ours)
     ]
     figures = f"ours {_pct(ours['sloAttainment'])}/{ours['gpuHours']} GPU-h"
     return Verdict("neverWorse", not better, figures + (f"; better: {', '.join(better)}" if better else ""))
@@ -240,12 +247,8 @@ def one_setting_in_advance(seeds: Sequence[dict[str, Any]]) -> str:
         ours = seed["policies"][POLICY]
         for family, points in seed["frontier"].items():
             for p in points:
-                better = (
-                    p["sloAttainment"] >= ours["sloAttainment"] + WORSE_POINTS / 100 - 1e-9
-                    and p["gpuHours"] <= ours["gpuHours"] * (1 + WORSE_SHARE) + 1e-9
-                )
                 points_ahead = (p["sloAttainment"] - ours["sloAttainment"]) * 100
-                beaten[(family, _setting(p))].append((better, points_ahead, p["gpuHours"] / ours["gpuHours"]))
+                beaten[(family, _setting(p))].append((_better(p, ours), points_ahead, p["gpuHours"] / ours["gpuHours"]))
     (family, setting), runs = max(beaten.items(), key=lambda kv: sum(b for b, _, _ in kv[1]))
     if not any(b for b, _, _ in runs):
         return f"no baseline setting is better than ours on any of the {len(seeds)} seeds"
