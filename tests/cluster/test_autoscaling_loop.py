@@ -389,13 +389,17 @@ def test_leaderworkerset_fleets_grow_and_shrink_by_a_group(
             # flight are fixed, so the policy reads their resident KV per request as the prompt length, and at
             # QUIET on the SGLang DP group's 9.6M tokens (about 350k a request) its prefill term asks for one
             # group's worth with both groups reporting (0.98-1.06 in a run where it held two for two minutes).
-            for demand, count in ((1.5, 2), (QUIET / 2, 1)):
+            # The way down may wait for the arrival estimates to forget the fleet's first ticks (a 120 s moving
+            # average): a group's two ranks are scraped up to a scrape interval apart, and a tick between the two
+            # reads the second rank's requests in flight as arriving at once (one CI run: 1.2 requests/s of
+            # 726k-token prompts, 20 groups' prefill, held at maxReplicas for over 120 s at QUIET / 2).
+            for demand, count, timeout in ((1.5, 2, 120), (QUIET / 2, 1, 300)):
                 standins.demand.update(dict.fromkeys(documents, demand))
                 for name in documents:
                     eventually(
                         f"{name}: {count} group(s), a stand-in each",
                         lambda n=name, c=count: groups(n) == c and standins.up(n) == c,
-                        120,
+                        timeout,
                         lambda n=name: autoscaling(chart, n),
                     )
                     eventually(

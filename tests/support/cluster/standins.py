@@ -11,6 +11,7 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,10 +175,10 @@ def replica_and_node_rank(pod: dict[str, Any]) -> tuple[str, int]:
 
 class StandIns:
     """One stand-in per running engine pod of the `plans`' fleets (keyed by workload: a fleet, or a context tier's
-    `<name>-<tier>`) that exports metrics (the pods the chart's
-    PodMonitor keeps: annotated prometheus.io/scrape; of a multi-node replica, its leader, and on SGLang its
-    workers too), exporting what the `load` says of its replica (by default a `SteppedDemand`: set `demand`)
-    from that pod's node, and the target list Prometheus reads."""
+    `<name>-<tier>`) that exports metrics (the pods the chart's PodMonitor keeps: annotated prometheus.io/scrape; of
+    a multi-node replica, its leader, and on SGLang its workers too, once all the replica's pods run), exporting
+    what the `load` says of its replica (by default a `SteppedDemand`: set `demand`) from that pod's node, and the
+    target list Prometheus reads."""
 
     def __init__(
         self,
@@ -216,17 +217,26 @@ class StandIns:
     def _follow(self) -> None:
         while not self._stop.is_set():
             try:
-                listed = [
+                alive = [
                     p
                     for p in self.cluster.list("pods", self.namespace, "m3fleet.dev/name")
                     if group_of(p) in self.plans
-                    and (p["metadata"].get("annotations") or {}).get("prometheus.io/scrape") == "true"
                     and not p["metadata"].get("deletionTimestamp")
                     and (p.get("status") or {}).get("phase") == "Running"
                 ]
             except Exception:  # the apiserver busy for a moment: try again
                 time.sleep(0.5)
                 continue
+            # A replica over several nodes serves once all its pods run (a group's leader waits for its workers), so
+            # its ranks' series appear together: one appearing later with requests already in flight would read as
+            # arrivals to the policy's conservation of requests in flight.
+            pods_up = Counter(replica_and_node_rank(p)[0] for p in alive)
+            listed = [
+                p
+                for p in alive
+                if (p["metadata"].get("annotations") or {}).get("prometheus.io/scrape") == "true"
+                and pods_up[replica_and_node_rank(p)[0]] >= self.plans[group_of(p)].nodes_per_replica
+            ]
             running = {p["metadata"]["name"]: group_of(p) for p in listed}
             changed = False
             for p in listed:
