@@ -1073,13 +1073,23 @@ def signals_from_scrapes(
         ttft_seconds=hist(TTFT_BUCKETS, lambda s: s.ttft_cumulative, lambda s: s.ttft_sum),
         queue_seconds=hist((), lambda s: (s.first_tokens,), lambda s: s.queue_sum),
         prefill_seconds=(
-            hist((), lambda s: (s.finished,), lambda s: s.prefill_sum)
-            if prefill_time == "finish"
-            else hist((), lambda s: (s.first_tokens,), lambda s: s.prefill_ended_sum)
-            if prefill_time == "first_token"
-            else None
+            None
+            if prefill_time is None
+            else hist(
+                (),
+                lambda s: (prefill_observations(s, prefill_time)[0],),
+                lambda s: prefill_observations(s, prefill_time)[1],
+            )
         ),
     )
+
+
+def prefill_observations(scrape: Scrape, prefill_time: PrefillTime) -> tuple[int, float]:
+    """(count, sum of seconds) of the prefill times an engine has observed by this scrape: at each request's finish
+    (vLLM) or at its first token (SGLang)."""
+    if prefill_time == "first_token":
+        return scrape.first_tokens, scrape.prefill_ended_sum
+    return scrape.finished, scrape.prefill_sum
 
 
 def gateway_signals(scrapes: Sequence[tuple[float, int, float]], settings: SimSettings) -> GatewaySignals:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from m3fleet.api.models import Plan
-from m3fleet_simulator.fleet import PerfModel, PolicyResult, Scrape, SimSettings, Simulation
+from m3fleet_simulator.fleet import PerfModel, PolicyResult, Scrape, SimSettings, Simulation, prefill_observations
 from m3fleet_simulator.scenarios import SCENARIOS, Request
 from tests.support.autoscaling.prom import REQUEST_LATENCY_BUCKETS, Reading
 
@@ -133,9 +133,5 @@ class ScenarioLoad:
         only, which is what the policy reads (their mean), so every observation is exported in the +Inf bucket."""
         if self.sim.prefill_time is None:
             return {}
-        count, total = (
-            (scrape.first_tokens, scrape.prefill_ended_sum)
-            if self.sim.prefill_time == "first_token"
-            else (scrape.finished, scrape.prefill_sum)
-        )
+        count, total = prefill_observations(scrape, self.sim.prefill_time)
         return {"prefill_buckets": (0.0,) * len(REQUEST_LATENCY_BUCKETS) + (float(count),), "prefill_sum": total}
