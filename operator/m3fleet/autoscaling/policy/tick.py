@@ -99,7 +99,9 @@ def decide(
     desired, history = stabilized(
         config, state, fleet, floors, terms, burst_ended, panic or health.missing > 0, not panic
     )
-    released, why = unneeded_starting(config, state, fleet, terms, desired, recommendation, health.missing)
+    released, why = unneeded_starting(
+        config, state, fleet, terms, desired, recommendation, health.missing, time_to_ready
+    )
     if released:
         desired -= released
         notes.append(f"{released} starting replicas released: {why}")
