@@ -543,10 +543,13 @@ def test_starting_replicas_the_need_has_not_wanted_for_a_minute_are_released_whi
     # replicas) with 15 still starting. 30 s later the 16 is still within the last minute: all held. 75 s later
     # the need has been 7 for a minute: with long prompts the 9 starting replicas it does not want go (the panic
     # hold keeps the ready one); with chat the panic hold keeps all 16.
-    def tick(rate: float, after: float, state: PolicyState) -> tuple[Decision, PolicyState]:
+    def tick(
+        rate: float, after: float, state: PolicyState, time_to_ready: float | None = None
+    ) -> tuple[Decision, PolicyState]:
         at = NOW + after
         signals = replica(running=4, kv_usage=kv_usage, prompt_tokens=prompt_tokens, request_rate=rate, sample_time=at)
         starting = fleet(16, ready=1, starting=(after,) * 15, now=at) if after else fleet(1)
+        starting = replace(starting, time_to_ready_seconds=time_to_ready)
         return decide(ROUND, state, snapshot(signals, time=at), starting)
 
     first, state = tick(1e6 / prompt_tokens, 0, SETTLED)
@@ -565,6 +568,10 @@ def test_starting_replicas_the_need_has_not_wanted_for_a_minute_are_released_whi
     assert after.desired_replicas == once_ended, after.reason
     stopped = "9 starting replicas released: long prompts stopped arriving"
     assert (stopped in after.reason) == (once_ended == 7) and ("released" in after.reason) == (once_ended == 7)
+    # Due before the next tick (measured ready 80 s after creation, these are 75 s old) changes nothing once long
+    # prompts stopped arriving: they have nothing to serve.
+    due, _ = tick(3e5 / prompt_tokens, 75, forgot, time_to_ready=80.0)
+    assert due.desired_replicas == once_ended, due.reason
 
 
 @pytest.mark.parametrize(("time_to_ready", "released"), [(20.0, False), (None, True)], ids=["due", "far-off"])

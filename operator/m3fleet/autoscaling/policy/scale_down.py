@@ -119,8 +119,8 @@ def unneeded_starting(
     nothing: a lone long prompt, taken for a burst's start, is served long before the replicas it ordered are
     ready, and the panic hold would keep them for its whole length. Ready replicas keep the windows' protection.
     Chat bursts keep it for starting replicas too: shorter than a cold start, they recur, and the replica still
-    starting serves the next one (releasing them cost `bursty` up to 22 points a seed). A replica due before the
-    next tick counts as ready (below)."""
+    starting serves the next one (releasing them cost `bursty` up to 22 points a seed). While long prompts arrive, a
+    replica due before the next tick counts as ready (below)."""
     if missing:
         return 0, ""
     long_prompts = terms.prompt_tokens >= config.long_prompt_tokens
@@ -133,11 +133,13 @@ def unneeded_starting(
     ):
         return 0, ""  # the window just forgot a burst: it holds no minute of needs to release against
     recent = [n for t, n in state.history if fleet.now - t <= RELEASE_STARTING_AFTER_SECONDS]
-    # A replica due before the next tick has paid its cold start and serves from then on: it is as good as ready, and
-    # keeps a ready replica's protection (the need may also have fallen only because it is due: the pile-up ends).
+    # While long prompts arrive, a replica due before the next tick has paid its cold start and serves from then on: it
+    # is as good as ready, and keeps a ready replica's protection (the need may also have fallen only because it is
+    # due: the pile-up ends). Once they stopped arriving it has nothing to serve, due or not.
     remaining = fleet.starting_remaining or tuple(time_to_ready - age for age in fleet.starting_ages)
     due = sum(1 for seconds in remaining if seconds <= config.interval_seconds)
     why = (
         "long prompts arriving, the need revised down for a minute" if long_prompts else "long prompts stopped arriving"
     )
-    return max(0, desired - max(recommendation, *recent, fleet.ready_replicas + due)), why
+    ready = fleet.ready_replicas + (due if long_prompts else 0)
+    return max(0, desired - max(recommendation, *recent, ready)), why
