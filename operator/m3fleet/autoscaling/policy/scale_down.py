@@ -133,9 +133,10 @@ def unneeded_starting(
     ):
         return 0, ""  # the window just forgot a burst: it holds no minute of needs to release against
     recent = [n for t, n in state.history if fleet.now - t <= RELEASE_STARTING_AFTER_SECONDS]
-    # While long prompts arrive, a replica due before the next tick has paid its cold start and serves from then on: it
-    # is as good as ready, and keeps a ready replica's protection (the need may also have fallen only because it is
-    # due: the pile-up ends). Once they stopped arriving it has nothing to serve, due or not.
+    # While long prompts arrive, a replica due before the next tick serves from then on and keeps a ready replica's
+    # protection: the need may have fallen only because it is due (arrivals stop piling up once it serves), and if
+    # arrivals rise again it is ordered again with a whole cold start ahead. Once they stopped arriving it has
+    # nothing to serve, due or not.
     remaining = fleet.starting_remaining or tuple(time_to_ready - age for age in fleet.starting_ages)
     due = sum(1 for seconds in remaining if seconds <= config.interval_seconds)
     why = (
