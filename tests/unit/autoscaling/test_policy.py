@@ -597,7 +597,7 @@ def test_a_starting_replica_due_before_the_next_tick_is_not_released(
     soon, _ = tick(4, 10, state)
     assert soon.recommended_replicas == 1, soon.reason
     assert soon.desired_replicas == (1 if released else 2), soon.reason
-    said = "1 starting replicas released: long prompts arriving, the need revised down for a minute"
+    said = "1 starting replicas released: long prompts arriving, beyond the need now and the window's last minute"
     assert (said in soon.reason) == released, soon.reason
 
 

@@ -140,7 +140,9 @@ def unneeded_starting(
     remaining = fleet.starting_remaining or tuple(time_to_ready - age for age in fleet.starting_ages)
     due = sum(1 for seconds in remaining if seconds <= config.interval_seconds)
     why = (
-        "long prompts arriving, the need revised down for a minute" if long_prompts else "long prompts stopped arriving"
+        "long prompts arriving, beyond the need now and the window's last minute"
+        if long_prompts
+        else "long prompts stopped arriving"
     )
     ready = fleet.ready_replicas + (due if long_prompts else 0)
     return max(0, desired - max(recommendation, *recent, ready)), why
