@@ -21,10 +21,12 @@ import itertools
 from typing import Any
 
 import pytest
+import yaml
 
 from m3fleet.permissions import NODE_LABEL_PREFIXES, POD_ANNOTATIONS, RBAC
 from m3fleet.render.labels import MANAGED_BY
-from tests.support.chart import NAMESPACE, render
+from tests.support.chart import NAMESPACE, RELEASE, render
+from tests.support.cluster.rbac import grants, to_ask
 
 Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
 CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "clusterkopfpeerings"}
@@ -196,3 +198,30 @@ def test_user_roles_aggregate_and_are_not_the_operators() -> None:
     assert not bound & {"m3fleet-edit", "m3fleet-view"}
     names = {o["metadata"]["name"] for o in render({"rbac": {"aggregateToDefaultRoles": False}})}
     assert not names & {"m3fleet-edit", "m3fleet-view"}
+
+
+def test_the_cluster_tier_waits_for_the_grants_an_upgrade_to_peering_adds() -> None:
+    """tests/support/cluster/rbac.py reads a release's grants from its manifest; after `helm upgrade` the cluster
+    tier asks the authorizer about each Role the upgrade added to or changed (the peering object and the Lease), so an
+    operator started next is not refused while the authorizer catches up."""
+    before = grants(yaml.safe_dump_all(render()))
+    after = grants(yaml.safe_dump_all(render({"peering": {"enabled": True}})))
+    user = f"system:serviceaccount:{NAMESPACE}:{RELEASE}"
+    assert before < after
+    added = {(g.namespace, g.group, g.resource, g.verb) for g in after - before}
+    assert added == {(None, "kopf.dev", "clusterkopfpeerings", v) for v in ("get", "list", "watch", "patch")} | {
+        (None, "coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
+    }, added  # cluster scope: one ClusterRole, bound cluster-wide
+    asked = to_ask(before, after)
+    assert [(g.user, g.namespace) for g in asked] == [(user, None)], asked  # one new version of one ClusterRole
+    review = asked[0].review()
+    assert review["kind"] == "SubjectAccessReview" and review["spec"]["user"] == user, review
+    assert "namespace" not in review["spec"]["resourceAttributes"], review  # cluster-wide
+    assert to_ask(after, after) == []  # an upgrade that adds nothing waits for nothing
+    # In namespace scope the Lease and the peering object are in the Role of the watched namespace: asked there.
+    scoped = {"scope": "namespace"}
+    role_before = grants(yaml.safe_dump_all(render(scoped)))
+    role_after = grants(yaml.safe_dump_all(render({**scoped, "peering": {"enabled": True}})))
+    asked = to_ask(role_before, role_after)
+    assert [(g.namespace, g.role) for g in asked] == [(NAMESPACE, f"Role/{RELEASE}")], asked
+    assert asked[0].review()["spec"]["resourceAttributes"]["namespace"] == NAMESPACE, asked

@@ -20,12 +20,14 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tests.support.cluster.controlplane import ControlPlane, Process, build, kubeconfig
+from tests.support.cluster.rbac import Grant, grants, to_ask
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -256,17 +258,36 @@ class Cluster:
         port = self.webhook_ports.setdefault(release, free_port())
         url = f"webhook.url=https://127.0.0.1:{port}/validate"
         self.namespace(namespace, {"pod-security.kubernetes.io/enforce": "restricted"})
+        before = self.release_grants(release, namespace)
         self.helm(
             "upgrade", "--install", release, str(CHART), "-n", namespace, "--wait", "--timeout", "180s",
             "--set", url, *values,
         )  # fmt: skip
         self.installed[release] = namespace
+        self.wait_granted(before, self.release_grants(release, namespace))
 
     def upgrade_chart(self, release: str = RELEASE, **values: object) -> None:
         """`helm upgrade --reuse-values --set KEY=VALUE --wait` (a `__` in a keyword is a `.`)."""
         sets = [f"{key.replace('__', '.')}={str(v).lower() if isinstance(v, bool) else v}" for key, v in values.items()]
         flags = [word for item in sets for word in ("--set", item)]
-        self.helm("upgrade", release, str(CHART), "-n", self.installed[release], "--reuse-values", *flags, "--wait")
+        namespace = self.installed[release]
+        before = self.release_grants(release, namespace)
+        self.helm("upgrade", release, str(CHART), "-n", namespace, "--reuse-values", *flags, "--wait")
+        self.wait_granted(before, self.release_grants(release, namespace))
+
+    def release_grants(self, release: str, namespace: str) -> set[Grant]:
+        """What the release's RBAC grants now (nothing before it is installed)."""
+        manifest = self.helm("get", "manifest", release, "-n", namespace, check=False)
+        return grants(manifest.stdout) if manifest.returncode == 0 else set()
+
+    def wait_granted(self, before: set[Grant], after: set[Grant]) -> None:
+        """Until the apiserver's authorizer has the Roles and bindings a Helm change added (see rbac.py)."""
+        for grant in to_ask(before, after):
+            eventually(f"the authorizer says {grant}", partial(self.allows, grant), 60, 0.2)
+
+    def allows(self, grant: Grant) -> bool:
+        answer = self.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(grant.review()))
+        return bool(json.loads(answer.stdout).get("status", {}).get("allowed"))
 
     def webhook_args(self, release: str = RELEASE) -> list[str]:
         """`m3fleet run` flags that serve the release's webhook as its pod would: the serving certificate from
