@@ -584,8 +584,9 @@ class ControlPlane:
         return self.audit_log.stat().st_size if self.audit_log.exists() else 0
 
     def dump_logs(self, stream: Any = sys.stderr, tail: int = 4000) -> None:
-        """The tail of every process log of this cluster (control plane, operators started by tests)."""
-        for log in sorted(self.workdir.glob("*.log")):
+        """The tail of every process log of this cluster (control plane, operators started by tests), the last
+        written last: the failing test's own operators end the dump, where a CI log's tail shows it."""
+        for log in sorted(self.workdir.glob("*.log"), key=lambda path: path.stat().st_mtime):
             if log == self.audit_log:
                 continue
             text = log.read_text(errors="replace")
