@@ -279,6 +279,8 @@ def test_a_cold_start_runs_the_horizon_the_burst_onset_and_the_hold_advisory_cha
             # scale-down window counts from it. Epoch seconds, as the operator on this machine wrote them.
             high = [t for t, n in held["state"]["history"] if n >= 3]
             assert high, held["state"]
+            unavailable = eventually("a MetricsUnavailable Event", lambda: events(chart, ACT, "MetricsUnavailable"), 30)
+            assert len(unavailable) == 1 and "holds" in unavailable[0], unavailable
 
             # Prometheus back at the same URL: the low demand scales the Deployment down, one step at a time, once
             # the scale-down window since the demand was last high has passed (the fleet holds 3 until then).
@@ -290,6 +292,8 @@ def test_a_cold_start_runs_the_horizon_the_burst_onset_and_the_hold_advisory_cha
                 what_now=lambda: autoscaling(chart, ACT),
             )
             assert time.time() - max(high) > SCALE_DOWN_HOLD, (high, autoscaling(chart, ACT))
+            eventually("a MetricsAvailable Event", lambda: events(chart, ACT, "MetricsAvailable"), 30)
+            assert len(events(chart, ACT, "MetricsUnavailable")) == 1  # once for the whole outage, not once a tick
             eventually(
                 "the act fleet scaled down to 1",
                 lambda: replicas(chart, ACT) == 1,

@@ -82,6 +82,13 @@ def test_no_answer_body_reaches_status_events_or_logs_and_tls_is_verified(
                 60,
             )
             assert warned[0]["type"] == "Warning" and "caSecretRef" in warned[0]["message"]
+            # Each unreadable source is said once in an Event (its status says it every 5 s tick), none for the others.
+            unavailable = [e for e in chart.list("events", NAMESPACE) if e.get("reason") == "MetricsUnavailable"]
+            said = {n: [e for e in unavailable if e["involvedObject"]["name"] == n] for n in everything}
+            for name, (_, expected) in cases.items():
+                assert len(said[name]) == 1 and said[name][0]["type"] == "Warning", (name, said[name])
+                assert expected in said[name][0]["message"] and "holds" in said[name][0]["message"], said[name]
+            assert not any(said[n] for n in (*verified, *insecure)), said
             statuses = json.dumps([chart.get("m3d", n, NAMESPACE) for n in everything])
             events = json.dumps(chart.list("events", NAMESPACE))
             assert SECRET not in statuses and SECRET not in events and SECRET not in operator.log()

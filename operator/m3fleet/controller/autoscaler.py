@@ -211,6 +211,7 @@ class Autoscaler:
     _sources: dict[GroupKey, tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
     _demand: dict[GroupKey, DemandRecord] = field(default_factory=dict)
     _groups: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # the tiers each resource last had
+    _unreadable: dict[GroupKey, str] = field(default_factory=dict)  # groups whose metrics failed, and since when
     roles: RoleMemory = field(default_factory=RoleMemory)  # a disaggregated fleet's role ticks
 
     async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
@@ -278,7 +279,7 @@ class Autoscaler:
     def _drop(self, namespace: str, name: str, keep: Collection[str]) -> None:
         """Forget the groups of the resource but those of the tiers in `keep` (a removed tier's history must not be
         resumed if a tier of that name comes back); `keep` becomes the resource's groups."""
-        memories: tuple[dict[GroupKey, Any], ...] = (self._states, self._sources, self._demand)
+        memories: tuple[dict[GroupKey, Any], ...] = (self._states, self._sources, self._demand, self._unreadable)
         for tier in set(self._groups.pop((namespace, name), ())) - set(keep):
             for memory in memories:
                 memory.pop((namespace, name, tier), None)
@@ -409,6 +410,7 @@ class Autoscaler:
         scaling = group.spec.autoscaling
         source = await self._source(body, group, scaling)
         snapshot = await asyncio.to_thread(source.read)
+        self._report_readable(body, key, snapshot.error)
         previous = tier_status(status, group.tier)
         state = self._states.get(key) or PolicyState.from_dict(previous.get("state") or {})
         config = PolicyConfig.from_spec(scaling, group.plan)
@@ -439,6 +441,21 @@ class Autoscaler:
         record = {**decision.to_status(), **slo_status(scaling, config, decision.terms, snapshot), **zero}
         changed = worth_recording(previous, record, decision.time) or demand.worth_saving(previous.get("demand"))
         return GroupDecision(group, decision, record, state, demand, previous, changed)
+
+    def _report_readable(self, body: Mapping[str, Any], key: GroupKey, error: str | None) -> None:
+        """An Event and a log line when a group's metrics become unreadable and when they are back: once each, not
+        a line per tick (status.autoscaling.reason says it on every tick meanwhile)."""
+        namespace, name, tier = key
+        which = f"tier {tier}: " if tier else ""
+        if error is not None and key not in self._unreadable:
+            self._unreadable[key] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+            message = f"{which}{error}; the replica count holds (never a scale-down without metrics)"
+            self.events.warn(body, "MetricsUnavailable", message)
+            log.warning("%s/%s: metrics unavailable: %s", namespace, name, message)
+        elif error is None and key in self._unreadable:
+            message = f"{which}metrics readable again (unavailable since {self._unreadable.pop(key)})"
+            self.events.info(body, "MetricsAvailable", message)
+            log.info("%s/%s: %s", namespace, name, message)
 
     def _announce(self, body: Mapping[str, Any], outcome: GroupDecision) -> None:
         """The Events of a recorded decision; a context tier's name the tier."""

@@ -151,6 +151,9 @@ def run(
             raise RunError(str(exc)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # not a line per watch event ("Handler succeeded")
+    # Not a 400-character line per retried Prometheus query on every tick: the autoscaler says once when a fleet's
+    # metrics become unreadable and once when they are back (MetricsUnavailable / MetricsAvailable Events).
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     # A kubeconfig with insecure-skip-tls-verify: say so once, not on every request.
     warnings.filterwarnings("once", category=urllib3.exceptions.InsecureRequestWarning)
     scope = None if all_namespaces else (namespace or current_namespace())
