@@ -211,7 +211,7 @@ class Autoscaler:
     _sources: dict[GroupKey, tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
     _demand: dict[GroupKey, DemandRecord] = field(default_factory=dict)
     _groups: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # the tiers each resource last had
-    _unreadable: dict[GroupKey, str] = field(default_factory=dict)  # groups whose metrics failed, and since when
+    _unreadable: dict[tuple[str, str, str], str] = field(default_factory=dict)  # parts whose metrics failed: since
     roles: RoleMemory = field(default_factory=RoleMemory)  # a disaggregated fleet's role ticks
 
     async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
@@ -274,12 +274,14 @@ class Autoscaler:
         """The resource went away, or no longer autoscales."""
         self._drop(namespace, name, keep=())
         self.roles.forget(namespace, name)
+        for key in [k for k in self._unreadable if k[:2] == (namespace, name)]:
+            del self._unreadable[key]
         metrics.forget(metrics.AUTOSCALER_SERIES, namespace, name)
 
     def _drop(self, namespace: str, name: str, keep: Collection[str]) -> None:
         """Forget the groups of the resource but those of the tiers in `keep` (a removed tier's history must not be
         resumed if a tier of that name comes back); `keep` becomes the resource's groups."""
-        memories: tuple[dict[GroupKey, Any], ...] = (self._states, self._sources, self._demand, self._unreadable)
+        memories: tuple[dict[GroupKey, Any], ...] = (self._states, self._sources, self._demand)
         for tier in set(self._groups.pop((namespace, name), ())) - set(keep):
             for memory in memories:
                 memory.pop((namespace, name, tier), None)
@@ -410,7 +412,7 @@ class Autoscaler:
         scaling = group.spec.autoscaling
         source = await self._source(body, group, scaling)
         snapshot = await asyncio.to_thread(source.read)
-        self._report_readable(body, key, snapshot.error)
+        self.report_readable(body, f"tier {group.tier}" if group.tier else "", snapshot.error)
         previous = tier_status(status, group.tier)
         state = self._states.get(key) or PolicyState.from_dict(previous.get("state") or {})
         config = PolicyConfig.from_spec(scaling, group.plan)
@@ -442,11 +444,12 @@ class Autoscaler:
         changed = worth_recording(previous, record, decision.time) or demand.worth_saving(previous.get("demand"))
         return GroupDecision(group, decision, record, state, demand, previous, changed)
 
-    def _report_readable(self, body: Mapping[str, Any], key: GroupKey, error: str | None) -> None:
-        """An Event and a log line when a group's metrics become unreadable and when they are back: once each, not
-        a line per tick (status.autoscaling.reason says it on every tick meanwhile)."""
-        namespace, name, tier = key
-        which = f"tier {tier}: " if tier else ""
+    def report_readable(self, body: Mapping[str, Any], part: str, error: str | None) -> None:
+        """An Event and a log line when the metrics of a resource's part ("" the whole fleet, "tier long", "prefill
+        workers") become unreadable and when they are back: once each, not a line per tick (status says it on every
+        tick meanwhile)."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        key, which = (namespace, name, part), f"{part}: " if part else ""
         if error is not None and key not in self._unreadable:
             self._unreadable[key] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
             message = f"{which}{error}; the replica count holds (never a scale-down without metrics)"

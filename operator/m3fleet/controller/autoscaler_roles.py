@@ -203,6 +203,7 @@ async def tick_roles(
         multi_node = role_workload(name, role, plan)[0] is kubeapi.LEADER_WORKER_SET
         source = await scaler.roles.source(scaler, body, str(plan.engine), scaling, role, multi_node)
         snapshots[role] = await asyncio.to_thread(source.read)
+        scaler.report_readable(body, f"{role} workers", snapshots[role].error)
     now = scaler.clock()
     status = body.get("status") or {}
     previous = status.get("autoscaling") or {}
