@@ -58,6 +58,7 @@ from m3fleet.controller import metrics
 from m3fleet.controller.autoscaler_roles import RoleMemory, tick_roles
 from m3fleet.controller.decide import Understood
 from m3fleet.controller.events import Events
+from m3fleet.controller.outages import Outages, tier_part
 from m3fleet.kubeapi import ApiError, KubeApi
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ class Autoscaler:
     _sources: dict[GroupKey, tuple[SourceSpec, MetricsSource]] = field(default_factory=dict)
     _demand: dict[GroupKey, DemandRecord] = field(default_factory=dict)
     _groups: dict[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)  # the tiers each resource last had
-    _unreadable: dict[tuple[str, str, str], str] = field(default_factory=dict)  # parts whose metrics failed: since
+    _outages: Outages = field(default_factory=Outages)  # parts whose metrics cannot be read
     roles: RoleMemory = field(default_factory=RoleMemory)  # a disaggregated fleet's role ticks
 
     async def _tls(self, namespace: str, prometheus: PrometheusSpec) -> Tls:
@@ -274,17 +275,18 @@ class Autoscaler:
         """The resource went away, or no longer autoscales."""
         self._drop(namespace, name, keep=())
         self.roles.forget(namespace, name)
-        for key in [k for k in self._unreadable if k[:2] == (namespace, name)]:
-            del self._unreadable[key]
+        self._outages.forget(namespace, name)
         metrics.forget(metrics.AUTOSCALER_SERIES, namespace, name)
 
     def _drop(self, namespace: str, name: str, keep: Collection[str]) -> None:
         """Forget the groups of the resource but those of the tiers in `keep` (a removed tier's history must not be
         resumed if a tier of that name comes back); `keep` becomes the resource's groups."""
         memories: tuple[dict[GroupKey, Any], ...] = (self._states, self._sources, self._demand)
-        for tier in set(self._groups.pop((namespace, name), ())) - set(keep):
+        removed = set(self._groups.pop((namespace, name), ())) - set(keep)
+        for tier in removed:
             for memory in memories:
                 memory.pop((namespace, name, tier), None)
+        self._outages.forget(namespace, name, parts={tier_part(tier) for tier in removed})
         if keep:
             self._groups[(namespace, name)] = tuple(keep)
 
@@ -412,7 +414,7 @@ class Autoscaler:
         scaling = group.spec.autoscaling
         source = await self._source(body, group, scaling)
         snapshot = await asyncio.to_thread(source.read)
-        self.report_readable(body, f"tier {group.tier}" if group.tier else "", snapshot.error)
+        self.report_readable(body, tier_part(group.tier), snapshot.error)
         previous = tier_status(status, group.tier)
         state = self._states.get(key) or PolicyState.from_dict(previous.get("state") or {})
         config = PolicyConfig.from_spec(scaling, group.plan)
@@ -446,19 +448,17 @@ class Autoscaler:
 
     def report_readable(self, body: Mapping[str, Any], part: str, error: str | None) -> None:
         """An Event and a log line when the metrics of a resource's part ("" the whole fleet, "tier long", "prefill
-        workers") become unreadable and when they are back: once each, not a line per tick (status says it on every
-        tick meanwhile)."""
+        workers") become unreadable and when they are back (`Outages`)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        key, which = (namespace, name, part), f"{part}: " if part else ""
-        if error is not None and key not in self._unreadable:
-            self._unreadable[key] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
-            message = f"{which}{error}; the replica count holds (never a scale-down without metrics)"
-            self.events.warn(body, "MetricsUnavailable", message)
-            log.warning("%s/%s: metrics unavailable: %s", namespace, name, message)
-        elif error is None and key in self._unreadable:
-            message = f"{which}metrics readable again (unavailable since {self._unreadable.pop(key)})"
-            self.events.info(body, "MetricsAvailable", message)
-            log.info("%s/%s: %s", namespace, name, message)
+        notice = self._outages.observe((namespace, name, part), error, self.clock())
+        if notice is None:
+            return
+        if notice.warning:
+            self.events.warn(body, notice.reason, notice.message)
+            log.warning("%s/%s: metrics unavailable: %s", namespace, name, notice.message)
+        else:
+            self.events.info(body, notice.reason, notice.message)
+            log.info("%s/%s: %s", namespace, name, notice.message)
 
     def _announce(self, body: Mapping[str, Any], outcome: GroupDecision) -> None:
         """The Events of a recorded decision; a context tier's name the tier."""
