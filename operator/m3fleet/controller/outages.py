@@ -4,10 +4,11 @@ emits the Events and log lines `observe` returns."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from m3fleet.autoscaling.time_to_ready import rfc3339
 
 # (namespace, name, part): the part is "" for the whole fleet, "tier long" for a context tier, "prefill workers"
 # for a disaggregated role.
@@ -36,7 +37,7 @@ class Outages:
         when an outage begins or ends, else None."""
         which = f"{key[2]}: " if key[2] else ""
         if error is not None and key not in self._since:
-            self._since[key] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+            self._since[key] = rfc3339(now)
             message = f"{which}{error}; the replica count holds (never a scale-down without metrics)"
             return Notice("MetricsUnavailable", message, warning=True)
         if error is None and key in self._since:
